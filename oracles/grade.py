@@ -1,0 +1,170 @@
+"""Grading: a backend's Output against the float64 oracle, and a name for what went wrong.
+
+A failing output is graded again against alternative references (the other alignment, each window bound moved by
+one, the modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE when none does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from oracles import verdict as V
+from oracles.reference import Reference, reference
+from oracles.tolerance import Check, check
+from strategies.case import Case
+from strategies.materialize import Tensors, torch_dtype
+
+
+@dataclass(frozen=True)
+class Oracle:
+    """The float64 reference and the naive same-dtype baseline of one case, computed once, graded against many."""
+
+    case: Case
+    tensors: Tensors
+    ref: Reference
+    naive: Reference
+
+    @classmethod
+    def of(cls, case: Case, tensors: Tensors, device=None) -> Oracle:
+        ref = reference(case, tensors, device=device)
+        naive = reference(case, tensors, dtype=torch_dtype(case), device=device)
+        if not _finite_where(naive, ref):
+            # Overflow in the dtype (extreme logits) would make the bound infinite; fall back to an fp32 baseline.
+            naive = reference(case, tensors, dtype=torch.float32, device=device)
+        return cls(case, tensors, ref, naive)
+
+
+def _finite_where(naive: Reference, ref: Reference) -> bool:
+    pairs = [(naive.out, ref.out), (naive.lse, ref.lse), (naive.dq, ref.dq), (naive.dk, ref.dk), (naive.dv, ref.dv)]
+    return all(bool(torch.isfinite(n[torch.isfinite(r)]).all()) for n, r in pairs if n is not None)
+
+
+def valid_rows(case: Case, device) -> torch.Tensor:
+    """[b, sq] True where a query row belongs to its sequence (rows past seqlens_q are padding)."""
+    rows = torch.arange(case.sq, device=device)
+    return rows[None, :] < torch.tensor(case.lens_q, device=device)[:, None]
+
+
+def valid_keys(case: Case, device) -> torch.Tensor:
+    keys = torch.arange(case.skv, device=device)
+    return keys[None, :] < torch.tensor(case.lens_kv, device=device)[:, None]
+
+
+def _fail(diagnosis: str, message: str, c: Check | None = None, ratio: float = math.inf, checks=()) -> V.Verdict:
+    worst = V.Worst(c.name, c.index, c.got, c.expected) if c else None
+    return V.Verdict(V.FAIL, diagnosis, message, worst, ratio, tuple(checks))
+
+
+def _check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out") -> Check:
+    rows = valid_rows(o.case, ref_out.device)[:, :, None, None]
+    return check(name, out.to(ref_out.device), ref_out, o.naive.out, rows, family=family, quantity="out",
+                 dtype=o.case.dtype)
+
+
+def alternatives(case: Case) -> list[tuple[str, str, dict]]:
+    """(diagnosis, description, reference() overrides) for each plausible mistake that differs from the case."""
+    alts = []
+    masked = case.left is not None or case.right is not None or case.alibi_slopes is not None
+    if masked and any(q != k for q, k in zip(case.lens_q, case.lens_kv)):
+        other = "top_left" if case.alignment == "bottom_right" else "bottom_right"
+        alts.append((V.MASK_ALIGNMENT, f"matches alignment={other!r}", {"case": case.replace(alignment=other)}))
+    for side, bound in (("left", case.left), ("right", case.right)):
+        if bound is None:
+            continue
+        for moved in (bound + 1, bound - 1):
+            bounds = (moved, case.right) if side == "left" else (case.left, moved)
+            alts.append((V.WINDOW_OFF_BY_ONE, f"matches the {side} bound {moved} instead of {bound}",
+                         {"bounds": bounds}))
+    if 1 < case.hk < case.h:
+        alts.append((V.GQA_MAPPING, "matches query head i reading KV head i % hk (not i // (h // hk))",
+                     {"head_map": "mod"}))
+    scales = {}
+    if case.d_qk != case.d_v:
+        scales[1 / math.sqrt(case.d_v)] = "1/sqrt(d_v)"
+    if case.scale is not None:
+        scales[1 / math.sqrt(case.d_qk)] = "1/sqrt(d_qk) (the custom scale was ignored)"
+    scales.setdefault(1.0, "1 (no scaling)")
+    for value, what in scales.items():
+        if not math.isclose(value, case.softmax_scale):
+            alts.append((V.SCALE, f"matches scale {what} instead of {case.softmax_scale:.6g}", {"scale": value}))
+    return alts
+
+
+def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
+    """Name the alternative reference the failing output matches, within the same bound; TOLERANCE otherwise."""
+    for diagnosis, description, overrides in alternatives(o.case):
+        alt_case = overrides.pop("case", o.case)
+        alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)
+        c = _check_out(o, out, alt.out, family)
+        if c.diff_max <= failed.bound:
+            return _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
+    return _fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
+
+
+def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "default",
+          oracle: Oracle | None = None) -> V.Verdict:
+    """PASS, or FAIL with a diagnosis and the worst element, for one backend output."""
+    o = oracle or Oracle.of(case, tensors)
+    device = o.ref.out.device
+    out = output.out.to(device)
+    if tuple(out.shape) != tuple(o.ref.out.shape):
+        return _fail(V.TOLERANCE, f"out has shape {tuple(out.shape)}, expected {tuple(o.ref.out.shape)}")
+    rows = valid_rows(case, device)
+    graded = out[rows]
+    if graded.numel() and not bool(torch.isfinite(graded).all()):
+        c = _check_out(o, out, o.ref.out, family)
+        return _fail(V.NONFINITE, f"non-finite output, first at {list(c.index)}: {c.got}", c)
+    if graded.numel() and bool((graded == 0).all()) and bool((o.ref.out[rows] != 0).any()):
+        c = _check_out(o, out, o.ref.out, family)
+        return _fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
+                                 f"{o.ref.out[rows].abs().max().item():.6g}", c)
+    checks = [_check_out(o, out, o.ref.out, family)]
+    if not checks[0].ok:
+        return diagnose(o, out, checks[0], family)
+    if output.lse is not None:
+        verdict = _grade_lse(o, output.lse.to(device), family, checks)
+        if verdict is not None:
+            return verdict
+    if case.grads:
+        verdict = _grade_grads(o, output, family, checks)
+        if verdict is not None:
+            return verdict
+    ratio = max(c.ratio for c in checks)
+    return V.Verdict(V.PASS, None, "", None, ratio, tuple(c.describe() for c in checks))
+
+
+def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:
+    ref = o.ref.lse
+    if tuple(lse.shape) != tuple(ref.shape):
+        return _fail(V.LSE, f"lse has shape {tuple(lse.shape)}, expected {tuple(ref.shape)} (b, h, sq)")
+    rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
+    empty = rows & torch.isinf(ref)
+    if bool(empty.any()) and not bool((lse[empty] == ref[empty]).all()):
+        idx = tuple(int(i) for i in torch.nonzero(empty & (lse != ref))[0])
+        c = Check("lse", math.inf, 0.0, 1.0, 0.0, idx, lse[idx].item(), ref[idx].item())
+        return _fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
+                            f"at {list(idx)}", c)
+    c = check("lse", lse, ref, o.naive.lse, rows & torch.isfinite(ref), family=family, quantity="lse",
+              dtype=o.case.dtype)
+    checks.append(c)
+    return None if c.ok else _fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
+
+
+def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:
+    rows = valid_rows(o.case, o.ref.out.device)[:, :, None, None]
+    keys = valid_keys(o.case, o.ref.out.device)[:, :, None, None]
+    for name, where in (("dq", rows), ("dk", keys), ("dv", keys)):
+        got, ref, naive = getattr(output, name), getattr(o.ref, name), getattr(o.naive, name)
+        if got is None:
+            return _fail(V.GRADIENT, f"the case checks gradients but the backend returned no {name}")
+        got = got.to(ref.device)
+        if tuple(got.shape) != tuple(ref.shape):
+            return _fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
+        c = check(name, got, ref, naive, where, family=family, quantity="grad", dtype=o.case.dtype)
+        checks.append(c)
+        if not c.ok:
+            return _fail(V.GRADIENT, c.describe(), c, c.ratio, [x.describe() for x in checks])
+    return None

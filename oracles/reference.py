@@ -1,0 +1,123 @@
+"""The attention reference, written from the semantics in strategies/case.py and nothing else.
+
+One reference, two roles: at float64 it is the oracle; at the case's dtype it is the naive baseline whose own error
+sets the tolerance. It works one sequence and one chunk of queries at a time, so memory stays bounded by
+`chunk_bytes` whatever the sequence length, and it runs on whatever device the tensors are on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from oracles.masks import band, diagonal_offset, distance
+from strategies.case import Case
+from strategies.materialize import Tensors
+
+CHUNK_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Reference:
+    """out [b, sq, h, d_v]; lse [b, h, sq] (natural log of the softmax denominator); grads in the inputs' shapes.
+    Rows past a sequence's length hold 0 (out) and -inf (lse); they are never graded."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, h: int, head_map: str) -> torch.Tensor:
+    """q [r, h, d], k [j, hk, d] -> q.k [h, r, j]; query head i reads KV head i // g ("div") or i % hk ("mod")."""
+    r, hk = q.shape[0], k.shape[1]
+    g = h // hk
+    if head_map == "div":
+        s = torch.einsum("rkgd,jkd->kgrj", q.reshape(r, hk, g, -1), k)
+    else:
+        s = torch.einsum("rgkd,jkd->gkrj", q.reshape(r, g, hk, -1), k)
+    return s.reshape(h, r, -1)
+
+
+def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.Tensor:
+    """p [h, r, j], v [j, hk, d] -> out [r, h, d], with the same head mapping as _scores."""
+    h, r, j = p.shape
+    hk = v.shape[1]
+    g = h // hk
+    if head_map == "div":
+        out = torch.einsum("kgrj,jkd->rkgd", p.reshape(hk, g, r, j), v)
+    else:
+        out = torch.einsum("gkrj,jkd->rgkd", p.reshape(g, hk, r, j), v)
+    return out.reshape(r, h, -1)
+
+
+def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
+           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None):
+    """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
+    keys. Returns out [r, h, d_v] and lse [h, r] in q's dtype. `bounds` and `scale` override the case's band and
+    scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
+    left, right = bounds if bounds is not None else (case.left, case.right)
+    skv_n = k.shape[0]
+    cols = torch.arange(skv_n, device=q.device)
+    off = diagonal_offset(case.alignment, sq_n, skv_n)
+    s = _scores(q, k, case.h, head_map) * (scale if scale is not None else case.softmax_scale)  # [h, r, j]
+    if case.softcap is not None:
+        s = case.softcap * torch.tanh(s / case.softcap)
+    if alibi is not None:
+        s = s - alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
+    visible = band(rows, cols, off, left, right)                                  # [r, j]
+    if mask is not None:
+        visible = visible & mask
+    s = s.masked_fill(~visible, float("-inf"))
+    if sink is not None:
+        sink_col = sink.to(s.dtype)[:, None, None].expand(-1, s.shape[1], 1)
+        lse = torch.logsumexp(torch.cat([s, sink_col], dim=-1), dim=-1)           # [h, r]
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+    # A row with no visible key: lse is -inf (or the sink) and every weight is 0, so its output is 0. Subtracting a
+    # finite stand-in keeps exp() and its gradient free of NaN.
+    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    p = torch.exp(s - lse_safe[..., None])
+    return _weighted_values(p, v, head_map), lse
+
+
+def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
+              bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
+              grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES) -> Reference:
+    """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
+    low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use."""
+    device = device if device is not None else t.q.device
+    grads = case.grads if grads is None else grads
+    out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
+    lse = torch.full((case.b, case.h, case.sq), float("-inf"), dtype=dtype, device=device)
+    dq = torch.zeros(case.b, case.sq, case.h, case.d_qk, dtype=dtype, device=device) if grads else None
+    dk = torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device) if grads else None
+    dv = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if grads else None
+    sink = t.sink.to(device, dtype) if t.sink is not None else None
+    alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
+    for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
+        if sq_n == 0:
+            continue
+        q_n = t.q[n, :sq_n].to(device, dtype)
+        k_n = t.k[n, :skv_n].to(device, dtype).requires_grad_(grads)
+        v_n = t.v[n, :skv_n].to(device, dtype).requires_grad_(grads)
+        per_row = max(1, case.h * max(skv_n, 1) * torch.finfo(dtype).bits // 8 * 3)
+        step = max(1, min(sq_n, chunk_bytes // per_row))
+        for r0 in range(0, sq_n, step):
+            rows = torch.arange(r0, min(r0 + step, sq_n), device=device)
+            q_c = q_n[rows].requires_grad_(grads)
+            m = t.mask[n, 0, r0:r0 + len(rows), :skv_n].to(device) if t.mask is not None else None
+            with torch.set_grad_enabled(grads):
+                o_c, l_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
+                                  head_map=head_map, bounds=bounds, scale=scale)
+            out[n, rows] = o_c.detach()
+            lse[n, :, rows] = l_c.detach()
+            if grads:
+                d_c = t.dout[n, rows].to(device, dtype)
+                g_q, g_k, g_v = torch.autograd.grad(o_c, (q_c, k_n, v_n), d_c)
+                dq[n, rows] = g_q
+                dk[n, :skv_n] += g_k
+                dv[n, :skv_n] += g_v
+    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv)

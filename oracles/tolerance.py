@@ -1,0 +1,98 @@
+"""The tolerance model: one function, one table.
+
+A backend's value passes when
+
+    max|got - f64|  <=  k * max|naive - f64|  +  floor
+
+where `naive` is the reference run at the case's own dtype (a textbook implementation: logits, softmax and the
+weighted sum all rounded to that dtype) and `floor` is a rounding allowance proportional to the values' magnitude.
+This is flash-attention's rule ("no worse than 2x the error of a same-precision PyTorch implementation") with our
+own k per family, output and dtype.
+
+Why these k:
+- A fused kernel keeps logits and the softmax in fp32 and rounds once, so it is usually *more* accurate than the
+  naive baseline; k = 2 is flash-attention's own choice for that situation.
+- We take 3 for outputs in fp16/bf16: the naive baseline rounds P to the dtype like the kernels do, but in a
+  different order, and on small cases its error can land low by chance.
+- fp32 and fp64 get 4: naive and kernel errors are then both pure accumulation-order noise of similar size, so the
+  ratio between them is wider (measured over thousands of random cases, tests/test_tolerance_calibration.py).
+- LSE is kept in fp32 by every kernel while the naive baseline computes it in the dtype, so its k can stay at 2.
+- Gradients go through two more matmuls and a rowsum (dS = P * (dP - rowsum(dO * O))): k = 4 (flash-attention
+  uses 2 plus a larger absolute floor).
+The floor allows the final rounding of a correct value to the dtype, twice: 2 * eps(dtype) * max|f64|, plus
+1e-7 absolute so an all-tiny output is not graded on subnormals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+# k by quantity; a family row overrides the default for the dtypes it names.
+K = {
+    "default": {"out": {"float16": 3.0, "bfloat16": 3.0, "float32": 4.0, "float64": 4.0},
+                "lse": {"float16": 2.0, "bfloat16": 2.0, "float32": 4.0, "float64": 4.0},
+                "grad": {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0}},
+}
+LSE_EPS = 2.0**-23  # kernels keep the LSE in fp32 whatever the input dtype
+
+
+def k_for(family: str, quantity: str, dtype: str) -> float:
+    table = K.get(family, {}).get(quantity, {})
+    return table.get(dtype, K["default"][quantity][dtype])
+
+
+@dataclass(frozen=True)
+class Check:
+    """One quantity graded: its error, the bound it had to meet, and the worst element."""
+
+    name: str
+    diff_max: float
+    baseline_max: float
+    k: float
+    floor: float
+    index: tuple[int, ...]
+    got: float
+    expected: float
+
+    @property
+    def bound(self) -> float:
+        return self.k * self.baseline_max + self.floor
+
+    @property
+    def ok(self) -> bool:
+        return self.diff_max <= self.bound
+
+    @property
+    def ratio(self) -> float:
+        return self.diff_max / self.bound if self.bound > 0 else float("inf")
+
+    def describe(self) -> str:
+        return (f"{self.name}: diff_max={self.diff_max:.3e} baseline_max={self.baseline_max:.3e} k={self.k:g} "
+                f"floor={self.floor:.3e} (ratio {self.ratio:.2f}) worst at {list(self.index)}: "
+                f"got={self.got:.6g} expected={self.expected:.6g}")
+
+
+def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
+          family: str, quantity: str, dtype: str) -> Check:
+    """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
+    outside `where` are not graded. Non-finite values count as infinite error."""
+    got64, ref64, naive64 = got.to(torch.float64), ref.to(torch.float64), naive.to(torch.float64)
+    where = where.expand_as(ref64)
+    diff = torch.where(where, (got64 - ref64).abs(), torch.zeros((), dtype=torch.float64, device=ref64.device))
+    diff = torch.where(where & ~torch.isfinite(got64), float("inf"), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    baseline = torch.where(where, (naive64 - ref64).abs().nan_to_num(nan=0.0, posinf=0.0), 0.0)
+    magnitude = torch.where(where, ref64.abs(), 0.0).max().item() if where.any() else 0.0
+    eps = LSE_EPS if quantity == "lse" else EPS[dtype]
+    floor = 2 * eps * magnitude + 1e-7
+    flat = int(torch.argmax(diff).item()) if diff.numel() else 0
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
+    return Check(name=name, diff_max=diff.max().item() if diff.numel() else 0.0,
+                 baseline_max=baseline.max().item() if baseline.numel() else 0.0,
+                 k=k_for(family, quantity, dtype), floor=floor, index=index,
+                 got=got64[index].item() if diff.numel() else 0.0,
+                 expected=ref64[index].item() if diff.numel() else 0.0)

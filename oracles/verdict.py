@@ -1,0 +1,82 @@
+"""What a backend hands back (Output) and what the grader says of it (Verdict)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY = "PASS", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "FLAKY"
+STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY)
+
+# Diagnoses, most specific first. Each FAIL carries exactly one.
+ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracle's is not
+NONFINITE = "NONFINITE"                # NaN or inf in the output where the oracle is finite
+MASK_ALIGNMENT = "MASK_ALIGNMENT"      # the output matches the other diagonal alignment
+WINDOW_OFF_BY_ONE = "WINDOW_OFF_BY_ONE"  # the output matches a window with one bound moved by one
+GQA_MAPPING = "GQA_MAPPING"            # the output matches query head i reading KV head i % hk
+SCALE = "SCALE"                        # the output matches another softmax scale
+LSE = "LSE"                            # the output passes, the log-sum-exp does not
+GRADIENT = "GRADIENT"                  # the output passes, a gradient does not
+TOLERANCE = "TOLERANCE"                # wrong beyond the bound, and no alternative reference explains it
+DIAGNOSES = (ALL_ZERO, NONFINITE, MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE)
+
+
+@dataclass
+class Output:
+    """A backend's result in logical shapes: out [b, sq, h, d_v]; lse [b, h, sq] in natural log, or None when the
+    backend does not give it; grads in the shapes of q, k, v, or None. `ran` names what actually executed (a kernel,
+    a TE backend), as the backend reports it."""
+
+    out: torch.Tensor
+    lse: torch.Tensor | None = None
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+    ran: str = ""
+
+
+@dataclass(frozen=True)
+class Worst:
+    """The element that is furthest off: which tensor, its index, the backend's value and the oracle's."""
+
+    tensor: str
+    index: tuple[int, ...]
+    got: float
+    expected: float
+
+    def to_dict(self) -> dict:
+        return {"tensor": self.tensor, "index": list(self.index), "got": self.got, "expected": self.expected}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The grade of one run. `ratio` is the worst error over its bound (PASS means <= 1): what the search climbs."""
+
+    status: str
+    diagnosis: str | None = None
+    message: str = ""
+    worst: Worst | None = None
+    ratio: float = 0.0
+    checks: tuple[str, ...] = field(default=())
+
+    @property
+    def failed(self) -> bool:
+        return self.status in (FAIL, CRASH, HANG, FLAKY)
+
+    @property
+    def label(self) -> str:
+        return f"{self.status}:{self.diagnosis}" if self.diagnosis else self.status
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "diagnosis": self.diagnosis, "message": self.message,
+                "worst": self.worst.to_dict() if self.worst else None,
+                "ratio": self.ratio if self.ratio != float("inf") else "inf", "checks": list(self.checks)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Verdict:
+        worst = data.get("worst")
+        ratio = data.get("ratio", 0.0)
+        return cls(status=data["status"], diagnosis=data.get("diagnosis"), message=data.get("message", ""),
+                   worst=Worst(worst["tensor"], tuple(worst["index"]), worst["got"], worst["expected"]) if worst
+                   else None, ratio=float(ratio), checks=tuple(data.get("checks", ())))

@@ -1,0 +1,201 @@
+"""The case language: one attention problem, small, frozen, JSON-round-trippable, holding no tensors.
+
+Semantics (the oracle grades every backend against these):
+
+- q [b, sq, h, d_qk], k [b, skv, hk, d_qk], v [b, skv, hk, d_v]; query head i reads KV head i // (h // hk).
+- Sequence n has sq_n = seqlens_q[n] valid queries and skv_n = seqlens_kv[n] valid keys (all of sq / skv when the
+  seqlens are None). Query i sees key j iff i < sq_n, j < skv_n and  i + off - left <= j <= i + off + right,
+  with off = 0 (top_left) or skv_n - sq_n (bottom_right); a None bound is unbounded; causal means right = 0.
+  An explicit boolean mask (density `mask_density`, drawn from the seed) is ANDed in.
+- scores = scale * q.k (scale None means 1/sqrt(d_qk)), then softcap c*tanh(s/c), then ALiBi -slope*|i + off - j|,
+  then the mask, then softmax whose denominator also holds exp(sink) (off_by_one: sink = 0; learnable: one sink
+  logit per head, drawn from the seed), then times v.
+- A valid query row with no visible key has output 0 and LSE log(exp(sink)) (-inf for vanilla softmax).
+- Query rows past sq_n (padding) are not graded.
+
+`layout` and `memory` say how the same logical tensors reach the backend (bshd / sbhd / packed thd; contiguous,
+head-major transposed views, or one KV head expanded with stride 0); `spelling` names how the adapter spells the
+mask in its API ("" is the adapter's default): equivalent spellings must agree, so the spelling is fuzzed too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+ALIGNMENTS = ("top_left", "bottom_right")
+SOFTMAXES = ("vanilla", "off_by_one", "learnable")
+LAYOUTS = ("bshd", "sbhd", "thd")
+MEMORY = ("contiguous", "transposed", "expanded_kv")
+SCHEMA = 1
+
+
+def _check(ok: bool, name: str, value, want: str) -> None:
+    if not ok:
+        raise ValueError(f"Case: invalid {name}={value!r}: {want}")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention problem. Construct with keywords; every field is validated, naming the field on error."""
+
+    b: int = 1
+    sq: int = 16
+    skv: int = 16
+    h: int = 1
+    hk: int = 1
+    d_qk: int = 16
+    d_v: int = 16
+    dtype: str = "float32"
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_kv: tuple[int, ...] | None = None
+    causal: bool = False
+    window: tuple[int | None, int | None] = (None, None)
+    alignment: str = "top_left"
+    mask_density: float | None = None
+    scale: float | None = None
+    softcap: float | None = None
+    alibi_slopes: tuple[float, ...] | None = None
+    softmax: str = "vanilla"
+    layout: str = "bshd"
+    memory: str = "contiguous"
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    seed: int = 0
+    grads: bool = False
+    spelling: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("b", "sq", "skv", "h", "hk", "d_qk", "d_v"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
+                   "must be an int >= 1")
+        _check(self.h % self.hk == 0, "hk", self.hk, f"h={self.h} must be a multiple of hk")
+        _check(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _check(self.alignment in ALIGNMENTS, "alignment", self.alignment, f"one of {ALIGNMENTS}")
+        _check(self.softmax in SOFTMAXES, "softmax", self.softmax, f"one of {SOFTMAXES}")
+        _check(self.layout in LAYOUTS, "layout", self.layout, f"one of {LAYOUTS}")
+        _check(self.memory in MEMORY, "memory", self.memory, f"one of {MEMORY}")
+        for name, full in (("seqlens_q", self.sq), ("seqlens_kv", self.skv)):
+            lens = getattr(self, name)
+            if lens is None:
+                continue
+            _check(isinstance(lens, tuple) and len(lens) == self.b, name, lens, f"a tuple of b={self.b} ints")
+            _check(all(isinstance(n, int) and 0 <= n <= full for n in lens), name, lens,
+                   f"each length in 0..{full} ({'sq' if name == 'seqlens_q' else 'skv'})")
+        _check(self.layout != "thd" or (self.seqlens_q is not None and self.seqlens_kv is not None), "layout",
+               self.layout, "thd (packed) needs seqlens_q and seqlens_kv; give them or use bshd/sbhd")
+        _check(isinstance(self.window, tuple) and len(self.window) == 2, "window", self.window,
+               "a pair (left, right) of int >= 0 or None")
+        _check(all(w is None or (isinstance(w, int) and w >= 0) for w in self.window), "window", self.window,
+               "bounds are ints >= 0, or None for unbounded")
+        _check(not self.causal or self.window[1] in (None, 0), "window", self.window,
+               "causal means right = 0; use causal=False with window=(left, right) for a band")
+        _check(self.mask_density is None or 0.0 <= self.mask_density <= 1.0, "mask_density", self.mask_density,
+               "None, or the probability in [0, 1] that a key is kept by the explicit boolean mask")
+        _check(self.scale is None or (math.isfinite(self.scale) and self.scale > 0), "scale", self.scale,
+               "None (1/sqrt(d_qk)) or a finite float > 0")
+        _check(self.softcap is None or (math.isfinite(self.softcap) and self.softcap > 0), "softcap", self.softcap,
+               "None or a finite float > 0")
+        _check(self.alibi_slopes is None or (isinstance(self.alibi_slopes, tuple) and len(self.alibi_slopes) == self.h
+                                             and all(s >= 0 for s in self.alibi_slopes)),
+               "alibi_slopes", self.alibi_slopes, f"None or a tuple of h={self.h} slopes >= 0")
+        _check(self.memory != "expanded_kv" or self.hk > 1 or self.h == 1, "memory", self.memory,
+               "expanded_kv expands one KV head over hk heads with stride 0; it needs hk > 1")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            _check(isinstance(value, tuple) and len(value) == 3 and all(math.isfinite(x) for x in value), name,
+                   value, "a tuple of three finite floats for (q, k, v)")
+        _check(all(s >= 0 for s in self.std), "std", self.std, "standard deviations must be >= 0")
+        _check(isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed", self.seed, "an int in [0, 2**63)")
+
+    # -- derived views -------------------------------------------------------------------------------------------
+    @property
+    def lens_q(self) -> tuple[int, ...]:
+        """Valid query count per sequence."""
+        return self.seqlens_q if self.seqlens_q is not None else (self.sq,) * self.b
+
+    @property
+    def lens_kv(self) -> tuple[int, ...]:
+        """Valid key count per sequence."""
+        return self.seqlens_kv if self.seqlens_kv is not None else (self.skv,) * self.b
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.d_qk)
+
+    @property
+    def right(self) -> int | None:
+        """The effective right bound: causal folds into right = 0."""
+        return 0 if self.causal else self.window[1]
+
+    @property
+    def left(self) -> int | None:
+        return self.window[0]
+
+    @property
+    def padded(self) -> bool:
+        return self.seqlens_q is not None or self.seqlens_kv is not None
+
+    @property
+    def mask_kind(self) -> str:
+        """none / causal / padding / padding_causal / arbitrary / window: a coverage label, not a field."""
+        if self.mask_density is not None:
+            return "arbitrary"
+        band = "causal" if self.right == 0 and self.left is None else ("window" if self.window != (None, None) or
+                                                                       self.causal else "none")
+        if self.padded:
+            return "padding" if band == "none" else f"padding_{band}"
+        return band
+
+    def replace(self, **changes) -> Case:
+        return dataclasses.replace(self, **changes)
+
+    # -- JSON ----------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "case") -> Case:
+        """Rebuild a Case; unknown or malformed fields raise ValueError naming `where` and the field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object of Case fields, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+        kwargs = {}
+        for name, value in data.items():
+            kwargs[name] = _tupled(value)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Case:
+        return cls.from_dict(json.loads(text))
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                parts.append(f"{f.name}={value!r}")
+        return f"Case({', '.join(parts)})"
+
+
+def _tupled(value):
+    if isinstance(value, list):
+        return tuple(_tupled(v) for v in value)
+    return value

@@ -1,0 +1,76 @@
+"""Deterministic tensors for a Case: the same case gives bit-identical inputs on the same device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from strategies.case import Case
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """Inputs of one case. q/k/v are logical [b, s, heads, d] views in the case's dtype, with the case's memory
+    format applied; `mask` is the explicit boolean mask [b, 1, sq, skv] (True = keep) or None; `sink` holds one
+    logit per query head (zeros for off_by_one) or None; `alibi` holds the slopes [h] or None; `dout` is the
+    output gradient [b, sq, h, d_v] when the case checks gradients."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    sink: torch.Tensor | None
+    alibi: torch.Tensor | None
+    dout: torch.Tensor | None
+
+
+def torch_dtype(case: Case) -> torch.dtype:
+    return TORCH_DTYPES[case.dtype]
+
+
+def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
+    """Draw the case's tensors from `case.seed` on the CPU, then move them to `device` (so every device sees the
+    same values)."""
+    gen = torch.Generator(device="cpu").manual_seed(case.seed)
+    dtype = torch_dtype(case)
+    draw_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def normal(shape, mean: float, std: float) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, dtype=draw_dtype) * std + mean).to(dtype)
+
+    hk_drawn = 1 if case.memory == "expanded_kv" else case.hk
+    head_major = case.memory == "transposed"
+
+    def qkv(s: int, heads: int, d: int, mean: float, std: float) -> torch.Tensor:
+        if head_major:
+            return normal((case.b, heads, s, d), mean, std).to(device).transpose(1, 2)
+        return normal((case.b, s, heads, d), mean, std).to(device)
+
+    q = qkv(case.sq, case.h, case.d_qk, case.mean[0], case.std[0])
+    k = qkv(case.skv, hk_drawn, case.d_qk, case.mean[1], case.std[1])
+    v = qkv(case.skv, hk_drawn, case.d_v, case.mean[2], case.std[2])
+    if case.memory == "expanded_kv":
+        k = k.expand(case.b, case.skv, case.hk, case.d_qk)
+        v = v.expand(case.b, case.skv, case.hk, case.d_v)
+    mask = None
+    if case.mask_density is not None:
+        mask = (torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density).to(device)
+    sink = None
+    if case.softmax == "off_by_one":
+        sink = torch.zeros(case.h, dtype=torch.float32, device=device)
+    elif case.softmax == "learnable":
+        sink = torch.randn(case.h, generator=gen, dtype=torch.float32).to(device)
+    alibi = None
+    if case.alibi_slopes is not None:
+        alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32, device=device)
+    dout = None
+    if case.grads:  # zero on padding rows, so what a backend leaves there cannot leak into dK / dV
+        dout = normal((case.b, case.sq, case.h, case.d_v), 0.0, 1.0)
+        for n, sq_n in enumerate(case.lens_q):
+            dout[n, sq_n:] = 0
+        dout = dout.to(device)
+    return Tensors(q=q, k=k, v=v, mask=mask, sink=sink, alibi=alibi, dout=dout)

@@ -1,0 +1,59 @@
+"""The adapter protocol every backend implements, and the one error type an adapter raises for a clean refusal.
+
+An adapter translates the one canonical Case into its backend's spelling and back:
+
+    available()        -> None, or why the backend cannot run on this machine (not installed, no GPU, ...)
+    unsupported(case)  -> None, or the reason this case is refused (like a skip's reason); cases refused here are
+                          not drawn for the backend, and a replayed one is UNSUPPORTED, never PASS
+    spellings(case)    -> the equivalent ways the backend's API can express this case ("" = the default spelling);
+                          the fuzzer draws one into case.spelling, and every spelling is graded against the oracle
+    run(case, tensors) -> Output in logical shapes, with `ran` naming what actually executed
+    version()          -> the backend library's version, recorded in corpus entries
+
+Adapters hold no module-level state and read no environment variables except where a backend demands them (TE).
+"""
+
+from __future__ import annotations
+
+from strategies.case import Case
+from strategies.materialize import Tensors
+from oracles.verdict import Output
+
+
+class Unsupported(Exception):
+    """Raised by run() when the backend itself refuses the case at call time (e.g. no kernel for this shape).
+    The message is the reason; the harness records the case as UNSUPPORTED, not as a crash."""
+
+
+class Backend:
+    """Base class with the defaults; subclasses set `name`, `family`, `device` and override what they need."""
+
+    name: str = "backend"
+    family: str = "default"     # row of the tolerance table (oracles/tolerance.py)
+    device: str = "cpu"
+
+    def available(self) -> str | None:
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        return None
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        return ("",)
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        raise NotImplementedError
+
+    def version(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name} on {self.device}>"
+
+
+def first_reason(*checks: tuple[bool, str]) -> str | None:
+    """The reason of the first (refused, reason) pair whose condition holds: how adapters write capability rules."""
+    for refused, reason in checks:
+        if refused:
+            return reason
+    return None

@@ -1,4 +1,5 @@
-"""The backend registry: every adapter module lists its backends in `BACKENDS`; names are unique.
+"""The backend registry. Every adapter module defines `BACKENDS: dict[str, Callable[[str], Backend]]`, a factory
+per backend name taking the device ("cpu", "cuda", "cuda:1"); names are unique across modules.
 
 Adapter modules import their library lazily (inside methods), so listing backends never needs torch's CUDA build,
 flash-attn or TransformerEngine to be installed; `available()` says why one cannot run here.
@@ -7,15 +8,16 @@ flash-attn or TransformerEngine to be installed; `available()` says why one cann
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 from fuzz.backends.base import Backend, Unsupported
 
-ADAPTER_MODULES = ("sdpa", "flex", "flash_attn2", "flash_attn3", "flash_attn4", "transformer_engine")
+ADAPTER_MODULES = ("sdpa", "flex", "flash_attn2", "flash_attn3", "flash_attn4", "transformer_engine", "cp")
 
 
-def all_backends() -> list[Backend]:
-    """Every registered backend, available here or not, in registry order."""
-    found = []
+def factories() -> dict[str, Callable[[str], Backend]]:
+    """Backend name -> factory(device), in registry order."""
+    found: dict[str, Callable[[str], Backend]] = {}
     for module in ADAPTER_MODULES:
         try:
             mod = importlib.import_module(f"fuzz.backends.{module}")
@@ -23,20 +25,28 @@ def all_backends() -> list[Backend]:
             if e.name == f"fuzz.backends.{module}":
                 continue  # adapter not written yet
             raise
-        found.extend(mod.BACKENDS)
+        for name, factory in mod.BACKENDS.items():
+            if name in found:
+                raise RuntimeError(f"backend name {name!r} is registered twice (fuzz/backends/{module}.py)")
+            found[name] = factory
     return found
 
 
-def get(name: str) -> Backend:
+def all_backends(device: str = "cpu") -> list[Backend]:
+    """Every registered backend for `device`, available here or not."""
+    return [factory(device) for factory in factories().values()]
+
+
+def get(name: str, device: str = "cpu") -> Backend:
     """A backend by registry name, or a bring-your-own kernel given as 'package.module:function'."""
     if ":" in name:
         from fuzz.backends.custom import load_custom
-        return load_custom(name)
-    backends = {b.name: b for b in all_backends()}
-    if name not in backends:
-        raise ValueError(f"--backend={name!r} is not a known backend; known: {', '.join(backends)} "
+        return load_custom(name, device)
+    known = factories()
+    if name not in known:
+        raise ValueError(f"--backend={name!r} is not a known backend; known: {', '.join(known)} "
                          f"(or give your own kernel as package.module:function)")
-    return backends[name]
+    return known[name](device)
 
 
-__all__ = ["Backend", "Unsupported", "all_backends", "get"]
+__all__ = ["Backend", "Unsupported", "all_backends", "factories", "get"]

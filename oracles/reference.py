@@ -21,13 +21,15 @@ CHUNK_BYTES = 64 * 2**20
 @dataclass(frozen=True)
 class Reference:
     """out [b, sq, h, d_v]; lse [b, h, sq] (natural log of the softmax denominator); grads in the inputs' shapes.
-    Rows past a sequence's length hold 0 (out) and -inf (lse); they are never graded."""
+    Rows past a sequence's length hold 0 (out) and -inf (lse); they are never graded. `logit_max` is the largest
+    |logit| (after scale, softcap and ALiBi) at a visible position: the tolerance's floor grows with it."""
 
     out: torch.Tensor
     lse: torch.Tensor
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
+    logit_max: float = 0.0
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, h: int, head_map: str) -> torch.Tensor:
@@ -56,7 +58,7 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
-    keys. Returns out [r, h, d_v] and lse [h, r] in q's dtype. `bounds` and `scale` override the case's band and
+    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, and the largest visible |logit|. `bounds` and `scale` override the case's band and
     scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
@@ -70,6 +72,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     visible = band(rows, cols, off, left, right)                                  # [r, j]
     if mask is not None:
         visible = visible & mask
+    logit_max = s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else s.new_zeros(())
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
         sink_col = sink.to(s.dtype)[:, None, None].expand(-1, s.shape[1], 1)
@@ -80,7 +83,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s - lse_safe[..., None])
-    return _weighted_values(p, v, head_map), lse
+    return _weighted_values(p, v, head_map), lse, logit_max
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -97,6 +100,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     dv = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if grads else None
     sink = t.sink.to(device, dtype) if t.sink is not None else None
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
+    logit_max = torch.zeros((), dtype=dtype, device=device)
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
             continue
@@ -110,9 +114,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             q_c = q_n[rows].requires_grad_(grads)
             m = t.mask[n, 0, r0:r0 + len(rows), :skv_n].to(device) if t.mask is not None else None
             with torch.set_grad_enabled(grads):
-                o_c, l_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
+                o_c, l_c, m_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
                                   head_map=head_map, bounds=bounds, scale=scale)
             out[n, rows] = o_c.detach()
+            logit_max = torch.maximum(logit_max, m_c)
             lse[n, :, rows] = l_c.detach()
             if grads:
                 d_c = t.dout[n, rows].to(device, dtype)
@@ -120,4 +125,4 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
-    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(logit_max))

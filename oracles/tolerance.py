@@ -19,8 +19,11 @@ Why these k:
 - LSE is kept in fp32 by every kernel while the naive baseline computes it in the dtype, so its k can stay at 2.
 - Gradients go through two more matmuls and a rowsum (dS = P * (dP - rowsum(dO * O))): k = 4 (flash-attention
   uses 2 plus a larger absolute floor).
-The floor allows the final rounding of a correct value to the dtype, twice: 2 * eps(dtype) * max|f64|, plus
-1e-7 absolute so an all-tiny output is not graded on subnormals.
+The floor allows the final rounding of a correct value to the dtype, twice, and a rounding of every logit in the
+precision kernels compute logits in (fp32, or fp64 for fp64 inputs), which moves a softmax-weighted value by up to
+that error times the value: 2 * (eps(dtype) + eps(logits) * max|logit|) * max|f64|, plus 1e-7 absolute so an
+all-tiny output is not graded on subnormals. (Without the logit term, fp32 cases with logits ~20 failed correct
+kernels: both the naive and the kernel error are then rounding noise, and the naive one can land low.)
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class Check:
 
 
 def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
-          family: str, quantity: str, dtype: str) -> Check:
+          family: str, quantity: str, dtype: str, logit_max: float = 0.0) -> Check:
     """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
     outside `where` are not graded. Non-finite values count as infinite error."""
     got64, ref64, naive64 = got.to(torch.float64), ref.to(torch.float64), naive.to(torch.float64)
@@ -88,7 +91,8 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, 
     baseline = torch.where(where, (naive64 - ref64).abs().nan_to_num(nan=0.0, posinf=0.0), 0.0)
     magnitude = torch.where(where, ref64.abs(), 0.0).max().item() if where.any() else 0.0
     eps = LSE_EPS if quantity == "lse" else EPS[dtype]
-    floor = 2 * eps * magnitude + 1e-7
+    logit_eps = EPS["float64"] if dtype == "float64" else EPS["float32"]
+    floor = 2 * (eps + logit_eps * logit_max) * magnitude + 1e-7
     flat = int(torch.argmax(diff).item()) if diff.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
     return Check(name=name, diff_max=diff.max().item() if diff.numel() else 0.0,

@@ -1,0 +1,106 @@
+"""Hypothesis strategies that draw valid Cases by construction, weighted toward where kernels break.
+
+Only shapes, switches and a seed are drawn, never tensor elements, so shrinking is fast: it walks every integer
+toward its minimum and every choice toward its first option, which is the simplest one (b = 1, one head, the
+shortest lengths, float16, vanilla softmax, no mask, contiguous bshd).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+from strategies.case import Case
+from strategies.space import Space
+
+TILES = (16, 32, 64, 128, 256)
+HEAD_DIMS = (8, 16, 32, 64, 96, 128, 256)
+ODD_HEAD_DIMS = (1, 3, 24, 40, 72, 80, 100, 160, 192)
+
+
+def _tile_edges(max_len: int) -> list[int]:
+    edges = sorted({n for t in TILES for n in (t - 1, t, t + 1) if 1 <= n <= max_len})
+    return edges or [1]
+
+
+def lengths(max_len: int) -> st.SearchStrategy[int]:
+    """Sequence lengths: uniform, 1, and multiples of the usual tile sizes +-1 (shrinks toward 1)."""
+    return st.one_of(st.integers(1, max_len), st.just(1), st.sampled_from(_tile_edges(max_len)))
+
+
+def _head_dims(space: Space) -> st.SearchStrategy[int]:
+    usual = [d for d in HEAD_DIMS if d <= space.max_head_dim] or [space.max_head_dim]
+    odd = [d for d in ODD_HEAD_DIMS if d <= space.max_head_dim] or usual
+    return st.one_of(st.sampled_from(usual), st.sampled_from(odd))
+
+
+def _bound(seq: int) -> st.SearchStrategy[int | None]:
+    """A window bound: unbounded, 0, small, or at / past the sequence length."""
+    return st.one_of(st.none(), st.just(0), st.integers(1, 8), st.sampled_from([max(seq - 1, 0), seq, seq + 7]))
+
+
+def _seqlens(draw, b: int, full: int, *, required: bool) -> tuple[int, ...] | None:
+    if not required and not draw(st.booleans()):
+        return None
+    return tuple(draw(st.one_of(st.just(full), st.integers(0, full))) for _ in range(b))
+
+
+@st.composite
+def attention_cases(draw, space: Space = Space()) -> Case:
+    """Valid Cases drawn from `space`. Generates every field of the case language the space allows: batch and
+    lengths (tile edges, sq != skv both ways, sq = 1), GQA / MQA ratios, head dims (odd ones too, d_qk != d_v),
+    dtypes, causal masks at both alignments, sliding windows (0, small, larger than the sequence), padding and
+    packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
+    gradients. Shrinks toward the smallest, plainest case that still fails."""
+    b = draw(st.integers(1, space.max_batch))
+    sq = draw(lengths(space.max_len))
+    skv = draw(st.one_of(st.just(sq), lengths(space.max_len)))
+    if space.gqa:
+        hk = draw(st.integers(1, max(1, space.max_heads // 2)))
+        group = draw(st.sampled_from([g for g in (1, 2, 3, 4, 8) if hk * g <= space.max_heads] or [1]))
+        h = hk * group
+    else:
+        h = hk = draw(st.integers(1, space.max_heads))
+    d_qk = draw(_head_dims(space))
+    d_v = draw(st.one_of(st.just(d_qk), _head_dims(space))) if space.split_head_dims else d_qk
+    dtype = draw(st.sampled_from(space.dtypes))
+    layout = draw(st.sampled_from(space.layouts))
+
+    if layout == "thd" or (space.padding and draw(st.integers(0, 3)) == 0):
+        seqlens_q = _seqlens(draw, b, sq, required=True)
+        seqlens_kv = _seqlens(draw, b, skv, required=True)
+    else:
+        seqlens_q = seqlens_kv = None
+
+    causal = space.causal and draw(st.integers(0, 2)) == 0
+    window: tuple[int | None, int | None] = (None, None)
+    if space.windows and draw(st.integers(0, 3)) == 0:
+        left = draw(_bound(skv))
+        window = (left, None if causal else draw(_bound(skv)))
+    alignment = draw(st.sampled_from(space.alignments))
+    mask_density = None
+    if space.explicit_mask and draw(st.integers(0, 7)) == 0:
+        mask_density = draw(st.sampled_from([0.5, 0.9, 0.1, 0.0, 1.0]))
+
+    scale = None
+    if space.custom_scale and draw(st.integers(0, 5)) == 0:
+        scale = draw(st.sampled_from([1.0, 0.5 / math.sqrt(d_qk), 2.0 / math.sqrt(d_qk), 0.01]))
+    softcap = draw(st.sampled_from([5.0, 30.0, 0.5])) if space.softcap and draw(st.integers(0, 5)) == 0 else None
+    alibi = None
+    if space.alibi and draw(st.integers(0, 5)) == 0:
+        alibi = tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
+    softmax = draw(st.sampled_from(space.softmaxes))
+    memory = draw(st.sampled_from([m for m in space.memory if m != "expanded_kv" or hk > 1] or ["contiguous"]))
+
+    mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    if space.extreme_logits and draw(st.integers(0, 4)) == 0:
+        qk_std = draw(st.sampled_from([0.01, 4.0, 10.0]))
+        std = (qk_std, qk_std, draw(st.sampled_from([1.0, 0.001, 100.0])))
+        mean = (0.0, draw(st.sampled_from([0.0, 3.0])), 0.0)
+    grads = space.grads and draw(st.integers(0, 3)) == 0
+    seed = draw(st.integers(0, 2**32 - 1))
+    return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
+                seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
+                scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,
+                mean=mean, std=std, seed=seed, grads=grads)

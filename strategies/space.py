@@ -1,0 +1,97 @@
+"""Space: which parts of the case language a strategy draws, and how to narrow it to what a backend takes.
+
+A backend declares refusals one case at a time (`unsupported(case)`); `narrow_to` turns that into a Space by probing
+one feature at a time, so features a backend refuses outright are never drawn for it (constrain, don't filter) and
+only the combinations it refuses reach the harness, which reports them as UNSUPPORTED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, Case
+
+
+def _positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"Space: invalid {name}={value!r}: must be an int >= 1")
+
+
+def _subset(name: str, value, allowed) -> None:
+    if not isinstance(value, tuple) or not value or any(v not in allowed for v in value):
+        raise ValueError(f"Space: invalid {name}={value!r}: a non-empty tuple drawn from {allowed}")
+
+
+@dataclass(frozen=True)
+class Space:
+    """Bounds and feature switches for attention_cases(). Defaults are small enough for a CPU."""
+
+    max_batch: int = 3
+    max_len: int = 160
+    max_heads: int = 8
+    max_head_dim: int = 128
+    dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
+    layouts: tuple[str, ...] = LAYOUTS
+    memory: tuple[str, ...] = MEMORY
+    softmaxes: tuple[str, ...] = SOFTMAXES
+    alignments: tuple[str, ...] = ALIGNMENTS
+    causal: bool = True
+    windows: bool = True
+    padding: bool = True
+    explicit_mask: bool = True
+    softcap: bool = True
+    alibi: bool = True
+    custom_scale: bool = True
+    gqa: bool = True
+    split_head_dims: bool = True     # d_qk != d_v
+    grads: bool = True
+    extreme_logits: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_len", "max_heads", "max_head_dim"):
+            _positive(name, getattr(self, name))
+        _subset("dtypes", self.dtypes, DTYPES)
+        _subset("layouts", self.layouts, LAYOUTS)
+        _subset("memory", self.memory, MEMORY)
+        _subset("softmaxes", self.softmaxes, SOFTMAXES)
+        _subset("alignments", self.alignments, ALIGNMENTS)
+
+    def replace(self, **changes) -> Space:
+        return dataclasses.replace(self, **changes)
+
+
+# Each switch is probed with a small case that turns on that one feature.
+_PROBE = Case(b=2, sq=32, skv=32, h=2, hk=2, d_qk=32, d_v=32, dtype="float16")
+_SWITCHES: dict[str, Case] = {
+    "causal": _PROBE.replace(causal=True),
+    "windows": _PROBE.replace(window=(4, 4)),
+    "padding": _PROBE.replace(seqlens_q=(32, 20), seqlens_kv=(32, 24)),
+    "explicit_mask": _PROBE.replace(mask_density=0.5),
+    "softcap": _PROBE.replace(softcap=20.0),
+    "alibi": _PROBE.replace(alibi_slopes=(0.5, 0.25)),
+    "custom_scale": _PROBE.replace(scale=0.3),
+    "gqa": _PROBE.replace(h=4, hk=2),
+    "split_head_dims": _PROBE.replace(d_v=16),
+    "grads": _PROBE.replace(grads=True),
+}
+
+
+def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
+    """The part of `space` a backend does not refuse outright, probing one feature (or one choice) at a time."""
+    changes: dict = {}
+    for switch, probe in _SWITCHES.items():
+        if getattr(space, switch) and unsupported(probe) is not None:
+            changes[switch] = False
+    choice_probes = {
+        "dtypes": lambda v: _PROBE.replace(dtype=v),
+        "layouts": lambda v: _SWITCHES["padding"].replace(layout=v),
+        "memory": lambda v: _PROBE.replace(h=4, hk=2, memory=v),
+        "softmaxes": lambda v: _PROBE.replace(softmax=v),
+        "alignments": lambda v: _PROBE.replace(causal=True, sq=16, alignment=v),
+    }
+    for name, probe in choice_probes.items():
+        kept = tuple(v for v in getattr(space, name) if unsupported(probe(v)) is None)
+        changes[name] = kept or getattr(space, name)[:1]
+    return space.replace(**changes)

@@ -1,0 +1,28 @@
+"""`pytest corpus`: every saved finding replayed as a regression test.
+
+An entry passes when its backend now passes the case. An entry marked as a known bug (`known_bug: {"link": ...}`) is
+an expected failure, and fails loudly once it starts passing, so it gets marked fixed. An entry whose backend cannot
+run here is skipped with the reason; an unreadable file fails alone, naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz import corpus as corpus_io
+from fuzz.cli import replay_outcome
+
+
+def test_entry(corpus_entry, attnfuzz) -> None:
+    entry = corpus_io.load(corpus_entry)  # CorpusError names the file and the field
+    device = attnfuzz.device if attnfuzz.device != "cpu" else entry.device
+    verdict = corpus_io.replay(entry, device)
+    outcome = replay_outcome(entry, verdict)
+    if outcome == "skip":
+        pytest.skip(verdict.message)
+    if outcome == "xfail":
+        pytest.xfail(f"known bug {entry.known_bug['link']}: {verdict.label}")
+    if outcome == "xpass":
+        pytest.fail(f"known bug {entry.known_bug['link']} NOW PASSES: {corpus_entry.name} — mark it fixed "
+                    f"(remove known_bug) so it guards against a regression", pytrace=False)
+    assert outcome == "pass", f"{corpus_entry.name}: {verdict.label}: {verdict.message}"

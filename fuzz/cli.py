@@ -1,0 +1,211 @@
+"""attnfuzz command line: run, replay, backends. Exit codes: 0 nothing found, 1 a failure found, 2 bad usage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from fuzz import corpus as corpus_io
+from fuzz.backends import factories, get
+from fuzz.harness import Tally, fuzz
+from fuzz.profiles import PROFILES, profile
+from oracles import verdict as V
+from oracles.verdict import Verdict
+from strategies.case import Case
+from strategies.space import Space
+
+DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded default: CPU, small
+
+
+class UsageError(Exception):
+    """Bad usage: the message names the option and the fix (exit 2)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnfuzz", description="Property-based differential fuzzer for attention "
+                                "kernels, graded against an independent float64 oracle.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
+    run.add_argument("--backend", action="append", help="registry name or package.module:function (repeatable; "
+                     f"default: {', '.join(DEFAULT_BACKENDS)})")
+    run.add_argument("--max-examples", type=int, help="examples per backend (default: the profile's)")
+    run.add_argument("--seed", type=int, help="Hypothesis seed, for a reproducible run")
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    run.add_argument("--corpus", type=Path, default=Path("corpus"), help="where findings are saved (default corpus)")
+    run.add_argument("--profile", default="quick", help=f"one of {', '.join(PROFILES)} (default quick)")
+    run.add_argument("--max-len", type=int, help="longest sequence drawn (default 160)")
+    run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
+    replay.add_argument("paths", nargs="*", type=Path, default=[Path("corpus")], help="entry files or folders")
+    replay.add_argument("--device", help="run on this device instead of the entry's own")
+    replay.add_argument("--json", action="store_true")
+    backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
+    backends.add_argument("--device", default="cpu")
+    backends.add_argument("--json", action="store_true")
+    return p
+
+
+def _check_device(device: str) -> None:
+    import torch
+    if device == "cpu":
+        return
+    if not device.startswith("cuda"):
+        raise UsageError(f"--device={device!r}: use cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device={device!r}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
+
+
+class Progress:
+    """One status line on stderr, redrawn at most every 0.2 s (a plain line every 10 s when not a terminal)."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.last, self.start = name, total, 0.0, time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, tally: Tally, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not final and now - self.last < (0.2 if self.tty else 10.0):
+            return
+        self.last = now
+        rate = tally.examples / max(now - self.start, 1e-9)
+        counts = "  ".join(f"{k} {v}" for k, v in sorted(tally.labels.items()))
+        line = f"[{self.name}] {tally.examples}/{self.total} examples, {rate:.1f}/s  {counts}"
+        sys.stderr.write(("\r" + line[:150].ljust(150)) if self.tty else line + "\n")
+        if final and self.tty:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _recover_inflight(directory: Path, backend) -> list[Path]:
+    """A case left on disk by a process that died while running it becomes a CRASH entry."""
+    inflight = directory / f".inflight-{backend.name.replace(':', '_').replace('/', '_')}.json"
+    saved = []
+    if inflight.exists():
+        data = json.loads(inflight.read_text())
+        verdict = Verdict(V.CRASH, "PROCESS_DIED", "the fuzzing process died while this case was running")
+        entry = corpus_io.Entry(backend=backend.name, case=Case.from_dict(data["case"]), verdict=verdict,
+                                device=data.get("device", "cpu"), backend_version=backend.version())
+        saved.append(corpus_io.save(directory, entry))
+        inflight.unlink()
+    return saved
+
+
+def cmd_run(args) -> int:
+    _check_device(args.device)
+    settings = profile(args.profile, max_examples=args.max_examples)
+    names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
+    space = Space(max_len=args.max_len) if args.max_len else Space()
+    report, found = {}, 0
+    for name in names:
+        try:
+            backend = get(name, args.device)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        why = backend.available()
+        if why is not None:
+            print(f"[{name}] skipped: {why}", file=sys.stderr)
+            report[name] = {"skipped": why}
+            continue
+        args.corpus.mkdir(parents=True, exist_ok=True)
+        saved = _recover_inflight(args.corpus, backend)
+        inflight = args.corpus / f".inflight-{name.replace(':', '_').replace('/', '_')}.json"
+        progress = Progress(name, settings.max_examples)
+        tally, findings = fuzz(backend, device=args.device, space=space, settings=settings, seed=args.seed,
+                               inflight=inflight, on_case=lambda case, verdict, seen: progress.update(seen))
+        progress.update(tally, final=True)
+        for f in findings:
+            entry = corpus_io.Entry(backend=name, case=f.case, verdict=f.verdict, device=args.device,
+                                    backend_version=backend.version())
+            saved.append(corpus_io.save(args.corpus, entry))
+            print(f"[{name}] {f.verdict.label}: {f.verdict.message}\n    {f.case!r}", file=sys.stderr)
+        found += len(saved)
+        report[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
+        print(f"[{name}] {tally.examples} examples in {tally.seconds:.1f}s; "
+              f"{len(saved)} finding(s) saved to {args.corpus}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 1 if found else 0
+
+
+def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
+    """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly) or
+    'fail' (a regression)."""
+    if verdict.status == V.UNSUPPORTED:
+        return "skip"
+    if entry.known_bug:
+        return "xfail" if verdict.failed else "xpass"
+    return "fail" if verdict.failed else "pass"
+
+
+def cmd_replay(args) -> int:
+    paths = []
+    for path in args.paths:
+        if path.is_dir():
+            paths.extend(corpus_io.entry_paths(path))
+        elif path.exists():
+            paths.append(path)
+        else:
+            raise UsageError(f"replay: {path} does not exist; give corpus entry files or folders")
+    if args.device:
+        _check_device(args.device)
+    rows, bad = [], 0
+    for path in paths:
+        try:
+            entry = corpus_io.load(path)
+        except corpus_io.CorpusError as e:
+            rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
+            bad += 1
+            continue
+        try:
+            verdict = corpus_io.replay(entry, args.device)
+        except ValueError as e:  # a backend name this attnfuzz does not know
+            verdict = Verdict(V.UNSUPPORTED, None, str(e))
+        outcome = replay_outcome(entry, verdict)
+        bad += outcome in ("fail", "xpass")
+        rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "message": verdict.message,
+                     "known_bug": entry.known_bug})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else ""
+            print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {row['message'][:160]}")
+        print(f"{len(rows)} entries, {bad} regressed or unreadable")
+    return 1 if bad else 0
+
+
+def cmd_backends(args) -> int:
+    rows = []
+    for name, factory in factories().items():
+        backend = factory(args.device)
+        why = backend.available()
+        rows.append({"name": name, "device": args.device, "available": why is None, "why_not": why,
+                     "version": backend.version() if why is None else ""})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for row in rows:
+            state = f"yes  {row['version']}" if row["available"] else f"no   {row['why_not']}"
+            print(f"{row['name']:<22} {state}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad usage, 0 on --help
+        return int(e.code or 0)
+    commands = {"run": cmd_run, "replay": cmd_replay, "backends": cmd_backends}
+    try:
+        return commands[args.command](args)
+    except UsageError as e:
+        print(f"attnfuzz: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

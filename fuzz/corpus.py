@@ -1,0 +1,157 @@
+"""The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge, and replay.
+
+Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
+seen, known_bug (null, or {"link": ..., "note": ...}: an expected failure until the bug is fixed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from oracles.verdict import Verdict
+from strategies.case import SCHEMA, Case
+
+REQUIRED = ("schema", "signature", "backend", "case", "verdict")
+
+
+class CorpusError(ValueError):
+    """A corpus file that cannot be read; the message names the file and the field."""
+
+
+@dataclass
+class Entry:
+    backend: str
+    case: Case
+    verdict: Verdict
+    device: str = "cpu"
+    backend_version: str = ""
+    environment: dict | None = None
+    found: str = ""
+    last_seen: str = ""
+    seen: int = 1
+    known_bug: dict | None = None
+
+    @property
+    def signature(self) -> str:
+        """backend + verdict label + the case without its seed: the same bug drawn with other numbers merges."""
+        shape = {k: v for k, v in self.case.to_dict().items() if k != "seed"}
+        key = json.dumps([self.backend, self.verdict.label, shape], sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    @property
+    def filename(self) -> str:
+        label = self.verdict.label.replace(":", "-")
+        return f"{self.backend}-{label}-{self.signature}.json".replace("/", "_").replace(":", "_")
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "signature": self.signature, "backend": self.backend,
+                "backend_version": self.backend_version, "device": self.device, "environment": self.environment,
+                "case": self.case.to_dict(), "verdict": self.verdict.to_dict(), "found": self.found,
+                "last_seen": self.last_seen, "seen": self.seen, "known_bug": self.known_bug}
+
+    @classmethod
+    def from_dict(cls, data, where: str) -> Entry:
+        if not isinstance(data, dict):
+            raise CorpusError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        for name in REQUIRED:
+            if name not in data:
+                raise CorpusError(f"{where}: missing field {name!r}")
+        if data["schema"] != SCHEMA:
+            raise CorpusError(f"{where}: field 'schema' is {data['schema']!r}; this attnfuzz reads schema {SCHEMA}")
+        if not isinstance(data["backend"], str) or not data["backend"]:
+            raise CorpusError(f"{where}: field 'backend' must be a backend name, got {data['backend']!r}")
+        try:
+            case = Case.from_dict(data["case"], where=f"{where}: field 'case'")
+        except ValueError as e:
+            raise CorpusError(str(e)) from None
+        try:
+            verdict = Verdict.from_dict(data["verdict"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorpusError(f"{where}: field 'verdict' is malformed ({type(e).__name__}: {e})") from None
+        known = data.get("known_bug")
+        if known is not None and not (isinstance(known, dict) and known.get("link")):
+            raise CorpusError(f"{where}: field 'known_bug' must be null or an object with a 'link'")
+        return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
+                   backend_version=data.get("backend_version", ""), environment=data.get("environment"),
+                   found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
+                   known_bug=known)
+
+
+def environment(device: str) -> dict:
+    import hypothesis
+    import torch
+    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+           "hypothesis": hypothesis.__version__}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
+    """Write (or merge into) the entry's file, and its standalone repro script beside it. Returns the JSON path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / entry.filename
+    stamp = now()
+    if path.exists():
+        try:
+            old = Entry.from_dict(json.loads(path.read_text()), str(path))
+            entry.found, entry.seen, entry.known_bug = old.found, old.seen + 1, old.known_bug
+        except (CorpusError, json.JSONDecodeError):
+            pass  # an unreadable old file is replaced by the fresh finding
+    entry.found = entry.found or stamp
+    entry.last_seen = stamp
+    entry.environment = entry.environment or environment(entry.device)
+    path.write_text(json.dumps(entry.to_dict(), indent=2, sort_keys=True) + "\n")
+    if repro:
+        from fuzz.repro import write_repro
+        write_repro(entry, path.with_suffix(".py"))
+    return path
+
+
+def load(path: Path) -> Entry:
+    """One entry; CorpusError names the file and the field when it cannot be read."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot be read ({e.strerror})") from None
+    return Entry.from_dict(data, str(path))
+
+
+def entry_paths(directory: Path) -> list[Path]:
+    return sorted(p for p in Path(directory).glob("**/*.json") if not p.name.startswith("."))
+
+
+def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusError]]:
+    """Every readable entry under `directory`, and an error per unreadable file (the others still load)."""
+    entries, errors = [], []
+    for path in entry_paths(directory):
+        try:
+            entries.append((path, load(path)))
+        except CorpusError as e:
+            errors.append(e)
+    return entries, errors
+
+
+def replay(entry: Entry, device: str | None = None) -> Verdict:
+    """Run the entry's case through its backend again; UNSUPPORTED (with why) when the backend is unavailable."""
+    from fuzz.backends import get
+    from fuzz.harness import run_case
+    from oracles.verdict import UNSUPPORTED
+    device = device or entry.device
+    backend = get(entry.backend, device)
+    why = backend.available()
+    if why is not None:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
+    return run_case(backend, entry.case, device=device)

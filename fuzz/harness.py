@@ -1,0 +1,159 @@
+"""One case through one backend, and the Hypothesis property that fuzzes a backend with it.
+
+Every case is written to disk before it runs (write-ahead), so a case that kills the process is found by the next
+start and saved as a CRASH. A FAIL raises an exception whose *type* carries the diagnosis: Hypothesis shrinks each
+distinct exception type separately, so a shrink can never turn an ALL_ZERO into a TOLERANCE failure.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import hypothesis
+from hypothesis import strategies as st
+
+from fuzz.backends.base import Backend, Unsupported
+from oracles import verdict as V
+from oracles.grade import Oracle, grade
+from strategies.case import Case
+from strategies.cases import attention_cases
+from strategies.materialize import materialize
+from strategies.space import Space, narrow_to
+
+
+class Finding(AssertionError):
+    """A failing case; subclasses per verdict label (see finding_type) keep Hypothesis's shrinks apart."""
+
+    def __init__(self, backend: str, case: Case, verdict: V.Verdict):
+        super().__init__(f"{backend}: {verdict.label}: {verdict.message}\n  {case!r}")
+        self.backend, self.case, self.verdict = backend, case, verdict
+
+
+_FINDING_TYPES: dict[str, type[Finding]] = {}
+
+
+def finding_type(label: str) -> type[Finding]:
+    """One Finding subclass per verdict label, e.g. Finding_FAIL_ALL_ZERO."""
+    name = "Finding_" + "".join(ch if ch.isalnum() else "_" for ch in label)
+    if name not in _FINDING_TYPES:
+        _FINDING_TYPES[name] = type(name, (Finding,), {"__module__": __name__})
+    return _FINDING_TYPES[name]
+
+
+@dataclass
+class Tally:
+    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio."""
+
+    examples: int = 0
+    labels: Counter = field(default_factory=Counter)
+    unsupported: Counter = field(default_factory=Counter)
+    worst_ratio: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, verdict: V.Verdict) -> None:
+        self.examples += 1
+        self.labels[verdict.label] += 1
+        if verdict.status == V.UNSUPPORTED:
+            self.unsupported[verdict.message] += 1
+        elif verdict.status == V.PASS:
+            self.worst_ratio = max(self.worst_ratio, verdict.ratio)
+
+    def to_dict(self) -> dict:
+        return {"examples": self.examples, "labels": dict(self.labels), "unsupported": dict(self.unsupported),
+                "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3)}
+
+
+def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Path | None = None) -> V.Verdict:
+    """UNSUPPORTED with the reason, CRASH with the exception, or the graded verdict. With `inflight`, the case is on
+    disk while it runs and removed after."""
+    reason = backend.unsupported(case)
+    if reason is not None:
+        return V.Verdict(V.UNSUPPORTED, None, reason)
+    if inflight is not None:
+        inflight.write_text(json.dumps({"backend": backend.name, "device": device, "case": case.to_dict()}))
+    try:
+        tensors = materialize(case, device)
+        try:
+            output = backend.run(case, tensors)
+        except Unsupported as e:
+            return V.Verdict(V.UNSUPPORTED, None, str(e) or type(e).__name__)
+        except Exception as e:  # the backend crashed on a case it said it supports: a finding
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            return V.Verdict(V.CRASH, type(e).__name__,
+                             f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
+        return grade(case, tensors, output, family=backend.family, oracle=Oracle.of(case, tensors, device=device))
+    finally:
+        if inflight is not None:
+            inflight.unlink(missing_ok=True)
+
+
+def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
+    """Cases from `space` narrowed to what `backend` takes, each with one of the spellings the backend lists."""
+    narrowed = narrow_to(space, backend.unsupported)
+
+    def spell(case: Case) -> st.SearchStrategy[Case]:
+        return st.sampled_from(backend.spellings(case)).map(lambda s: case.replace(spelling=s))
+
+    return attention_cases(narrowed).flatmap(spell)
+
+
+def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
+                  on_case: Callable[[Case, V.Verdict, Tally], None] | None = None):
+    """The Hypothesis test for one backend: grade each drawn case, climb toward the bound, raise on failure."""
+
+    @hypothesis.given(case=cases_for(backend, space))
+    def fuzz_backend(case: Case) -> None:
+        verdict = run_case(backend, case, device=device, inflight=inflight)
+        tally.add(verdict)
+        if on_case is not None:
+            on_case(case, verdict, tally)
+        if verdict.status == V.PASS:
+            hypothesis.target(min(verdict.ratio, 1e9), label="error / bound")
+        if verdict.failed:
+            raise finding_type(verdict.label)(backend.name, case, verdict)
+
+    return fuzz_backend
+
+
+def findings_of(error: BaseException) -> list[Finding]:
+    """The minimal Findings Hypothesis reported: one, or several in an exception group."""
+    if isinstance(error, Finding):
+        return [error]
+    if isinstance(error, BaseExceptionGroup):
+        return [f for sub in error.exceptions for f in findings_of(sub)]
+    return []
+
+
+def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
+         seed: int | None = None, inflight: Path | None = None,
+         on_case: Callable[[Case, V.Verdict, Tally], None] | None = None) -> tuple[Tally, list[Finding]]:
+    """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
+    findings, one per distinct verdict label. A failure that did not reproduce becomes a FLAKY finding."""
+    tally = Tally()
+    prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case)
+    if settings is not None:
+        prop = settings(prop)
+    if seed is not None:
+        prop = hypothesis.seed(seed)(prop)
+    start = time.perf_counter()
+    findings: list[Finding] = []
+    try:
+        prop()
+    except hypothesis.errors.FlakyFailure as e:
+        for f in findings_of(e):
+            flaky = V.Verdict(V.FLAKY, f.verdict.label, f"did not reproduce on a second run: {f.verdict.message}",
+                              f.verdict.worst, f.verdict.ratio)
+            findings.append(Finding(f.backend, f.case, flaky))
+    except (Finding, BaseExceptionGroup) as e:
+        findings = findings_of(e)
+        if not findings:
+            raise
+    finally:
+        tally.seconds = time.perf_counter() - start
+    return tally, findings

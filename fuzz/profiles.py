@@ -1,0 +1,28 @@
+"""Hypothesis profiles: quick (the default), ci (derandomized, no deadline) and campaign (a large budget).
+
+Registered on import; the CLI and the pytest plugin load one by name. No deadline anywhere: a first call that
+compiles a kernel (flex, FA4) takes seconds, and a deadline would report that as flakiness.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, settings
+
+PROFILES = {
+    "quick": dict(max_examples=100),
+    "ci": dict(max_examples=300, derandomize=True, database=None, print_blob=True),
+    "campaign": dict(max_examples=100_000, phases=tuple(Phase)),
+}
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+               report_multiple_bugs=True)
+
+for _name, _options in PROFILES.items():
+    settings.register_profile(f"attnfuzz-{_name}", **{**_COMMON, **_options})
+
+
+def profile(name: str, **overrides) -> settings:
+    """The settings of a profile by name, with overrides (e.g. max_examples); ValueError names a wrong name."""
+    if name not in PROFILES:
+        raise ValueError(f"--profile={name!r} is not a profile; choose one of {', '.join(PROFILES)}")
+    base = settings.get_profile(f"attnfuzz-{name}")
+    return settings(base, **{k: v for k, v in overrides.items() if v is not None})

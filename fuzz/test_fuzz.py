@@ -1,0 +1,34 @@
+"""Fuzz targets collected by `pytest fuzz`: one per backend (`--backend` narrows), graded against float64.
+
+A backend that cannot run here is skipped with the reason; every failure is shrunk by Hypothesis, saved to the
+corpus (JSON + standalone repro script) and reported.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz import corpus as corpus_io
+from fuzz.backends import get
+from fuzz.harness import fuzz
+from fuzz.profiles import profile
+
+
+def test_backend(fuzz_backend: str, attnfuzz) -> None:
+    backend = get(fuzz_backend, attnfuzz.device)
+    why = backend.available()
+    if why is not None:
+        pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
+    settings = profile(attnfuzz.profile, max_examples=attnfuzz.max_examples)
+    tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed)
+    print(f"{fuzz_backend}: {tally.to_dict()}")
+    saved = [corpus_io.save(attnfuzz.corpus, corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict,
+                                                             device=attnfuzz.device,
+                                                             backend_version=backend.version()))
+             for f in findings]
+    if findings:
+        lines = [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}\n    saved as {path}"
+                 for f, path in zip(findings, saved)]
+        pytest.fail(f"{fuzz_backend}: {len(findings)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),
+                    pytrace=False)
+    assert tally.examples > 0, f"{fuzz_backend}: no example ran"

@@ -40,9 +40,13 @@ def _bound(seq: int) -> st.SearchStrategy[int | None]:
     return st.one_of(st.none(), st.just(0), st.integers(1, 8), st.sampled_from([max(seq - 1, 0), seq, seq + 7]))
 
 
-def _seqlens(draw, b: int, full: int, *, required: bool) -> tuple[int, ...] | None:
-    if not required and not draw(st.booleans()):
-        return None
+def _sometimes(draw, one_in: int) -> bool:
+    """True once in `one_in` draws; shrinks to False, so a shrunk case keeps only the features it needs."""
+    return draw(st.integers(0, one_in - 1)) == one_in - 1
+
+
+def _seqlens(draw, b: int, full: int) -> tuple[int, ...]:
+    """Per-sequence valid lengths: full, or anything down to 0 (an empty sequence)."""
     return tuple(draw(st.one_of(st.just(full), st.integers(0, full))) for _ in range(b))
 
 
@@ -67,38 +71,38 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     dtype = draw(st.sampled_from(space.dtypes))
     layout = draw(st.sampled_from(space.layouts))
 
-    if layout == "thd" or (space.padding and draw(st.integers(0, 3)) == 0):
-        seqlens_q = _seqlens(draw, b, sq, required=True)
-        seqlens_kv = _seqlens(draw, b, skv, required=True)
+    if layout == "thd" or (space.padding and _sometimes(draw, 4)):
+        seqlens_q = _seqlens(draw, b, sq)
+        seqlens_kv = _seqlens(draw, b, skv)
     else:
         seqlens_q = seqlens_kv = None
 
-    causal = space.causal and draw(st.integers(0, 2)) == 0
+    causal = space.causal and _sometimes(draw, 3)
     window: tuple[int | None, int | None] = (None, None)
-    if space.windows and draw(st.integers(0, 3)) == 0:
+    if space.windows and _sometimes(draw, 4):
         left = draw(_bound(skv))
         window = (left, None if causal else draw(_bound(skv)))
     alignment = draw(st.sampled_from(space.alignments))
     mask_density = None
-    if space.explicit_mask and draw(st.integers(0, 7)) == 0:
+    if space.explicit_mask and _sometimes(draw, 8):
         mask_density = draw(st.sampled_from([0.5, 0.9, 0.1, 0.0, 1.0]))
 
     scale = None
-    if space.custom_scale and draw(st.integers(0, 5)) == 0:
+    if space.custom_scale and _sometimes(draw, 6):
         scale = draw(st.sampled_from([1.0, 0.5 / math.sqrt(d_qk), 2.0 / math.sqrt(d_qk), 0.01]))
-    softcap = draw(st.sampled_from([5.0, 30.0, 0.5])) if space.softcap and draw(st.integers(0, 5)) == 0 else None
+    softcap = draw(st.sampled_from([5.0, 30.0, 0.5])) if space.softcap and _sometimes(draw, 6) else None
     alibi = None
-    if space.alibi and draw(st.integers(0, 5)) == 0:
+    if space.alibi and _sometimes(draw, 6):
         alibi = tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
     softmax = draw(st.sampled_from(space.softmaxes))
     memory = draw(st.sampled_from([m for m in space.memory if m != "expanded_kv" or hk > 1] or ["contiguous"]))
 
     mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-    if space.extreme_logits and draw(st.integers(0, 4)) == 0:
+    if space.extreme_logits and _sometimes(draw, 5):
         qk_std = draw(st.sampled_from([0.01, 4.0, 10.0]))
         std = (qk_std, qk_std, draw(st.sampled_from([1.0, 0.001, 100.0])))
         mean = (0.0, draw(st.sampled_from([0.0, 3.0])), 0.0)
-    grads = space.grads and draw(st.integers(0, 3)) == 0
+    grads = space.grads and _sometimes(draw, 4)
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,

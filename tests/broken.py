@@ -1,0 +1,116 @@
+"""Deliberately broken backends: the negative controls every detector must fire on.
+
+Each one is torch SDPA (math) fed a correct mask, with exactly one planted bug. `Correct()` is the same backend
+without a bug, the control that must never fail.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fuzz.backends.base import Backend, first_reason
+from fuzz.backends.layout import visibility_mask
+from oracles.verdict import Output
+
+
+class Correct(Backend):
+    """SDPA math with an explicit mask: expresses bshd, vanilla softmax, no softcap, no ALiBi."""
+
+    name = "correct"
+
+    def unsupported(self, case):
+        return first_reason((case.layout != "bshd", "bshd only"), (case.softmax != "vanilla", "vanilla only"),
+                            (case.softcap is not None, "no softcap"), (case.alibi_slopes is not None, "no ALiBi"),
+                            (case.grads, "no gradients"))
+
+    def attend(self, case, t, *, mask=None, scale=None, kv_heads=None):
+        q, k, v = (x.transpose(1, 2) for x in (t.q, t.k, t.v))
+        if kv_heads is not None:
+            k, v = k[:, kv_heads], v[:, kv_heads]
+        mask = visibility_mask(case, t, t.q.device) if mask is None else mask
+        with sdpa_kernel([SDPBackend.MATH]):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale or case.softmax_scale,
+                                                 enable_gqa=kv_heads is None)
+        return out.transpose(1, 2)
+
+    def run(self, case, t):
+        return Output(self.attend(case, t), ran="sdpa-math")
+
+
+class ZeroWhenCausal(Correct):
+    name = "broken-zero-causal"
+
+    def run(self, case, t):
+        out = self.attend(case, t)
+        return Output(torch.zeros_like(out) if case.causal else out)
+
+
+class SwappedAlignment(Correct):
+    name = "broken-alignment"
+
+    def run(self, case, t):
+        other = "top_left" if case.alignment == "bottom_right" else "bottom_right"
+        return Output(self.attend(case, t, mask=visibility_mask(case.replace(alignment=other), t, t.q.device)))
+
+
+class WindowOffByOne(Correct):
+    name = "broken-window"
+
+    def run(self, case, t):
+        if case.left is None:
+            return Output(self.attend(case, t))
+        wider = case.replace(window=(case.left + 1, case.window[1]))
+        return Output(self.attend(case, t, mask=visibility_mask(wider, t, t.q.device)))
+
+
+class ModuloHeads(Correct):
+    name = "broken-gqa"
+
+    def run(self, case, t):
+        return Output(self.attend(case, t, kv_heads=torch.arange(case.h) % case.hk))
+
+
+class ValueDimScale(Correct):
+    name = "broken-scale"
+
+    def run(self, case, t):
+        return Output(self.attend(case, t, scale=case.scale or 1 / math.sqrt(case.d_v)))
+
+
+class NanOnEmptyRows(Correct):
+    name = "broken-nan-rows"
+
+    def run(self, case, t):
+        out = self.attend(case, t)
+        empty = ~visibility_mask(case, t, t.q.device).any(-1)          # [b, 1, sq]
+        return Output(out.masked_fill(empty.transpose(1, 2)[..., None], float("nan")))
+
+
+class TileTail(Correct):
+    """Drops the last key when skv % 64 == 1 (past one tile): a tail-tile bug."""
+
+    name = "broken-tile-tail"
+
+    def run(self, case, t):
+        mask = visibility_mask(case, t, t.q.device)
+        if case.skv % 64 == 1 and case.skv > 64:
+            mask = mask.clone()
+            mask[..., -1] = False
+        return Output(self.attend(case, t, mask=mask))
+
+
+class LaterBatches(Correct):
+    name = "broken-batch"
+
+    def run(self, case, t):
+        out = self.attend(case, t).clone()
+        out[1:] = out[1:] * 0.5
+        return Output(out)
+
+
+BROKEN = {cls.name: cls for cls in (ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads, ValueDimScale,
+                                   NanOnEmptyRows, TileTail, LaterBatches)}

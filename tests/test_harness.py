@@ -1,0 +1,92 @@
+"""The fuzz loop finds every planted bug, names it, and shrinks it to a minimal case; the correct twin never fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import settings
+
+from fuzz.harness import fuzz, run_case
+from fuzz.profiles import profile
+from oracles import verdict as V
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.space import Space
+from tests.broken import BROKEN, Correct
+
+SPACE = Space(max_len=80)
+SHRINK = profile("ci", max_examples=400)
+
+# backend -> (diagnosis, what the shrunk case must look like)
+EXPECTED = {
+    "broken-zero-causal": (V.ALL_ZERO, lambda c: c.causal and c.sq == 1 and c.skv == 1),
+    "broken-alignment": (V.MASK_ALIGNMENT, lambda c: {c.sq, c.skv} == {1, 2}),
+    "broken-window": (V.WINDOW_OFF_BY_ONE, lambda c: c.left == 0 and c.sq + c.skv <= 4),
+    "broken-gqa": (V.GQA_MAPPING, lambda c: (c.h, c.hk) == (4, 2) and c.sq == 1 and c.skv <= 2),
+    "broken-scale": (V.SCALE, lambda c: c.d_qk != c.d_v and c.sq == 1 and c.skv == 2),
+    "broken-nan-rows": (V.NONFINITE, lambda c: c.sq + c.skv <= 3),
+    "broken-tile-tail": (V.TOLERANCE, lambda c: c.skv == 65 and c.sq == 1),
+    "broken-batch": (V.TOLERANCE, lambda c: c.b == 2 and c.sq == 1 and c.skv == 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_planted_bug_is_found_named_and_shrunk(name):
+    tally, findings = fuzz(BROKEN[name](), space=SPACE, settings=SHRINK)
+    diagnosis, minimal = EXPECTED[name]
+    labels = [f.verdict.label for f in findings]
+    assert f"FAIL:{diagnosis}" in labels, f"{name}: found {labels} in {tally.to_dict()}"
+    case = next(f.case for f in findings if f.verdict.diagnosis == diagnosis)
+    assert case.b <= (2 if name == "broken-batch" else 1), case
+    assert case.h == (4 if name == "broken-gqa" else 1), case
+    assert minimal(case), f"{name}: not shrunk far enough: {case!r}"
+
+
+def test_correct_backend_never_fails_over_2000_examples():
+    tally, findings = fuzz(Correct(), space=SPACE, settings=profile("ci", max_examples=2000))
+    assert not findings, [f"{f.verdict.label} {f.verdict.message} {f.case!r}" for f in findings]
+    assert tally.labels["PASS"] >= 1500, tally.to_dict()
+
+
+def test_shrinking_keeps_the_diagnosis():
+    """Zeros for sq >= 2, a wrong later batch for sq == 1: almost every first failure is an ALL_ZERO, and the
+    simplest shrink of it (sq -> 1) would be a TOLERANCE failure. Keyed shrinking must keep it an ALL_ZERO."""
+
+    class TwoBugs(Correct):
+        name = "two-bugs"
+
+        def run(self, case, t):
+            if case.sq >= 2:
+                return Output(torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=t.q.dtype))
+            return BROKEN["broken-batch"]().run(case, t)
+
+    _, findings = fuzz(TwoBugs(), space=SPACE, settings=SHRINK)
+    zero = [f.case for f in findings if f.verdict.diagnosis == V.ALL_ZERO]
+    assert zero and zero[0].sq == 2 and zero[0].b == 1, [(f.verdict.label, f.case) for f in findings]
+
+
+def test_crash_is_a_finding_not_an_error(tmp_path):
+    class Raises(Correct):
+        name = "raises"
+
+        def run(self, case, t):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    inflight = tmp_path / ".inflight.json"
+    verdict = run_case(Raises(), Case(), inflight=inflight)
+    assert verdict.status == V.CRASH and verdict.diagnosis == "RuntimeError"
+    assert "illegal memory access" in verdict.message
+    assert not inflight.exists(), "the write-ahead file is removed once the case finished"
+
+
+def test_unsupported_case_is_not_graded():
+    verdict = run_case(Correct(), Case(softcap=5.0))
+    assert verdict.status == V.UNSUPPORTED and verdict.message == "no softcap"
+
+
+def test_refused_features_are_not_drawn():
+    """narrow_to: a backend that refuses softcap and thd never sees either (constrain, don't filter)."""
+    seen = []
+    fuzz(Correct(), space=SPACE, settings=settings(SHRINK, max_examples=200),
+         on_case=lambda case, verdict, tally: seen.append(case))
+    assert seen and not any(c.softcap is not None or c.layout != "bshd" or c.grads for c in seen)

@@ -1,0 +1,106 @@
+"""Context-parallel backends: torch ring attention (ring-allgather, ring-alltoall; 2 ranks) and TransformerEngine's
+CP comm types (te-cp-<comm>-<kernel>: p2p, all_gather, a2a on 2 ranks, a2a+p2p on 4; kernel fused or flash).
+
+Each backend runs its engine on a persistent worker pool (fuzz/cp/pool.py: gloo on CPU, NCCL on CUDA, one GPU per
+rank), gathers the shards back into one Output in logical shapes, and is graded like any adapter against the
+float64 oracle of the whole sequence. The non-CP run of the same backend is compared too, as a second signal in
+`Output.ran` (and `last_agreement`), never as the grader.
+"""
+
+from __future__ import annotations
+
+from fuzz.backends.base import Backend, Unsupported
+from fuzz.cp.agreement import Agreement, cp_vs_nocp
+from fuzz.cp.capabilities import TE_COMM_TYPES, TE_KERNELS
+from fuzz.cp.engine import CPEngine
+from fuzz.cp.outcome import CollectiveHang, RankCrash
+from fuzz.cp.pool import ERROR, HANG, OK, UNSUPPORTED, CPPool
+from fuzz.cp.ring import RingEngine
+from fuzz.cp.te import TEEngine
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.materialize import Tensors
+
+
+class CPBackend(Backend):
+    """A CP engine behind the Backend protocol. `pool` may be shared between backends of the same world size and
+    device; without one, the backend starts its own on first use (close() stops it)."""
+
+    family = "default"
+
+    def __init__(self, engine: CPEngine, device: str = "cpu", *, pool: CPPool | None = None, compare: bool = True,
+                 timeout_s: float = 120.0):
+        self.engine, self.device, self.compare, self.timeout_s = engine, device, compare, timeout_s
+        self.name = engine.name
+        self._pool, self._owns_pool = pool, pool is None
+        self.last_agreement: Agreement | None = None
+        self.last_nocp: Output | None = None
+
+    def _device_kind(self) -> str:
+        return "cuda" if self.device.startswith("cuda") else "cpu"
+
+    def available(self) -> str | None:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return "torch.distributed is not available in this torch build"
+        if self._device_kind() == "cuda" and torch.cuda.device_count() < self.engine.world:
+            return f"{self.name} needs {self.engine.world} GPUs, found {torch.cuda.device_count()}"
+        if self._device_kind() == "cpu" and isinstance(self.engine, TEEngine):
+            return "TransformerEngine context parallelism runs on CUDA only"
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        return self.engine.unsupported(case)
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        if isinstance(self.engine, RingEngine):
+            return ("", "head_tail", "contiguous") if case.causal else ("", "contiguous")
+        return ("",)
+
+    def pool(self) -> CPPool:
+        if self._pool is None:
+            self._pool = CPPool(self.engine.world, device=self._device_kind(), timeout_s=self.timeout_s)
+        return self._pool
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        """Run on every rank (the ranks draw their own tensors from case.seed; `tensors` are the oracle's copy)."""
+        self.last_agreement, self.last_nocp = None, None
+        result = self.pool().run(self.engine, case, whole=self.compare)
+        if result.status == UNSUPPORTED:
+            raise Unsupported(result.message)
+        if result.status == HANG:
+            raise CollectiveHang(result.message, result.saved)
+        if result.status == ERROR:
+            detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(result.rank_errors.items()))
+            raise RankCrash(f"{self.name}: {result.message}\n{detail}".rstrip())
+        assert result.status == OK and result.output is not None
+        output = result.output
+        if result.whole is not None:
+            self.last_nocp = result.whole
+            self.last_agreement = cp_vs_nocp(case, output, result.whole)
+            output.ran = f"{output.ran}; {self.last_agreement.describe()}"
+        return output
+
+    def version(self) -> str:
+        import torch
+
+        return f"torch {torch.__version__}"
+
+    def close(self) -> None:
+        if self._pool is not None and self._owns_pool:
+            self._pool.close()
+            self._pool = None
+
+
+def _ring(rotate: str):
+    return lambda device: CPBackend(RingEngine(rotate, 2, "cuda" if device.startswith("cuda") else "cpu"), device)
+
+
+def _te(comm: str, kernel: str):
+    return lambda device: CPBackend(TEEngine(comm, kernel, TE_COMM_TYPES[comm]), device)
+
+
+BACKENDS = {"ring-allgather": _ring("allgather"), "ring-alltoall": _ring("alltoall"),
+            **{f"te-cp-{comm}-{kernel}": _te(comm, kernel) for comm in TE_COMM_TYPES for kernel in TE_KERNELS}}

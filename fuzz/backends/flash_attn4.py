@@ -1,0 +1,159 @@
+"""flash-attn 4 (`flash_attn.cute`, the CuTe DSL kernels; read from flash-attn-4 4.0.0b36).
+
+flash_attn_func / flash_attn_varlen_func(q, k, v, ..., softmax_scale, causal, window_size=(None, None),
+learnable_sink, softcap, ..., return_lse) -> (out, lse). Bands are bottom-right aligned and None means an unbounded
+side; a pair of two negative bounds is read as (None, None), but since flash-attention#2490 a pair with one negative
+bound is kept literally, so causal=True with window (-1, 0) is an empty band (seed story 003). The "neg" spellings
+keep that case in the fuzzed space on purpose. Sinks: learnable_sink [h] (zeros for off-by-one). LSE is the natural
+log, [b, h, sq] batched or [h, total] varlen. Padding in a batched layout goes either packed through cu_seqlens
+(default) or in place through seqused_q / seqused_k (spelling "seqused").
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+
+from fuzz.backends import flash_common as fc
+from fuzz.backends.base import Backend, Unsupported, first_reason
+from fuzz.backends.layout import cu_seqlens
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.materialize import Tensors
+
+LIBRARY = "flash-attn-4"
+MODULE = "flash_attn.cute"
+DISTRIBUTION = "flash-attn-4"
+DTYPES = ("float16", "bfloat16")
+ARCHS = (80, 90, 100, 103, 110, 120, 121)   # the interface asserts arch // 10 in 8..12
+BACKWARD_MIN_ARCH = 90
+DEFAULT_ARCH = 90                           # the table applied when no CUDA device says otherwise (H100 / H200)
+SEQUSED = "seqused"
+
+
+def head_dim_reason(arch: int, d_qk: int, d_v: int) -> str | None:
+    """FA4's _validate_head_dims, per architecture (16 bytes of alignment: multiples of 8 in fp16/bf16)."""
+    if arch // 10 == 9:
+        if not (8 <= d_qk <= 256 and 8 <= d_v <= 256) or d_qk % 8 or d_v % 8:
+            return f"head dims ({d_qk}, {d_v}) on sm{arch}: FA4 needs 8..256, multiples of 8"
+    elif arch // 10 in (10, 11):
+        standard = 8 <= d_qk <= 128 and 8 <= d_v <= 128
+        special = (d_qk, d_v) in ((192, 128), (256, 256)) or ((d_qk == 64 or d_qk == d_v) and d_v == 512)
+        if not (standard or special) or d_qk % 8 or d_v % 8:
+            return (f"head dims ({d_qk}, {d_v}) on sm{arch}: FA4 needs 8..128 (multiples of 8), (192, 128), "
+                    f"(256, 256) or (64, 512)")
+    return None
+
+
+def capability_refusals(case: Case, arch: int) -> list[tuple[bool, str]]:
+    """FA4's capability table on one architecture: (refused, reason) rows, first match wins."""
+    _, band_reason = fc.bottom_right_band(case)
+    dims = head_dim_reason(arch, case.d_qk, case.d_v)
+    return [
+        (case.dtype not in DTYPES, f"dtype {case.dtype}: FA4 takes {' / '.join(DTYPES)} (fp8 is not in the Case)"),
+        (dims is not None, dims or ""),
+        (case.grads and arch < BACKWARD_MIN_ARCH, f"gradients on sm{arch}: FA4's backward needs sm90+"),
+        (case.mask_density is not None,
+         "explicit boolean mask: FA4 takes masks only as a CuTe DSL mask_mod, which this adapter does not compile"),
+        (case.alibi_slopes is not None, "ALiBi: FA4 has no alibi_slopes (only a CuTe DSL score_mod could add it)"),
+        (band_reason is not None, band_reason or ""),
+    ]
+
+
+def split_spelling(spelling: str) -> tuple[bool, str]:
+    """(use seqused, mask spelling) from e.g. "seqused+causal+window"."""
+    if spelling == SEQUSED or spelling.startswith(SEQUSED + "+"):
+        return True, spelling[len(SEQUSED) + 1:]
+    return False, spelling
+
+
+class FlashAttn4(Backend):
+    name = "fa4"
+    family = "fa4"
+
+    def __init__(self, device: str = "cuda", arch: int | None = None) -> None:
+        self.device = device
+        self._arch = arch
+
+    @property
+    def arch(self) -> int:
+        """The compute capability the capability table is read at: given, else the device's, else sm90."""
+        return self._arch or fc.cuda_arch(self.device) or DEFAULT_ARCH
+
+    def available(self) -> str | None:
+        try:
+            importlib.import_module(MODULE)
+        except ImportError as e:
+            return f"{LIBRARY} is not installed or does not load ({e}); pip install flash-attn-4"
+        arch = fc.cuda_arch(self.device)
+        if arch is None:
+            return f"{LIBRARY} needs a CUDA device (device={self.device!r})"
+        if arch not in ARCHS:
+            return f"{LIBRARY} runs on sm80 / sm90 / sm100 / sm110 / sm120, this GPU is sm{arch}"
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        return first_reason(*capability_refusals(case, self.arch),
+                            fc.spelling_refusal(self.name, case, self.spellings(case)))
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        band, _ = fc.bottom_right_band(case)
+        masks = fc.mask_spellings(band, with_negative=True) if band is not None else ("",)
+        if case.padded and case.layout != "thd":
+            masks += tuple(SEQUSED if m == "" else f"{SEQUSED}+{m}" for m in masks)
+        return masks
+
+    def call_kwargs(self, case: Case, t: Tensors) -> dict:
+        """The keyword arguments of the FA4 call for this case and spelling (shared by run() and the tests)."""
+        band, reason = fc.bottom_right_band(case)
+        if band is None:
+            raise Unsupported(reason)
+        _, mask_spelling = split_spelling(case.spelling)
+        causal, window = fc.spelled_mask(band, mask_spelling, case, unbounded=None)
+        return {"softmax_scale": case.scale, "causal": causal, "window_size": window, "learnable_sink": t.sink,
+                "softcap": case.softcap or 0.0, "return_lse": True}
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        reason = self.unsupported(case)
+        if reason:
+            raise Unsupported(reason)
+        api = importlib.import_module(MODULE)
+        kwargs = self.call_kwargs(case, tensors)
+        seqused, _ = split_spelling(case.spelling)
+        packed = case.layout == "thd" or (case.padded and not seqused)
+        x = fc.flash_inputs(case, tensors, packed=packed)
+        try:
+            if packed:
+                fn = "flash_attn_varlen_func"
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
+                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+            elif seqused:
+                fn = "flash_attn_varlen_func[seqused]"
+                used_q, used_k = (cu_seqlens(lens, x.q.device).diff() for lens in (case.lens_q, case.lens_kv))
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, seqused_q=used_q, seqused_k=used_k,
+                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+            else:
+                fn = "flash_attn_func"
+                out, lse = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
+        except Exception as e:  # the library's own input checks are refusals; anything else is a crash
+            refused = fc.refusal(e, LIBRARY)
+            if refused is None:
+                raise
+            raise refused from e
+        out = fc.logical_out(case, x, out)
+        dq, dk, dv = fc.gradients(case, x, out, tensors)
+        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
+        return Output(out=out.detach(), lse=fc.logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)
+
+    def version(self) -> str:
+        try:
+            return metadata.version(DISTRIBUTION)
+        except metadata.PackageNotFoundError:
+            pass
+        try:  # the package's own __version__ reads the wrong distribution name ("fa4") and says 0.0.0
+            return str(getattr(importlib.import_module(MODULE), "__version__", "unknown"))
+        except ImportError:
+            return ""
+
+
+BACKENDS = {"fa4": FlashAttn4}

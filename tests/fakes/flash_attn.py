@@ -1,0 +1,185 @@
+"""Fake flash-attn 2 / 3 / 4 modules: the documented call semantics in plain torch, recording every call.
+
+All three align bands bottom-right (off = skv_n - sq_n) and map query head i to KV head i // (h / hk).
+FA2 / FA3: -1 is an unbounded side, causal=True sets right = 0; FA2 adds ALiBi -slope * |i + off - j|.
+FA4: None is unbounded; a pair of two negative bounds means (None, None); causal=True sets right = 0. How a pair with
+ONE negative bound is read is the #2490 change (seed story 003): `fa4_semantics="post_2490"` keeps it literally
+(causal with (-1, 0) is an empty band: zeros), "pre_2490" widens any pair summing below zero to full attention.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+from tests.fakes.attention import alibi_bias, attend, band_keep
+
+
+def _lengths(cu, used, batched_len, b):
+    if used is not None:
+        return [int(x) for x in used]
+    if cu is not None:
+        return [int(cu[n + 1] - cu[n]) for n in range(len(cu) - 1)]
+    return [batched_len] * b
+
+
+def run_band(q, k, v, *, cu_q=None, cu_k=None, used_q=None, used_k=None, left, right, scale, softcap, alibi=None,
+         sink=None):
+    """Attention per sequence over batched [b, s, h, d] or packed [t, h, d] inputs; LSE [b, h, s] or [h, t]."""
+    packed = q.dim() == 3
+    b = (len(cu_q) - 1) if cu_q is not None else q.shape[0]
+    lens_q = _lengths(cu_q, used_q, None if packed else q.shape[1], b)
+    lens_k = _lengths(cu_k, used_k, None if packed else k.shape[1], b)
+    outs, lses = [], []
+    for n in range(b):
+        if packed:
+            q_n = q[int(cu_q[n]):int(cu_q[n + 1])]
+            k_n, v_n = (x[int(cu_k[n]):int(cu_k[n + 1])] for x in (k, v))
+        else:
+            q_n, k_n, v_n = q[n, :lens_q[n]], k[n, :lens_k[n]], v[n, :lens_k[n]]
+        off = lens_k[n] - lens_q[n]
+        keep = band_keep(lens_q[n], lens_k[n], off, left, right, q.device)
+        bias = None
+        if alibi is not None:
+            bias = alibi_bias(alibi, lens_q[n], lens_k[n], off, q.device)
+        o, lse = attend(q_n, k_n, v_n, keep, scale=scale, softcap=softcap, bias=bias, sink=sink)
+        if not packed:
+            pad = q.shape[1] - lens_q[n]
+            o = torch.cat([o, o.new_zeros(pad, *o.shape[1:])])
+            lse = torch.cat([lse, lse.new_full((lse.shape[0], pad), float("-inf"))], dim=1)
+        outs.append(o)
+        lses.append(lse)
+    if packed:
+        return torch.cat(outs), torch.cat(lses, dim=1)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def _fa2_bounds(causal, window):
+    left, right = (None if w < 0 else w for w in window)
+    return left, (0 if causal else right)
+
+
+def make_fa2(calls: list) -> dict:
+    """sys.modules entries of a fake flash-attn 2.8."""
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                        softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+        calls.append({"fn": "flash_attn_func", "causal": causal, "window_size": window_size,
+                      "softmax_scale": softmax_scale, "softcap": softcap, "alibi_slopes": alibi_slopes,
+                      "shape": tuple(q.shape)})
+        left, right = _fa2_bounds(causal, window_size)
+        out, lse = run_band(q, k, v, left=left, right=right, scale=softmax_scale, softcap=softcap, alibi=alibi_slopes)
+        return (out, lse, None) if return_attn_probs else out
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                               alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+        calls.append({"fn": "flash_attn_varlen_func", "causal": causal, "window_size": window_size,
+                      "softmax_scale": softmax_scale, "softcap": softcap, "alibi_slopes": alibi_slopes,
+                      "cu_seqlens_q": cu_seqlens_q.tolist(), "cu_seqlens_k": cu_seqlens_k.tolist(),
+                      "shape": tuple(q.shape)})
+        left, right = _fa2_bounds(causal, window_size)
+        out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, left=left, right=right, scale=softmax_scale,
+                        softcap=softcap, alibi=alibi_slopes)
+        return (out, lse, None) if return_attn_probs else out
+
+    iface = types.ModuleType("flash_attn.flash_attn_interface")
+    iface.flash_attn_func, iface.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    pkg = types.ModuleType("flash_attn")
+    pkg.__path__ = []
+    pkg.__version__ = "2.8.3+fake"
+    pkg.flash_attn_interface = iface
+    pkg.flash_attn_func, pkg.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    return {"flash_attn": pkg, "flash_attn.flash_attn_interface": iface}
+
+
+def make_fa3(calls: list) -> dict:
+    """sys.modules entries of a fake FA3 hopper build (`flash_attn_interface`)."""
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                        v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                        pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+        calls.append({"fn": "flash_attn_func", "causal": causal, "window_size": window_size,
+                      "softmax_scale": softmax_scale, "softcap": softcap, "shape": tuple(q.shape)})
+        left, right = _fa2_bounds(causal, window_size)
+        out, lse = run_band(q, k, v, left=left, right=right, scale=softmax_scale, softcap=softcap)
+        return (out, lse) if return_attn_probs else out
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                               seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                               k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                               num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                               return_attn_probs=False):
+        calls.append({"fn": "flash_attn_varlen_func", "causal": causal, "window_size": window_size,
+                      "softmax_scale": softmax_scale, "softcap": softcap, "cu_seqlens_q": cu_seqlens_q.tolist(),
+                      "cu_seqlens_k": cu_seqlens_k.tolist(), "shape": tuple(q.shape)})
+        left, right = _fa2_bounds(causal, window_size)
+        out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, left=left, right=right, scale=softmax_scale,
+                        softcap=softcap)
+        return (out, lse) if return_attn_probs else out
+
+    iface = types.ModuleType("flash_attn_interface")
+    iface.flash_attn_func, iface.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    iface.__version__ = "3.0.0+fake"
+    return {"flash_attn_interface": iface}
+
+
+def resolve_fa4_window(causal, window, semantics):
+    """FA4's reading of (causal, window_size) as (left, right), None = unbounded, per release semantics."""
+    left, right = window
+    if left is not None and right is not None:
+        if semantics == "pre_2490" and left + right < 0:
+            left = right = None
+        elif left < 0 and right < 0:
+            left = right = None
+    if causal:
+        right = 0
+    return left, right
+
+
+def make_fa4(calls: list, semantics: str = "post_2490") -> dict:
+    """sys.modules entries of a fake flash-attn-4 (`flash_attn.cute`)."""
+    if semantics not in ("pre_2490", "post_2490"):
+        raise ValueError(f"semantics={semantics!r}: one of 'pre_2490', 'post_2490'")
+
+    def record(fn, q, causal, window_size, softmax_scale, learnable_sink, softcap, **extra):
+        calls.append({"fn": fn, "causal": causal, "window_size": window_size, "softmax_scale": softmax_scale,
+                      "learnable_sink": learnable_sink, "softcap": softcap, "shape": tuple(q.shape), **extra})
+
+    def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
+                        window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
+                        deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
+                        aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None,
+                        return_lse=False, **_):
+        record("flash_attn_func", q, causal, window_size, softmax_scale, learnable_sink, softcap)
+        left, right = resolve_fa4_window(causal, window_size, semantics)
+        out, lse = run_band(q, k, v, left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
+        return out, (lse if return_lse else None)
+
+    def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                               max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None,
+                               gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False,
+                               window_size=(None, None), learnable_sink=None, softcap=0.0, return_lse=False, **_):
+        record("flash_attn_varlen_func", q, causal, window_size, softmax_scale, learnable_sink, softcap,
+               cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
+               seqused_q=None if seqused_q is None else seqused_q.tolist(),
+               seqused_k=None if seqused_k is None else seqused_k.tolist())
+        left, right = resolve_fa4_window(causal, window_size, semantics)
+        out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, used_q=seqused_q, used_k=seqused_k,
+                        left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
+        return out, (lse if return_lse else None)
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.__path__ = []
+    cute.__version__ = "4.0.0b36+fake"
+    cute.flash_attn_func, cute.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    pkg = types.ModuleType("flash_attn")
+    pkg.__path__ = []
+    pkg.cute = cute
+    return {"flash_attn": pkg, "flash_attn.cute": cute}
+
+
+def install(monkeypatch, modules: dict) -> None:
+    """Put fake modules into sys.modules for one test (monkeypatch undoes it)."""
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)

@@ -78,6 +78,15 @@ def ring_refusal(case: Case, world: int, device: str = "cpu") -> str | None:
     )
 
 
+FA4_NO_A2A_P2P = ("TE disables FlashAttention 4 for cp_comm_type a2a+p2p (utils.py: fa4_cp_supported), the only "
+                  "FlashAttention on the runner")
+
+
+def te_refuses_all(comm_type: str, kernel: str) -> str | None:
+    """The reason when a comm type / kernel pair takes no case at all on the runner (None: it takes some)."""
+    return FA4_NO_A2A_P2P if (comm_type, kernel) == ("a2a+p2p", "flash") else None
+
+
 def te_refusal(case: Case, comm_type: str, kernel: str, world: int) -> str | None:
     """Why TE 2.20.2's DotProductAttention with `cp_comm_type=comm_type`, forced to `kernel` ("fused" or "flash"),
     over `world` ranks cannot take the case (None: it can)."""
@@ -112,9 +121,7 @@ def te_refusal(case: Case, comm_type: str, kernel: str, world: int) -> str | Non
         (case.softmax != "vanilla" and (comm_type != "a2a" or kernel != "fused"),
          f"softmax={case.softmax!r} under CP needs cp_comm_type='a2a' and FusedAttention (TE: 'Context "
          f"parallelism only supports softmax_type with cp_comm_type = a2a' / FusedAttention)"),
-        (kernel == "flash" and comm_type == "a2a+p2p", "TE disables FlashAttention 4 for cp_comm_type a2a+p2p "
-                                                       "(utils.py: fa4_cp_supported), the only FlashAttention on "
-                                                       "the runner"),
+        (te_refuses_all(comm_type, kernel) is not None, te_refuses_all(comm_type, kernel) or ""),
         (kernel == "flash" and case.layout == "sbhd", "TE: 'Context parallelism does not support FlashAttention "
                                                       "backend with qkv_format = sbhd'"),
         (kernel == "flash" and case.layout == "thd" and any(n % (2 * cp) for n in lens),

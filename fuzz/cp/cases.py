@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from fuzz.cp.capabilities import TE_HEAD_DIMS, a2a_ranks
+from fuzz.cp.capabilities import TE_HEAD_DIMS, a2a_ranks, te_refuses_all
 from fuzz.cp.engine import CPEngine
 from fuzz.cp.ring import RingEngine
 from fuzz.cp.te import TEEngine
@@ -89,6 +89,9 @@ def cp_cases(engine: CPEngine, *, dtypes: tuple[str, ...] | None = None, max_uni
         draw_for = _ring_cases
     elif isinstance(engine, TEEngine):
         supported, draw_for = TE_DTYPES, _te_cases
+        nothing = te_refuses_all(engine.comm_type, engine.kernel)
+        if nothing:
+            raise InvalidArgument(f"engine={engine.name}: takes no case: {nothing}")
     else:
         raise InvalidArgument(f"engine={engine!r}: cp_cases knows RingEngine and TEEngine")
     if dtypes is None:

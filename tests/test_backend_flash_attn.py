@@ -19,7 +19,8 @@ from strategies.case import Case
 from strategies.materialize import materialize
 from tests.fakes import flash_attn as fakes
 
-ADAPTERS = {"fa2": (FlashAttn2, fakes.make_fa2), "fa3": (FlashAttn3, fakes.make_fa3), "fa4": (FlashAttn4, fakes.make_fa4)}
+ADAPTERS = {"fa2": (FlashAttn2, fakes.make_fa2), "fa3": (FlashAttn3, fakes.make_fa3),
+            "fa4": (FlashAttn4, fakes.make_fa4)}
 BF16 = dict(dtype="bfloat16")
 
 

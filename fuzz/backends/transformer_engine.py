@@ -1,5 +1,5 @@
-"""TransformerEngine DotProductAttention (read from TE 2.20.2), forced onto one backend per adapter:
-te-flash (FlashAttention, FA4 on the GPU runner), te-fused (FusedAttention, cuDNN), te-unfused (UnfusedDotProductAttention).
+"""TransformerEngine DotProductAttention (read from TE 2.20.2), forced onto one backend per adapter: te-flash
+(FlashAttention, FA4 on the GPU runner), te-fused (FusedAttention, cuDNN), te-unfused (UnfusedDotProductAttention).
 
 TE spells a mask as attn_mask_type + window_size (-1 = unbounded) + bottom_right_diagonal: "causal" is top-left and
 "causal_bottom_right" bottom-right; windows follow bottom_right_diagonal (forced False for "causal" /
@@ -17,7 +17,7 @@ import torch
 
 from fuzz.backends import te_select as sel
 from fuzz.backends.base import Backend, Unsupported, first_reason
-from fuzz.backends.layout import cu_seqlens, pack, to_layout, unpack, visibility_mask
+from fuzz.backends.layout import cu_seqlens, to_layout, unpack, visibility_mask
 from oracles.verdict import Output
 from strategies.case import Case
 from strategies.materialize import Tensors

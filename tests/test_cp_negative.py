@@ -169,3 +169,12 @@ def test_a_hanging_rank_times_out_and_the_pool_restarts(pool):
     assert saved and json.loads(saved[0].read_text())["case"] == CONTROL.to_dict()
     assert str(saved[0]) in verdict.message
     assert run_and_grade(CPBackend(RingEngine("alltoall"), pool=pool), CONTROL).status == V.PASS
+
+
+def test_a_rank_killed_between_cases_is_replaced(pool):
+    pool.start()
+    restarts = pool.restarts
+    pool._procs[1].kill()
+    pool._procs[1].join(timeout=10)
+    assert run_and_grade(CPBackend(RingEngine("allgather"), pool=pool), CONTROL).status == V.PASS
+    assert pool.restarts == restarts + 1

@@ -59,6 +59,13 @@ class CPBackend(Backend):
             return ("", "head_tail", "contiguous") if case.causal else ("", "contiguous")
         return ("",)
 
+    def cases(self, **bounds):
+        """The Hypothesis strategy of cases this backend takes (fuzz.cp.cases.cp_cases): lengths in the engine's
+        chunk units, so the harness should draw from it rather than narrow the general space."""
+        from fuzz.cp.cases import cp_cases
+
+        return cp_cases(self.engine, **bounds)
+
     def pool(self) -> CPPool:
         if self._pool is None:
             self._pool = CPPool(self.engine.world, device=self._device_kind(), timeout_s=self.timeout_s)

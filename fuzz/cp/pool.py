@@ -18,6 +18,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import tempfile
 import time
 import weakref
@@ -79,6 +80,7 @@ class CPPool:
         self._procs: list = []
         self._conns: list = []
         self._finalizer = None
+        self._init_dir: str | None = None
 
     # -- life cycle --------------------------------------------------------------------------------------------
     def start(self) -> CPPool:
@@ -87,8 +89,8 @@ class CPPool:
             return self
         t0 = time.perf_counter()
         ctx = mp.get_context("spawn")
-        init_dir = tempfile.mkdtemp(prefix="attnfuzz-cp-")
-        init_method = f"file://{os.path.join(init_dir, 'rendezvous')}"
+        self._init_dir = tempfile.mkdtemp(prefix="attnfuzz-cp-")  # a fresh rendezvous file per start
+        init_method = f"file://{os.path.join(self._init_dir, 'rendezvous')}"
         backend = "nccl" if self.device == "cuda" else "gloo"
         for rank in range(self.world):
             parent, child = ctx.Pipe()
@@ -133,7 +135,9 @@ class CPPool:
             c.close()
         if self._finalizer is not None:
             self._finalizer.detach()
-        self._procs, self._conns, self._finalizer = [], [], None
+        if self._init_dir is not None:
+            shutil.rmtree(self._init_dir, ignore_errors=True)
+        self._procs, self._conns, self._finalizer, self._init_dir = [], [], None, None
 
     def __enter__(self) -> CPPool:
         return self.start()
@@ -147,6 +151,8 @@ class CPPool:
         if engine.world != self.world:
             raise ValueError(f"CPPool.run: engine {engine.name} needs world={engine.world}, this pool has "
                              f"world={self.world}; use a pool of {engine.world} ranks")
+        if self._procs and not all(p.is_alive() for p in self._procs):
+            self.restart()  # a rank died after answering its last case (e.g. killed from outside)
         self.start()
         t0 = time.perf_counter()
         timeout = self.timeout_s if timeout_s is None else timeout_s

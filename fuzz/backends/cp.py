@@ -9,6 +9,8 @@ float64 oracle of the whole sequence. The non-CP run of the same backend is comp
 
 from __future__ import annotations
 
+import importlib.util
+
 from fuzz.backends.base import Backend, Unsupported
 from fuzz.cp.agreement import Agreement, cp_vs_nocp
 from fuzz.cp.capabilities import TE_COMM_TYPES, TE_KERNELS
@@ -47,8 +49,11 @@ class CPBackend(Backend):
             return "torch.distributed is not available in this torch build"
         if self._device_kind() == "cuda" and torch.cuda.device_count() < self.engine.world:
             return f"{self.name} needs {self.engine.world} GPUs, found {torch.cuda.device_count()}"
-        if self._device_kind() == "cpu" and isinstance(self.engine, TEEngine):
-            return "TransformerEngine context parallelism runs on CUDA only"
+        if isinstance(self.engine, TEEngine):
+            if self._device_kind() == "cpu":
+                return "TransformerEngine context parallelism runs on CUDA only"
+            if importlib.util.find_spec("transformer_engine") is None:
+                return "transformer_engine is not installed (see shared/gpu/README.md: pack.sh te)"
         return None
 
     def unsupported(self, case: Case) -> str | None:
@@ -93,6 +98,12 @@ class CPBackend(Backend):
     def version(self) -> str:
         import torch
 
+        if isinstance(self.engine, TEEngine):
+            try:
+                import transformer_engine
+                return f"transformer_engine {transformer_engine.__version__}, torch {torch.__version__}"
+            except ImportError:
+                return f"transformer_engine not installed, torch {torch.__version__}"
         return f"torch {torch.__version__}"
 
     def close(self) -> None:

@@ -111,6 +111,7 @@ COMMON = [
     Case(b=2, sq=8, skv=8, seqlens_q=(8, 3), seqlens_kv=(5, 8), causal=True, window=(2, None),
          alignment="bottom_right", memory="transposed", **BF16),
     Case(sq=9, skv=9, h=4, hk=2, memory="expanded_kv", d_qk=16, d_v=24, scale=0.7, grads=True, dtype="float16"),
+    Case(b=2, sq=5, skv=6, seqlens_q=(0, 5), seqlens_kv=(6, 3), alignment="bottom_right", **BF16),
 ]
 EXTRA = {
     "te-flash": [Case(b=2, sq=10, skv=10, h=2, seqlens_q=(10, 6), seqlens_kv=(10, 6), window=(3, 3),
@@ -253,3 +254,16 @@ def test_error_inside_the_selected_backend_is_a_crash_not_a_refusal(monkeypatch)
     FakeTE(flash_impl=broken).install(monkeypatch)
     with pytest.raises(AssertionError, match="kernel does not support"):
         run("te-flash", Case(**BF16))
+
+
+def test_gpu_check_cases_cover_every_backend():
+    """bench/gpu_check.py's fixed cases: valid, and each GPU backend takes a good share of them on its CPU table."""
+    from bench.gpu_check import BACKENDS, fixed_cases
+
+    cases = fixed_cases()
+    assert len(cases) >= 20 and len({label for label, _, _ in cases}) == len(cases)
+    for name in BACKENDS:
+        adapter = factories()[name]("cpu")
+        taken = [label for label, case, _ in cases if adapter.unsupported(case) is None]
+        assert len(taken) >= 10, (name, taken)
+    assert all(any(factories()[n]("cpu").unsupported(c) is None for n in BACKENDS) for _, c, _ in cases)

@@ -117,7 +117,7 @@ def fa4_passthrough(fa4_cute):
         q, k, v = (_to_bshd(spec["fmt"], x) for x in (q, k, v))
         out, _ = fa4_cute.flash_attn_func(q, k, v, softmax_scale=spec["scale"], causal="causal" in spec["mask_type"],
                                           window_size=spec["window"])
-        out = out.reshape(*out.shape[:2], -1)
+        out = out.reshape(*out.shape[:2], out.shape[2] * out.shape[3])
         return out.transpose(0, 1) if spec["fmt"] == "sbhd" else out
     return run
 
@@ -246,7 +246,7 @@ def _compute(spec, q, k, v):
         bias = alibi_bias(spec["alibi"], lens_q[n], lens_k[n], off, q.device) if spec["alibi"] is not None else None
         o, _ = attend(q_n, k_n, v_n, keep, scale=spec["scale"], softcap=spec["softcap"], bias=bias,
                       sink=spec["sink"])
-        outs.append(o.reshape(o.shape[0], -1))
+        outs.append(o.reshape(o.shape[0], o.shape[1] * o.shape[2]))
     if fmt == "thd":
         return torch.cat(outs)
     width = q.shape[1]

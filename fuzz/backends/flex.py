@@ -1,0 +1,305 @@
+"""torch flex_attention, eager ("flex-eager") and compiled ("flex-compiled").
+
+Every mask of the case language is a mask_mod, one pattern per factory (attention-gym style), ANDed together; their
+parameters live in tensors, so one compiled graph serves every value of them (off_b = 0 top-left, skv_b - sq_b
+bottom-right):
+  band_left(left)          query i sees key j iff  j >= i + off_b - left
+  band_right(right)        query i sees key j iff  j <= i + off_b + right      (causal: right = 0)
+  padding(lens_q, lens_kv) query i sees key j iff  i < sq_b and j < skv_b
+  explicit(mask)           query i sees key j iff  mask[b, 0, i, j]
+Score mods: softcap  s -> c * tanh(s / c);  alibi  s -> s - slope_h * |i + off_b - j|.
+
+Spellings, '+'-joined, "" = the first of each:  mask   block_mask (create_block_mask) | score_mask (the same mask_mod
+applied in the score_mod as -inf, no block mask);  heads  enable_gqa | repeat_kv  (GQA cases only).
+
+LSE: flex's frontend already returns the natural log (it rescales its kernels' log2 statistics by ln 2), so the
+adapter passes it through and the grader checks it. Compiled: one torch.compile(fullgraph=True) wrapper; dynamo keeps
+one graph per structural variant (dtype, heads, head dims, which mods, spelling), the variant keys are counted per
+backend, the recompile limit is raised for the call (and hitting it is Unsupported, never a silent eager fallback),
+and `ran` says whether the graph really ran compiled. On CPU flex has no backward (eager
+or compiled), and compiled flex has no LSE and no float64.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from fuzz.backends import layout
+from fuzz.backends.base import Backend, Unsupported, first_reason
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.materialize import Tensors
+
+RECOMPILE_LIMIT = 4096  # graphs kept per code object while a campaign runs (dynamo's default is 8)
+
+
+def _named(fn, name: str):
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+# -- mask_mods and score_mods ------------------------------------------------------------------------------------------
+def band_left(left: torch.Tensor, off: torch.Tensor):
+    """Query i sees key j iff j >= i + off[b] - left."""
+    return _named(lambda b, h, q_idx, kv_idx: kv_idx >= q_idx + off[b] - left, f"band_left({int(left)})")
+
+
+def band_right(right: torch.Tensor, off: torch.Tensor):
+    """Query i sees key j iff j <= i + off[b] + right."""
+    return _named(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + off[b] + right, f"band_right({int(right)})")
+
+
+def padding(lens_q: torch.Tensor, lens_kv: torch.Tensor):
+    """Query i sees key j iff i < lens_q[b] and j < lens_kv[b]."""
+    return _named(lambda b, h, q_idx, kv_idx: (q_idx < lens_q[b]) & (kv_idx < lens_kv[b]),
+                  f"padding(q={lens_q.tolist()}, kv={lens_kv.tolist()})")
+
+
+def explicit(mask: torch.Tensor):
+    """Query i sees key j iff mask[b, 0, i, j]."""
+    return _named(lambda b, h, q_idx, kv_idx: mask[b, 0, q_idx, kv_idx],
+                  f"explicit(density={mask.float().mean().item():.2f})")
+
+
+def all_of(*mods):
+    """Query i sees key j iff every mask_mod says so."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            keep = keep & mod(b, h, q_idx, kv_idx)
+        return keep
+    return _named(mask_mod, " & ".join(m.__name__ for m in mods))
+
+
+def softcap(cap: torch.Tensor):
+    """s -> cap * tanh(s / cap)."""
+    return _named(lambda s, b, h, q_idx, kv_idx: cap * torch.tanh(s / cap), f"softcap({cap.item():g})")
+
+
+def alibi(slopes: torch.Tensor, off: torch.Tensor):
+    """s -> s - slopes[h] * |i + off[b] - j|."""
+    return _named(lambda s, b, h, q_idx, kv_idx: s - slopes[h] * (q_idx + off[b] - kv_idx).abs(),
+                  f"alibi({[round(x, 4) for x in slopes.tolist()]})")
+
+
+def masked_scores(mask_mod):
+    """s -> s where the mask_mod keeps the key, -inf elsewhere (masking without a block mask)."""
+    return _named(lambda s, b, h, q_idx, kv_idx: torch.where(mask_mod(b, h, q_idx, kv_idx), s, float("-inf")),
+                  f"masked({mask_mod.__name__})")
+
+
+def chain(*mods):
+    """The score_mods applied in order (the case language's order: softcap, then ALiBi, then the mask)."""
+    def score_mod(s, b, h, q_idx, kv_idx):
+        for mod in mods:
+            s = mod(s, b, h, q_idx, kv_idx)
+        return s
+    return _named(score_mod, " -> ".join(m.__name__ for m in mods))
+
+
+def _flex_call(q, k, v, score_mod, block_mask, scale, enable_gqa, want_lse):
+    """The call that is compiled; also returns whether it ran inside a compiled graph."""
+    from torch.nn.attention.flex_attention import flex_attention
+    if want_lse:
+        out, lse = _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa)
+    else:
+        out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                  enable_gqa=enable_gqa), None
+    return out, lse, torch.compiler.is_compiling()
+
+
+def _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa):
+    from torch.nn.attention import flex_attention as fa
+    if hasattr(fa, "AuxRequest"):
+        out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                  enable_gqa=enable_gqa, return_aux=fa.AuxRequest(lse=True))
+        return out, aux.lse
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
+                          return_lse=True)
+
+
+class FlexBackend(Backend):
+    family = "flex"
+
+    def __init__(self, device: str, compiled: bool):
+        self.device, self.compiled = str(device), compiled
+        self.name = "flex-compiled" if compiled else "flex-eager"
+        self.variants: dict[tuple, int] = {}   # structural key -> cases run with it (compiled only)
+        self.graphs = 0                        # graphs dynamo compiled for this backend
+        self._compiled_call = None
+
+    @property
+    def _cpu(self) -> bool:
+        return torch.device(self.device).type == "cpu"
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def available(self) -> str | None:
+        try:
+            from torch.nn.attention import flex_attention  # noqa: F401
+        except ImportError as e:
+            return f"{self.name}: torch {torch.__version__} has no flex_attention ({e})"
+        if not self._cpu and not torch.cuda.is_available():
+            return f"{self.name}: device {self.device!r} is not usable here (torch.cuda.is_available() is False)"
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        cpu_compiled = self.compiled and self._cpu
+        return first_reason(
+            (self.available() is not None, self.available() or ""),
+            (case.softmax != "vanilla", f"softmax={case.softmax!r}: flex_attention's softmax has no sink term"),
+            (case.layout == "thd", "flex_attention takes dense [b, h, s, d]; packed thd (document masking over one "
+                                   "packed sequence) is not wired"),
+            (cpu_compiled and case.dtype == "float64", "compiled flex_attention on CPU takes float32 / float16 / "
+                                                       "bfloat16 only (inductor's CPU template)"),
+            (self._cpu and case.grads, "flex_attention on CPU has no backward, eager or compiled (torch raises "
+                                       "NotImplementedError for inputs that require grad)"),
+            (case.spelling not in self.spellings(case),
+             f"spelling={case.spelling!r} is not one of {self.name}'s spellings for this case: "
+             f"{list(self.spellings(case))}"),
+        )
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        masks = ("", "score_mask") if _has_mask(case) else ("",)
+        heads = ("", "repeat_kv") if case.hk < case.h else ("",)
+        return tuple("+".join(p for p in combo if p) for combo in itertools.product(masks, heads))
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        parts = set(case.spelling.split("+")) - {""}
+        device = tensors.q.device
+        leaves, views = [], []
+        for x, lens in ((tensors.q, case.lens_q), (tensors.k, case.lens_kv), (tensors.v, case.lens_kv)):
+            leaf = layout.to_layout(case, x, lens).detach().requires_grad_(case.grads)
+            leaves.append(leaf)
+            views.append(leaf.permute(1, 2, 0, 3) if case.layout == "sbhd" else leaf.transpose(1, 2))
+        q, k, v = views
+        if "repeat_kv" in parts:
+            k, v = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k, v))
+        mask_mod, score_mods = _mods(case, tensors, device)
+        block_mask = None
+        if mask_mod is not None and "score_mask" in parts:
+            score_mods.append(masked_scores(mask_mod))
+        elif mask_mod is not None:
+            from torch.nn.attention.flex_attention import create_block_mask
+            batched = case.padded or case.mask_density is not None
+            block_mask = create_block_mask(mask_mod, case.b if batched else None, None, case.sq, case.skv,
+                                           device=device)
+        score_mod = chain(*score_mods) if score_mods else None
+        want_lse = not (self.compiled and self._cpu)
+        args = (q, k, v, score_mod, block_mask, case.scale, case.hk < case.h and "repeat_kv" not in parts, want_lse)
+        with torch.set_grad_enabled(case.grads):
+            out, lse, ran = self._call(case, args)
+        result = Output(out=out.detach().transpose(1, 2), lse=lse.detach().float() if lse is not None else None,
+                        ran=ran)
+        if case.grads:
+            grads = torch.autograd.grad(out, leaves, tensors.dout.transpose(1, 2))
+            result.dq, result.dk, result.dv = (layout.from_layout(case, g, (), s)
+                                               for g, s in zip(grads, (case.sq, case.skv, case.skv)))
+        return result
+
+    def _call(self, case: Case, args):
+        """(out, lse, what ran). Compiled: raise the recompile limit for the call and tell a cached graph from a new
+        one and a compiled run from an eager fallback."""
+        if not self.compiled:
+            out, lse, _ = _flex_call(*args)
+            return out, lse, "flex_attention eager (dense math path)"
+        import torch._dynamo
+        if self._compiled_call is None:
+            self._compiled_call = torch.compile(_flex_call, fullgraph=True)
+        _pin_batch(args, case.b)
+        key = _variant_key(case)
+        self.variants[key] = self.variants.get(key, 0) + 1
+        limits = dict(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4)
+        if "fail_on_recompile_limit_hit" in torch._dynamo.config._config:
+            limits["fail_on_recompile_limit_hit"] = True
+        before = _graph_count()
+        try:
+            with torch._dynamo.config.patch(**limits):
+                out, lse, ran_compiled = self._compiled_call(*args)
+        except Exception as e:
+            if "recompile" in type(e).__name__.lower() or "recompile_limit" in str(e):
+                raise Unsupported(f"compiled flex hit dynamo's recompile limit ({RECOMPILE_LIMIT}): {e}") from None
+            raise
+        new_graphs = _graph_count() - before
+        self.graphs += new_graphs
+        state = "compiled" if ran_compiled else "NOT compiled (dynamo ran it eagerly)"
+        return out, lse, (f"flex_attention {state} ({'new' if new_graphs else 'cached'} graph; {self.graphs} graphs "
+                          f"for {len(self.variants)} variants)")
+
+
+def _graph_count() -> int:
+    """Graphs dynamo has compiled in this process (its own counter; 0 when this torch has none)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except (ImportError, KeyError, TypeError):
+        return 0
+
+
+def _pin_batch(args, b: int) -> None:
+    """Mark the batch size static in every input that has it, the captured mask / score tensors included. Works
+    around a torch 2.13 inductor bug: on CPU, a mask_mod indexing a captured [b] tensor (off[b]) fails to C++-compile
+    ("cur_qSplitSize8 was not declared") once dynamo makes the batch size dynamic (a call with b=1, then b=2)."""
+    import torch._dynamo
+    q, k, v, score_mod, block_mask = args[:5]
+    mods = [score_mod, getattr(block_mask, "mask_mod", None)]
+    captured = [c.cell_contents for fn in _closures(mods) for c in (fn.__closure__ or ())
+                if isinstance(c.cell_contents, torch.Tensor)]
+    for x in (q, k, v, *captured):
+        if x.dim() >= 1 and x.shape[0] == b:
+            torch._dynamo.mark_static(x, 0)
+
+
+def _closures(fns):
+    """The functions and every function their closures hold (the mods nest: chain -> masked -> all_of -> band)."""
+    seen, todo = [], [f for f in fns if callable(f)]
+    while todo:
+        fn = todo.pop()
+        if fn in seen or not hasattr(fn, "__closure__"):
+            continue
+        seen.append(fn)
+        for cell in fn.__closure__ or ():
+            inner = cell.cell_contents
+            todo.extend(x for x in (inner if isinstance(inner, tuple) else (inner,)) if callable(x))
+    return seen
+
+
+def _has_mask(case: Case) -> bool:
+    return case.left is not None or case.right is not None or case.padded or case.mask_density is not None
+
+
+def _variant_key(case: Case) -> tuple:
+    """What decides the compiled graph (everything else reaches it as tensor values or dynamic sizes)."""
+    return (case.dtype, case.h, case.hk, case.d_qk, case.d_v, case.left is not None, case.right is not None,
+            case.padded, case.mask_density is not None, case.softcap is not None, case.alibi_slopes is not None,
+            case.scale, case.grads, case.layout, case.memory, case.spelling)
+
+
+def _mods(case: Case, tensors: Tensors, device):
+    """(the mask_mod, or None when nothing is masked; the score_mods in the case's order)."""
+    lens_q = torch.tensor(case.lens_q, device=device)
+    lens_kv = torch.tensor(case.lens_kv, device=device)
+    off = lens_kv - lens_q if case.alignment == "bottom_right" else torch.zeros_like(lens_q)
+    masks = []
+    if case.left is not None:
+        masks.append(band_left(torch.tensor(case.left, device=device), off))
+    if case.right is not None:
+        masks.append(band_right(torch.tensor(case.right, device=device), off))
+    if case.padded:
+        masks.append(padding(lens_q, lens_kv))
+    if tensors.mask is not None:
+        masks.append(explicit(tensors.mask.to(device)))
+    score_dtype = torch.float64 if case.dtype == "float64" else torch.float32
+    mods = []
+    if case.softcap is not None:
+        mods.append(softcap(torch.tensor(case.softcap, dtype=score_dtype, device=device)))
+    if tensors.alibi is not None:
+        mods.append(alibi(tensors.alibi.to(device), off))
+    return (all_of(*masks) if masks else None), mods
+
+
+BACKENDS = {"flex-eager": lambda device: FlexBackend(device, compiled=False),
+            "flex-compiled": lambda device: FlexBackend(device, compiled=True)}

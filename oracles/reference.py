@@ -98,7 +98,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     dq = torch.zeros(case.b, case.sq, case.h, case.d_qk, dtype=dtype, device=device) if grads else None
     dk = torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device) if grads else None
     dv = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if grads else None
-    sink = t.sink.to(device, dtype) if t.sink is not None else None
+    sink = t.sink.to(device, dtype) if t.sink is not None and case.softmax != "vanilla" else None
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
     logit_max = torch.zeros((), dtype=dtype, device=device)
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):

@@ -62,36 +62,40 @@ class Space:
         return dataclasses.replace(self, **changes)
 
 
-# Each switch is probed with a small case that turns on that one feature.
+# Each switch is probed with a small case that turns on that one feature, in a dtype the backend takes.
 _PROBE = Case(b=2, sq=32, skv=32, h=2, hk=2, d_qk=32, d_v=32, dtype="float16")
-_SWITCHES: dict[str, Case] = {
-    "causal": _PROBE.replace(causal=True),
-    "windows": _PROBE.replace(window=(4, 4)),
-    "padding": _PROBE.replace(seqlens_q=(32, 20), seqlens_kv=(32, 24)),
-    "explicit_mask": _PROBE.replace(mask_density=0.5),
-    "softcap": _PROBE.replace(softcap=20.0),
-    "alibi": _PROBE.replace(alibi_slopes=(0.5, 0.25)),
-    "custom_scale": _PROBE.replace(scale=0.3),
-    "gqa": _PROBE.replace(h=4, hk=2),
-    "split_head_dims": _PROBE.replace(d_v=16),
-    "grads": _PROBE.replace(grads=True),
+_SWITCHES: dict[str, dict] = {
+    "causal": dict(causal=True),
+    "windows": dict(window=(4, 4)),
+    "padding": dict(seqlens_q=(32, 20), seqlens_kv=(32, 24)),
+    "explicit_mask": dict(mask_density=0.5),
+    "softcap": dict(softcap=20.0),
+    "alibi": dict(alibi_slopes=(0.5, 0.25)),
+    "custom_scale": dict(scale=0.3),
+    "gqa": dict(h=4, hk=2),
+    "split_head_dims": dict(d_v=16),
+    "grads": dict(grads=True),
 }
 
 
 def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     """The part of `space` a backend does not refuse outright, probing one feature (or one choice) at a time."""
-    changes: dict = {}
-    for switch, probe in _SWITCHES.items():
-        if getattr(space, switch) and unsupported(probe) is not None:
+    def takes(**fields) -> bool:
+        return unsupported(base.replace(**fields)) is None
+
+    base = _PROBE
+    dtypes = tuple(d for d in space.dtypes if takes(dtype=d)) or space.dtypes[:1]
+    base = _PROBE.replace(dtype=dtypes[0])
+    changes: dict = {"dtypes": dtypes}
+    for switch, fields in _SWITCHES.items():
+        if getattr(space, switch) and not takes(**fields):
             changes[switch] = False
-    choice_probes = {
-        "dtypes": lambda v: _PROBE.replace(dtype=v),
-        "layouts": lambda v: _SWITCHES["padding"].replace(layout=v),
-        "memory": lambda v: _PROBE.replace(h=4, hk=2, memory=v),
-        "softmaxes": lambda v: _PROBE.replace(softmax=v),
-        "alignments": lambda v: _PROBE.replace(causal=True, sq=16, alignment=v),
-    }
-    for name, probe in choice_probes.items():
-        kept = tuple(v for v in getattr(space, name) if unsupported(probe(v)) is None)
-        changes[name] = kept or getattr(space, name)[:1]
+    choices = {"layouts": lambda v: dict(_SWITCHES["padding"], layout=v),
+               "memory": lambda v: dict(h=4, hk=2, memory=v),
+               "softmaxes": lambda v: dict(softmax=v)}
+    for name, fields in choices.items():
+        changes[name] = tuple(v for v in getattr(space, name) if takes(**fields(v))) or getattr(space, name)[:1]
+    # An alignment only shows when sq != skv; a backend may take it one way round only (FA: top-left with sq >= skv).
+    changes["alignments"] = tuple(a for a in space.alignments if takes(causal=True, sq=16, alignment=a)
+                                  or takes(causal=True, skv=16, alignment=a)) or space.alignments[:1]
     return space.replace(**changes)

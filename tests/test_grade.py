@@ -1,0 +1,121 @@
+"""The verdict: every diagnosis fires on the output it names, and the worst element points at the damage."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from oracles import verdict as V
+from oracles.grade import Oracle, alternatives, grade
+from oracles.reference import reference
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.materialize import materialize
+
+BASE = Case(b=2, sq=40, skv=64, h=4, hk=2, d_qk=32, d_v=16, dtype="bfloat16", causal=True, seed=7)
+
+
+def _graded(case: Case, make_out, **output):
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    return grade(case, t, Output(make_out(case, t, oracle).to(t.q.dtype), **output), oracle=oracle)
+
+
+def _ref(**overrides):
+    return lambda case, t, oracle: reference(case, t, **overrides).out
+
+
+def test_correct_output_passes():
+    verdict = _graded(BASE, lambda c, t, o: o.ref.out)
+    assert verdict.status == V.PASS and verdict.ratio <= 1
+
+
+@pytest.mark.parametrize("case, make_out, diagnosis", [
+    (BASE, lambda c, t, o: torch.zeros_like(o.ref.out), V.ALL_ZERO),
+    (BASE.replace(alignment="top_left"), lambda c, t, o: reference(c.replace(alignment="bottom_right"), t).out,
+     V.MASK_ALIGNMENT),
+    (BASE.replace(alignment="bottom_right"), lambda c, t, o: reference(c.replace(alignment="top_left"), t).out,
+     V.MASK_ALIGNMENT),
+    (BASE.replace(causal=False, window=(6, 2)), _ref(bounds=(7, 2)), V.WINDOW_OFF_BY_ONE),
+    (BASE.replace(causal=False, window=(6, 2)), _ref(bounds=(6, 1)), V.WINDOW_OFF_BY_ONE),
+    (BASE, _ref(bounds=(None, -1)), V.WINDOW_OFF_BY_ONE),        # causal with the diagonal left out
+    (BASE, _ref(head_map="mod"), V.GQA_MAPPING),
+    (BASE, _ref(scale=1 / math.sqrt(16)), V.SCALE),               # 1/sqrt(d_v) while d_qk = 32
+    (BASE.replace(scale=0.05), _ref(scale=1 / math.sqrt(32)), V.SCALE),  # the custom scale ignored
+    (BASE, lambda c, t, o: o.ref.out * 1.05, V.TOLERANCE),
+], ids=["zeros", "top-left-read-as-bottom-right", "bottom-right-read-as-top-left", "window-left+1",
+        "window-right-1", "causal-diagonal-dropped", "gqa-modulo", "scale-d_v", "scale-ignored", "tolerance"])
+def test_broken_output_gets_its_diagnosis(case, make_out, diagnosis):
+    verdict = _graded(case, make_out)
+    assert verdict.status == V.FAIL and verdict.diagnosis == diagnosis, verdict
+
+
+def test_nan_in_one_row_is_nonfinite_and_located():
+    def one_nan_row(case, t, o):
+        out = o.ref.out.clone()
+        out[1, 9, 3] = float("nan")
+        return out
+    verdict = _graded(BASE, one_nan_row)
+    assert verdict.diagnosis == V.NONFINITE
+    assert verdict.worst.index[:3] == (1, 9, 3) and math.isnan(verdict.worst.got)
+
+
+def test_worst_element_points_at_the_damage():
+    def one_bad_element(case, t, o):
+        out = o.ref.out.clone()
+        out[0, 17, 2, 5] += 3.0
+        return out
+    verdict = _graded(BASE, one_bad_element)
+    assert verdict.diagnosis == V.TOLERANCE and verdict.worst.index == (0, 17, 2, 5)
+    assert verdict.worst.got - verdict.worst.expected == pytest.approx(3.0, abs=0.05)
+    assert "diff_max=" in verdict.message and "baseline_max=" in verdict.message and "k=" in verdict.message
+
+
+def test_lse_is_graded_once_the_output_passes():
+    case = BASE
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    good = grade(case, t, Output(oracle.ref.out, lse=oracle.ref.lse.float()), oracle=oracle)
+    bad = grade(case, t, Output(oracle.ref.out, lse=oracle.ref.lse.float() + 0.01), oracle=oracle)
+    log2 = grade(case, t, Output(oracle.ref.out, lse=oracle.ref.lse.float() / math.log(2)), oracle=oracle)
+    assert good.status == V.PASS and bad.diagnosis == V.LSE and log2.diagnosis == V.LSE
+
+
+def test_empty_row_lse_must_be_minus_inf():
+    case = Case(sq=6, skv=2, causal=True, alignment="bottom_right", dtype="float16")
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    lse = oracle.ref.lse.float().clone()
+    lse[torch.isinf(lse)] = float("inf")                       # a backend spelling "empty" as +inf
+    verdict = grade(case, t, Output(oracle.ref.out, lse=lse), oracle=oracle)
+    assert verdict.diagnosis == V.LSE and "no visible key" in verdict.message
+
+
+def test_gradients_are_graded():
+    case = BASE.replace(grads=True)
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    r = oracle.ref
+    assert grade(case, t, Output(r.out, dq=r.dq, dk=r.dk, dv=r.dv), oracle=oracle).status == V.PASS
+    verdict = grade(case, t, Output(r.out, dq=r.dq, dk=r.dk * 1.1, dv=r.dv), oracle=oracle)
+    assert verdict.diagnosis == V.GRADIENT and verdict.worst.tensor == "dk"
+    missing = grade(case, t, Output(r.out), oracle=oracle)
+    assert missing.diagnosis == V.GRADIENT and "no dq" in missing.message
+
+
+def test_padding_rows_are_not_graded():
+    case = Case(b=2, sq=8, skv=8, seqlens_q=(8, 3), seqlens_kv=(8, 5), dtype="float16")
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    out = oracle.ref.out.clone()
+    out[1, 3:] = 123.0                                          # garbage where sequence 1 has no queries
+    assert grade(case, t, Output(out), oracle=oracle).status == V.PASS
+
+
+def test_alternatives_only_where_they_differ():
+    plain = Case(sq=8, skv=8)
+    assert alternatives(plain) == [(V.SCALE, "matches scale 1 (no scaling) instead of 0.25", {"scale": 1.0})]
+    kinds = {a[0] for a in alternatives(BASE)}
+    assert {V.MASK_ALIGNMENT, V.WINDOW_OFF_BY_ONE, V.GQA_MAPPING, V.SCALE} <= kinds

@@ -7,6 +7,7 @@ distinct exception type separately, so a shrink can never turn an ALL_ZERO into 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import traceback
@@ -18,7 +19,7 @@ from typing import Callable
 import hypothesis
 from hypothesis import strategies as st
 
-from fuzz.backends.base import Backend, Unsupported
+from fuzz.backends.base import Backend, Hang, Unsupported
 from oracles import verdict as V
 from oracles.grade import Oracle, grade
 from strategies.case import Case
@@ -83,24 +84,32 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
             output = backend.run(case, tensors)
         except Unsupported as e:
             return V.Verdict(V.UNSUPPORTED, None, str(e) or type(e).__name__)
+        except Hang as e:
+            return V.Verdict(V.HANG, type(e).__name__, str(e))
         except Exception as e:  # the backend crashed on a case it said it supports: a finding
             where = traceback.extract_tb(e.__traceback__)[-1]
             return V.Verdict(V.CRASH, type(e).__name__,
                              f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
-        return grade(case, tensors, output, family=backend.family, oracle=Oracle.of(case, tensors, device=device))
+        verdict = grade(case, tensors, output, family=backend.family, oracle=Oracle.of(case, tensors, device=device))
+        signal = getattr(backend, "last_agreement", None)  # CP vs non-CP: reported beside the grade, never graded
+        if signal is not None:
+            verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
+        return verdict
     finally:
         if inflight is not None:
             inflight.unlink(missing_ok=True)
 
 
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
-    """Cases from `space` narrowed to what `backend` takes, each with one of the spellings the backend lists."""
-    narrowed = narrow_to(space, backend.unsupported)
+    """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
+    with one of the spellings the backend lists."""
 
     def spell(case: Case) -> st.SearchStrategy[Case]:
         return st.sampled_from(backend.spellings(case)).map(lambda s: case.replace(spelling=s))
 
-    return attention_cases(narrowed).flatmap(spell)
+    own = backend.cases()
+    drawn = own if own is not None else attention_cases(narrow_to(space, backend.unsupported))
+    return drawn.flatmap(spell)
 
 
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,

@@ -32,14 +32,22 @@ class Reference:
     logit_max: float = 0.0
 
 
+def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A matrix product the way a half-precision GEMM does it: products accumulated in fp32, the result rounded to
+    the dtype (also ~10x faster on CPUs, which have no native fp16 matmul)."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return torch.einsum(equation, a.float(), b.float()).to(a.dtype)
+    return torch.einsum(equation, a, b)
+
+
 def _scores(q: torch.Tensor, k: torch.Tensor, h: int, head_map: str) -> torch.Tensor:
     """q [r, h, d], k [j, hk, d] -> q.k [h, r, j]; query head i reads KV head i // g ("div") or i % hk ("mod")."""
     r, hk = q.shape[0], k.shape[1]
     g = h // hk
     if head_map == "div":
-        s = torch.einsum("rkgd,jkd->kgrj", q.reshape(r, hk, g, -1), k)
+        s = _contract("rkgd,jkd->kgrj", q.reshape(r, hk, g, -1), k)
     else:
-        s = torch.einsum("rgkd,jkd->gkrj", q.reshape(r, g, hk, -1), k)
+        s = _contract("rgkd,jkd->gkrj", q.reshape(r, g, hk, -1), k)
     return s.reshape(h, r, -1)
 
 
@@ -49,9 +57,9 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
     hk = v.shape[1]
     g = h // hk
     if head_map == "div":
-        out = torch.einsum("kgrj,jkd->rkgd", p.reshape(hk, g, r, j), v)
+        out = _contract("kgrj,jkd->rkgd", p.reshape(hk, g, r, j), v)
     else:
-        out = torch.einsum("gkrj,jkd->rgkd", p.reshape(g, hk, r, j), v)
+        out = _contract("gkrj,jkd->rgkd", p.reshape(g, hk, r, j), v)
     return out.reshape(r, h, -1)
 
 

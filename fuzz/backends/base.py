@@ -8,6 +8,8 @@ An adapter translates the one canonical Case into its backend's spelling and bac
     spellings(case)    -> the equivalent ways the backend's API can express this case ("" = the default spelling);
                           the fuzzer draws one into case.spelling, and every spelling is graded against the oracle
     run(case, tensors) -> Output in logical shapes, with `ran` naming what actually executed
+    cases()            -> None, or a Hypothesis strategy of the cases it takes, for backends whose constraints the
+                          general Space cannot express (context parallelism: lengths in units of 2 * world)
     version()          -> the backend library's version, recorded in corpus entries
 
 Adapters hold no module-level state and read no environment variables except where a backend demands them (TE).
@@ -23,6 +25,11 @@ from oracles.verdict import Output
 class Unsupported(Exception):
     """Raised by run() when the backend itself refuses the case at call time (e.g. no kernel for this shape).
     The message is the reason; the harness records the case as UNSUPPORTED, not as a crash."""
+
+
+class Hang(Exception):
+    """Raised by run() when the backend gave no answer within its timeout (a hung collective, a stuck kernel);
+    the harness records the case as HANG."""
 
 
 class Backend:
@@ -43,6 +50,9 @@ class Backend:
 
     def run(self, case: Case, tensors: Tensors) -> Output:
         raise NotImplementedError
+
+    def cases(self):
+        return None
 
     def version(self) -> str:
         return ""

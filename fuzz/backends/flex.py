@@ -192,7 +192,7 @@ class FlexBackend(Backend):
         args = (q, k, v, score_mod, block_mask, case.scale, case.hk < case.h and "repeat_kv" not in parts, want_lse)
         with torch.set_grad_enabled(case.grads):
             out, lse, ran = self._call(case, args)
-        result = Output(out=out.detach().transpose(1, 2), lse=lse.detach().float() if lse is not None else None,
+        result = Output(out=out.detach().transpose(1, 2), lse=lse.detach() if lse is not None else None,
                         ran=ran)
         if case.grads:
             grads = torch.autograd.grad(out, leaves, tensors.dout.transpose(1, 2))

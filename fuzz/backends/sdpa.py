@@ -258,7 +258,7 @@ class SdpaBackend(Backend):
         if lse.dim() != 3 or tuple(lse.shape[:2]) != (case.b, case.h) or lse.shape[2] < case.sq:
             raise RuntimeError(f"{self.name}: aten::{name} returned an LSE of shape {tuple(lse.shape)}; the adapter "
                                f"expects [b={case.b}, h={case.h}, >= sq={case.sq}]")
-        return lse[..., :case.sq].float(), f"lse from aten::{name}"
+        return lse[..., :case.sq], f"lse from aten::{name}"
 
 
 # -- tensors in SDPA's spelling --------------------------------------------------------------------------------------

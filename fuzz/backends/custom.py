@@ -1,0 +1,184 @@
+"""Bring your own kernel: `--backend package.module:function` grades any attention function against the oracle.
+
+    # mykernels/attn.py -- one function, the contract below
+    import torch
+
+    def attention(q, k, v, *, causal, window, bottom_right, scale, softcap=None):
+        ...                       # q [b, sq, h, d_qk], k [b, skv, hk, d_qk], v [b, skv, hk, d_v]
+        return out                # [b, sq, h, d_v], or (out, lse) with lse [b, h, sq] in natural log
+
+    attention.supports = lambda case: case.dtype != "float64" or "no float64 path"   # optional
+
+    $ python -m fuzz run --backend mykernels.attn:attention --device cuda
+
+Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_right=..., scale=..., **fields):
+- q, k, v: torch tensors in the case's dtype on the run's device, [b, s, heads, d] (maybe non-contiguous: the case's
+  memory format); query head i reads KV head i // (h // hk).
+- causal: bool (the right bound is 0); window: (left, right), None = unbounded; bottom_right: bool, where the
+  diagonal sits (query i's diagonal is key i + skv_n - sq_n instead of key i); scale: float, already resolved
+  (1/sqrt(d_qk) unless the case sets one). Query i sees key j iff i+off-left <= j <= i+off+right (off from the
+  alignment), j < skv_n, and the explicit mask allows it.
+- Further fields, passed only when the signature names them (or takes **kwargs), None when the case does not use them:
+    softcap       float                   scores -> softcap * tanh(scores / softcap), before ALiBi and the mask
+    alibi_slopes  float32 [h]             scores -= alibi_slopes[head] * |i + off - j|
+    sink_logits   float32 [h]             the softmax denominator gains exp(sink_logits[head]) (zeros: off-by-one)
+    mask          bool [b, 1, sq, skv]    True = query i may see key j; ANDed with the band
+    seqlens_q     int32 [b]               valid query rows per sequence (rows past it are not graded)
+    seqlens_kv    int32 [b]               valid keys per sequence
+  A case needing a field the signature lacks is unsupported (not drawn). seqlens_q is needed only where it changes a
+  graded row: bottom-right alignment with a band or ALiBi.
+- A row with no visible key must give output 0 (and LSE -inf, or the sink logit).
+- Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
+  [b, h, sq] (natural log, float32). Cases with gradients check dq, dk, dv when out is differentiable by autograd.
+- Optional `fn.supports(case) -> bool | str` narrows what is drawn: False refuses, a string refuses with that reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+
+from fuzz.backends import layout
+from fuzz.backends.base import Backend, Unsupported, first_reason
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.materialize import Tensors
+
+CORE = ("causal", "window", "bottom_right", "scale")
+FIELDS = ("softcap", "alibi_slopes", "sink_logits", "mask", "seqlens_q", "seqlens_kv")
+
+
+def needed_fields(case: Case) -> tuple[str, ...]:
+    """The optional fields a function must accept to compute this case."""
+    banded = case.left is not None or case.right is not None or case.alibi_slopes is not None
+    needs = {"softcap": case.softcap is not None, "alibi_slopes": case.alibi_slopes is not None,
+             "sink_logits": case.softmax != "vanilla", "mask": case.mask_density is not None,
+             "seqlens_q": case.seqlens_q is not None and case.alignment == "bottom_right" and banded,
+             "seqlens_kv": case.seqlens_kv is not None}
+    return tuple(name for name in FIELDS if needs[name])
+
+
+class CustomBackend(Backend):
+    family = "custom"
+
+    def __init__(self, spec: str, fn, device: str):
+        self.name, self.fn, self.device = spec, fn, str(device)
+        params = inspect.signature(fn).parameters.values()
+        self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        self.accepts = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+
+    def version(self) -> str:
+        module = inspect.getmodule(self.fn)
+        return str(getattr(module, "__version__", ""))
+
+    def available(self) -> str | None:
+        if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
+            return f"{self.name}: device {self.device!r} is not usable here (torch.cuda.is_available() is False)"
+        return None
+
+    def _fields(self) -> tuple[str, ...]:
+        return FIELDS if self.takes_all else tuple(f for f in FIELDS if f in self.accepts)
+
+    def unsupported(self, case: Case) -> str | None:
+        missing = [f for f in needed_fields(case) if f not in self._fields()]
+        reason = first_reason(
+            (self.available() is not None, self.available() or ""),
+            (bool(missing), f"{self.name} does not accept {', '.join(missing)} (add the keyword argument(s) to its "
+                            f"signature to be given such cases)"),
+            (case.layout == "thd", "the custom contract passes [b, s, h, d] tensors; packed thd is not expressible "
+                                   "(padding comes as seqlens_q / seqlens_kv)"),
+            (case.spelling != "", f"spelling={case.spelling!r}: a custom function has only the default spelling ''"),
+        )
+        if reason is not None:
+            return reason
+        supports = getattr(self.fn, "supports", None)
+        if supports is None:
+            return None
+        verdict = supports(case)
+        if isinstance(verdict, str):
+            return verdict or f"{self.name}.supports(case) refused it"
+        return None if verdict else f"{self.name}.supports(case) returned {verdict!r}"
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        leaves, views = [], []
+        for x, lens in ((tensors.q, case.lens_q), (tensors.k, case.lens_kv), (tensors.v, case.lens_kv)):
+            leaf = layout.to_layout(case, x, lens).detach().requires_grad_(case.grads)
+            leaves.append(leaf)
+            views.append(leaf.transpose(0, 1) if case.layout == "sbhd" else leaf)
+        kwargs = {"causal": case.causal, "window": case.window, "bottom_right": case.alignment == "bottom_right",
+                  "scale": case.softmax_scale}
+        kwargs.update({name: value for name, value in _field_values(case, tensors).items() if name in self._fields()})
+        with torch.set_grad_enabled(case.grads):
+            result = self.fn(*views, **kwargs)
+        out, lse = (result[0], result[1] if len(result) > 1 else None) if isinstance(result, tuple) else (result, None)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{self.name} returned {type(out).__name__}; the contract is out [b, sq, h, d_v] or a "
+                            f"tuple (out, lse, ...)")
+        output = Output(out=out.detach(), lse=lse.detach() if isinstance(lse, torch.Tensor) else None,
+                        ran=self.name)
+        if case.grads:
+            if not out.requires_grad:
+                raise Unsupported(f"{self.name}: the case checks gradients but the output is not differentiable by "
+                                  f"autograd (no grad_fn); refuse grads=True cases in supports() or make it so")
+            grads = torch.autograd.grad(out, leaves, tensors.dout, allow_unused=True)
+            output.dq, output.dk, output.dv = (
+                layout.from_layout(case, g if g is not None else torch.zeros_like(leaf), (), s)
+                for g, leaf, s in zip(grads, leaves, (case.sq, case.skv, case.skv)))
+        return output
+
+
+def _field_values(case: Case, tensors: Tensors) -> dict:
+    device = tensors.q.device
+
+    def lens(values):
+        return torch.tensor(values, dtype=torch.int32, device=device) if values is not None else None
+
+    return {"softcap": case.softcap, "alibi_slopes": tensors.alibi, "sink_logits": tensors.sink,
+            "mask": tensors.mask, "seqlens_q": lens(case.seqlens_q), "seqlens_kv": lens(case.seqlens_kv)}
+
+
+def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
+    """The backend for 'package.module:function'; a bad spec raises ValueError naming the spec and the fix."""
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"--backend={spec!r}: a custom kernel is given as 'package.module:function' (one colon "
+                         f"between an importable module and the function's name)")
+    module_name, attr = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--backend={spec!r}: module {module_name!r} cannot be imported ({e}); put its folder on "
+                         f"PYTHONPATH or install its package") from None
+    if not hasattr(module, attr):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ValueError(f"--backend={spec!r}: module {module_name!r} has no attribute {attr!r}; its callables are "
+                         f"{names}")
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise ValueError(f"--backend={spec!r}: {attr!r} is a {type(fn).__name__}, not callable; name the attention "
+                         f"function itself")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--backend={spec!r}: cannot read the signature of {attr!r} ({e}); wrap it in a Python "
+                         f"function with the contract's signature") from None
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    names = {p.name for p in params}
+    missing = [] if takes_all else [name for name in CORE if name not in names]
+    known = {*CORE, *FIELDS}
+    stray = [p.name for p in params[3:] if p.default is inspect.Parameter.empty and p.name not in known
+             and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if (len(positional) < 3 and not varargs) or missing or stray:
+        raise ValueError(f"--backend={spec!r}: {attr}{inspect.signature(fn)} does not fit the contract "
+                         f"fn(q, k, v, *, causal, window, bottom_right, scale, [optional fields]); "
+                         + "; ".join(filter(None, [
+                             "it needs three positional parameters q, k, v" if len(positional) < 3 and not varargs
+                             else "", f"missing keyword(s) {missing}" if missing else "",
+                             f"parameter(s) {stray} have no default and are not contract fields {sorted(known)}"
+                             if stray else ""])))
+    return CustomBackend(spec, fn, device)
+

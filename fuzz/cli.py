@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--corpus", type=Path, default=Path("corpus"), help="where findings are saved (default corpus)")
     run.add_argument("--profile", default="quick", help=f"one of {', '.join(PROFILES)} (default quick)")
     run.add_argument("--max-len", type=int, help="longest sequence drawn (default 160)")
+    run.add_argument("--log", type=Path, help="append one JSON line per case run (case, verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
     replay.add_argument("paths", nargs="*", type=Path, default=[Path("corpus")], help="entry files or folders")
@@ -79,6 +80,32 @@ class Progress:
         sys.stderr.flush()
 
 
+class CaseLog:
+    """One JSON line per case run, flushed as it goes, so a run that is killed still leaves its record."""
+
+    def __init__(self, path: Path | None, backend: str):
+        self.file = path.open("a") if path else None
+        self.backend, self.last = backend, time.perf_counter()
+
+    def write(self, case: Case, verdict: Verdict) -> None:
+        if self.file is None:
+            return
+        now = time.perf_counter()
+        self.file.write(json.dumps({"backend": self.backend, "label": verdict.label, "ratio": _finite(verdict.ratio),
+                                    "message": verdict.message[:300], "seconds": round(now - self.last, 4),
+                                    "case": case.to_dict()}) + "\n")
+        self.file.flush()
+        self.last = now
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _finite(x: float):
+    return x if x == x and abs(x) != float("inf") else str(x)
+
+
 def _recover_inflight(directory: Path, backend) -> list[Path]:
     """A case left on disk by a process that died while running it becomes a CRASH entry."""
     inflight = directory / f".inflight-{backend.name.replace(':', '_').replace('/', '_')}.json"
@@ -113,8 +140,15 @@ def cmd_run(args) -> int:
         saved = _recover_inflight(args.corpus, backend)
         inflight = args.corpus / f".inflight-{name.replace(':', '_').replace('/', '_')}.json"
         progress = Progress(name, settings.max_examples)
+        log = CaseLog(args.log, name)
+
+        def on_case(case, verdict, seen):
+            progress.update(seen)
+            log.write(case, verdict)
+
         tally, findings = fuzz(backend, device=args.device, space=space, settings=settings, seed=args.seed,
-                               inflight=inflight, on_case=lambda case, verdict, seen: progress.update(seen))
+                               inflight=inflight, on_case=on_case)
+        log.close()
         progress.update(tally, final=True)
         for f in findings:
             entry = corpus_io.Entry(backend=name, case=f.case, verdict=f.verdict, device=args.device,

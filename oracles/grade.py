@@ -161,9 +161,25 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
     return None if c.ok else _fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
 
+def _gradient_terms(o: Oracle) -> dict[str, float]:
+    """The typical size of the products that sum to each gradient; where they cancel to ~0, a correct kernel's
+    result is rounding noise of this size. dP = dO V^T sums d_v products, so |dP| ~ rms(dO) rms(V) sqrt(d_v);
+    dQ = scale * dS K averages rows of K with weights summing to 1; dK = scale * dS^T Q sums over queries with the
+    same weights as dV = P^T dO, so max|dV| / rms(dO) stands for that mass."""
+    t = o.tensors
+
+    def rms(x: torch.Tensor) -> float:
+        return x.double().pow(2).mean().sqrt().item() if x.numel() else 0.0
+
+    scale, dp = o.case.softmax_scale, rms(t.dout) * rms(t.v) * o.case.d_v ** 0.5
+    mass = o.ref.dv.abs().max().item() / max(rms(t.dout), 1e-30) if o.ref.dv.numel() else 0.0
+    return {"dq": scale * dp * rms(t.k), "dk": scale * dp * rms(t.q) * mass, "dv": rms(t.dout)}
+
+
 def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:
     rows = valid_rows(o.case, o.ref.out.device)[:, :, None, None]
     keys = valid_keys(o.case, o.ref.out.device)[:, :, None, None]
+    terms = _gradient_terms(o)
     for name, where in (("dq", rows), ("dk", keys), ("dv", keys)):
         got, ref, naive = getattr(output, name), getattr(o.ref, name), getattr(o.naive, name)
         if got is None:
@@ -172,7 +188,7 @@ def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) 
         if tuple(got.shape) != tuple(ref.shape):
             return _fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
         c = check(name, got, ref, naive, where, family=family, quantity="grad", dtype=o.case.dtype,
-                  logit_max=o.ref.logit_max)
+                  logit_max=o.ref.logit_max, scale_of_terms=terms[name])
         checks.append(c)
         if not c.ok:
             return _fail(V.GRADIENT, c.describe(), c, c.ratio, [x.describe() for x in checks])

@@ -84,9 +84,11 @@ class Check:
 
 
 def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
-          family: str, quantity: str, dtype: str, logit_max: float = 0.0) -> Check:
+          family: str, quantity: str, dtype: str, logit_max: float = 0.0, scale_of_terms: float = 0.0) -> Check:
     """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
-    outside `where` are not graded. Non-finite values count as infinite error."""
+    outside `where` are not graded. Non-finite values count as infinite error. `scale_of_terms` is the size of the
+    terms that sum to the value, when they can cancel (a gradient that is 0 in exact arithmetic is rounding noise
+    of the size of its terms, not of its own size)."""
     got64, ref64, naive64 = got.to(torch.float64), ref.to(torch.float64), naive.to(torch.float64)
     where = where.expand_as(ref64)
     diff = torch.where(where, (got64 - ref64).abs(), torch.zeros((), dtype=torch.float64, device=ref64.device))
@@ -96,6 +98,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, 
     magnitude = torch.where(where, ref64.abs(), 0.0).max().item() if where.any() else 0.0
     if quantity == "lse":
         magnitude = max(magnitude, 1.0)  # an LSE error is absolute: exp(lse + e) = exp(lse) * (1 + e)
+    magnitude = max(magnitude, scale_of_terms)
     eps = EPS[dtype] / 16 if quantity == "lse" and dtype in LOW_PRECISION else EPS[dtype]
     logit_eps = EPS["float64"] if dtype == "float64" else EPS["float32"]
     floor = 2 * (eps + logit_eps * logit_max) * magnitude + 1e-7

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Fuzz backends on the lent GPUs, one process per backend spread over the visible GPUs, each stopped after SECONDS.
+#   bash bench/gpu_fuzz.sh OUTDIR SECONDS EXAMPLES BACKEND...
+# Leaves OUTDIR/summary.txt, OUTDIR/runs.tgz (per-backend logs, JSON summaries, stderr, found corpus entries).
+set -u
+out=$1; secs=$2; n=$3; shift 3
+work=$(mktemp -d)
+mkdir -p "$out"
+ngpu=$(python3 -c 'import torch; print(max(torch.cuda.device_count(), 1))')
+i=0
+for b in "$@"; do
+  gpu=$((i % ngpu)); i=$((i + 1))
+  CUDA_VISIBLE_DEVICES=$gpu PYTHONUNBUFFERED=1 timeout -k 10 "$secs" python3 -m fuzz run --backend "$b" \
+    --device cuda --profile ci --max-examples "$n" --corpus "$work/corpus" --log "$work/$b.jsonl" --json \
+    > "$work/$b.json" 2> "$work/$b.err" &
+done
+wait
+python3 bench/summarize.py "$work"/*.jsonl | tee "$out/summary.txt"
+tail -n 3 "$work"/*.err > "$out/stderr_tails.txt"
+tar czf "$out/runs.tgz" -C "$work" .

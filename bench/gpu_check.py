@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from strategies.case import Case  # noqa: E402
 
 BACKENDS = ("fa2", "fa3", "fa4", "te-flash", "te-fused", "te-unfused")
+TORCH_BACKENDS = ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex-eager", "flex-compiled")  # on request
 GRACE_S = 90   # beyond a child's own budget (first CUDA init, imports, the last case) before it counts as hung
 
 
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = [n for n in args.backends.split(",") if n]
-    unknown = [n for n in names if n not in BACKENDS]
+    unknown = [n for n in names if n not in BACKENDS + TORCH_BACKENDS]
     if unknown:
         parser.error(f"--backends: unknown {unknown}; known: {','.join(BACKENDS)}")
     args.out.mkdir(parents=True, exist_ok=True)

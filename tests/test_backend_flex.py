@@ -1,0 +1,193 @@
+"""The flex_attention adapters on CPU: flex-eager over every mask, score mod and spelling plus random cases;
+flex-compiled on two structural variants (a compile takes seconds on CPU) whose graph is reused for other values and
+shapes; refusals with reasons; the LSE base; and the compiled-or-not report (each detector with a negative control)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from fuzz.backends import flex, get
+from fuzz.backends.base import Unsupported
+from fuzz.harness import cases_for
+from oracles import verdict as V
+from oracles.grade import Oracle, grade
+from oracles.verdict import Output
+from strategies.case import Case
+from strategies.materialize import materialize
+from strategies.space import Space
+
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+GQA = dict(h=4, hk=2)
+
+CASES = [
+    Case(),
+    Case(sq=1, skv=1),
+    Case(sq=12, skv=20, causal=True),
+    Case(sq=20, skv=12, causal=True, alignment="bottom_right"),                     # rows that see no key
+    Case(sq=16, skv=24, window=(3, 2), dtype="bfloat16", **GQA),
+    Case(sq=10, skv=14, window=(None, 2), alignment="bottom_right", dtype="float16"),
+    Case(b=2, sq=16, skv=16, seqlens_q=(5, 16), seqlens_kv=(16, 0), causal=True),
+    Case(b=2, sq=12, skv=20, h=2, seqlens_q=(12, 3), seqlens_kv=(7, 20), window=(2, 1), alignment="bottom_right",
+         alibi_slopes=(0.5, 0.25), softcap=5.0),
+    Case(sq=16, skv=16, mask_density=0.5, alibi_slopes=(0.5,)),
+    Case(sq=16, skv=20, layout="sbhd", memory="transposed", softcap=0.5, **GQA),
+    Case(sq=16, skv=16, memory="expanded_kv", dtype="float16", **GQA),
+    Case(sq=8, skv=12, d_qk=16, d_v=8, dtype="float64", scale=0.7),
+]
+
+
+def graded(backend, case: Case):
+    tensors = materialize(case)
+    output = backend.run(case, tensors)
+    oracle = Oracle.of(case, tensors)
+    return tensors, output, oracle, grade(case, tensors, output, family=backend.family, oracle=oracle)
+
+
+def test_eager_every_feature_and_spelling_passes():
+    backend = get("flex-eager", "cpu")
+    passed, failures, spellings = 0, [], set()
+    for case in CASES:
+        assert backend.unsupported(case) is None, (case, backend.unsupported(case))
+        for spelling in backend.spellings(case):
+            spelled = case.replace(spelling=spelling)
+            _, output, _, verdict = graded(backend, spelled)
+            spellings.update(spelling.split("+"))
+            assert output.lse is not None and output.ran.startswith("flex_attention eager"), output.ran
+            if verdict.status == V.PASS:
+                passed += 1
+            else:
+                failures.append(f"{verdict.label} {verdict.message[:300]}\n  {spelled!r}")
+    assert not failures, "\n".join(failures)
+    assert passed >= 25 and {"", "score_mask", "repeat_kv"} <= spellings, (passed, spellings)
+
+
+def test_eager_random_cases_never_fail():
+    backend = get("flex-eager", "cpu")
+    space = Space(max_batch=2, max_len=32, max_heads=4, max_head_dim=32)
+    seen: Counter = Counter()
+    failures = []
+
+    @settings(max_examples=50, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases_for(backend, space))
+    def check(case):
+        if backend.unsupported(case) is not None:
+            seen["UNSUPPORTED"] += 1
+            return
+        verdict = graded(backend, case)[3]
+        seen[verdict.label] += 1
+        if verdict.status != V.PASS:
+            failures.append(f"{verdict.label} {verdict.message[:300]}\n  {case!r}")
+
+    check()
+    assert not failures, "\n".join(failures[:5])
+    assert seen["PASS"] >= 40, seen
+
+
+def test_lse_is_natural_log_and_really_graded():
+    case = Case(sq=12, skv=20, causal=True, **GQA)
+    tensors, output, oracle, verdict = graded(get("flex-eager", "cpu"), case)
+    assert verdict.status == V.PASS and output.lse is not None, verdict.message
+    in_log2 = Output(out=output.out, lse=output.lse / math.log(2))
+    assert grade(case, tensors, in_log2, oracle=oracle).label == "FAIL:LSE"
+
+
+@pytest.mark.parametrize("name, case, expected", [
+    ("flex-eager", Case(softmax="off_by_one"), "no sink"),
+    ("flex-compiled", Case(softmax="learnable"), "no sink"),
+    ("flex-eager", Case(b=1, seqlens_q=(8,), seqlens_kv=(8,), layout="thd"), "packed thd"),
+    ("flex-eager", Case(grads=True), "no backward"),
+    ("flex-compiled", Case(grads=True), "no backward"),
+    ("flex-compiled", Case(dtype="float64"), "float32 / float16 / bfloat16 only"),
+    ("flex-eager", Case(spelling="score_mask"), "not one of flex-eager's spellings"),
+    ("flex-eager", Case(causal=True, spelling="repeat_kv"), "spellings"),
+])
+def test_refusals_name_their_reason(name, case, expected):
+    reason = get(name, "cpu").unsupported(case)
+    assert reason is not None and expected in reason, reason
+
+
+def test_spellings_follow_the_case():
+    backend = get("flex-eager", "cpu")
+    assert backend.spellings(Case()) == ("",)
+    assert backend.spellings(Case(causal=True)) == ("", "score_mask")
+    assert backend.spellings(Case(**GQA)) == ("", "repeat_kv")
+    assert set(backend.spellings(Case(window=(1, 1), **GQA))) == {"", "repeat_kv", "score_mask",
+                                                                   "score_mask+repeat_kv"}
+    assert backend.spellings(Case(alibi_slopes=(0.5,))) == ("",)      # ALiBi is a score mod, not a mask
+
+
+def test_mods_carry_their_parameters_in_their_names():
+    off = torch.zeros(2, dtype=torch.long)
+    assert flex.band_left(torch.tensor(3), off).__name__ == "band_left(3)"
+    both = flex.all_of(flex.band_left(torch.tensor(3), off), flex.band_right(torch.tensor(0), off))
+    assert both.__name__ == "band_left(3) & band_right(0)"
+    assert flex.softcap(torch.tensor(30.0)).__name__ == "softcap(30)"
+    assert flex.padding(torch.tensor([3, 4]), torch.tensor([5, 6])).__name__ == "padding(q=[3, 4], kv=[5, 6])"
+
+
+def test_mask_mods_follow_the_documented_index_arithmetic():
+    """query i sees key j iff i + off - left <= j <= i + off + right, per batch row: checked against a dense grid."""
+    off = torch.tensor([0, 3])
+    mod = flex.all_of(flex.band_left(torch.tensor(2), off), flex.band_right(torch.tensor(1), off),
+                      flex.padding(torch.tensor([4, 5]), torch.tensor([6, 7])))
+    b, i, j = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(8), indexing="ij")
+    want = (j >= i + off[b] - 2) & (j <= i + off[b] + 1) & (i < torch.tensor([4, 5])[b]) & (j < torch.tensor([6, 7])[b])
+    assert torch.equal(mod(b, torch.zeros_like(b), i, j), want)
+
+
+# -- compiled ----------------------------------------------------------------------------------------------------------
+EVERY_MOD = dict(b=2, h=2, hk=2, d_qk=16, d_v=16, window=(3, 1), alignment="bottom_right", mask_density=0.7,
+                 softcap=5.0, alibi_slopes=(0.5, 0.25))
+
+
+def test_compiled_one_variant_serves_other_values_and_shapes():
+    """Every mask and score mod at once; the band, lengths, mask, slopes and shapes change, the graph does not."""
+    backend = get("flex-compiled", "cpu")
+    cases = [Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD),
+             Case(sq=20, skv=12, seqlens_q=(20, 9), seqlens_kv=(12, 3), seed=2, **EVERY_MOD),
+             Case(sq=9, skv=30, seqlens_q=(2, 9), seqlens_kv=(30, 0), seed=3, **{**EVERY_MOD, "window": (0, 5)}),
+             Case(sq=33, skv=7, seqlens_q=(33, 1), seqlens_kv=(7, 7), seed=4,
+                  **{**EVERY_MOD, "alibi_slopes": (0.125, 1.0), "softcap": 0.5})]
+    ran = []
+    for case in cases:
+        _, output, _, verdict = graded(backend, case)
+        assert verdict.status == V.PASS, f"{verdict.label} {verdict.message}\n  {case!r}"
+        assert output.lse is None                       # compiled flex on CPU returns none
+        ran.append(output.ran)
+    assert all(r.startswith("flex_attention compiled (") for r in ran), ran
+    assert len(backend.variants) == 1 and "cached graph" in ran[-1] and "cached graph" in ran[-2], ran
+    assert backend.graphs <= 2, ran                     # a static first graph, then one with dynamic lengths
+
+
+def test_compiled_low_precision_gqa_and_score_mask_spelling():
+    backend = get("flex-compiled", "cpu")
+    case = Case(sq=24, skv=40, causal=True, alignment="bottom_right", dtype="bfloat16", **GQA)
+    for spelling in ("score_mask+repeat_kv",):
+        _, output, _, verdict = graded(backend, case.replace(spelling=spelling))
+        assert verdict.status == V.PASS and "compiled" in output.ran, (verdict.message, output.ran)
+
+
+def test_an_eager_fallback_is_reported_not_hidden():
+    """Negative control for the compiled check: the same call run outside torch.compile says so."""
+    backend = get("flex-compiled", "cpu")
+    backend._compiled_call = flex._flex_call               # what dynamo would run if it fell back to eager
+    case = Case(causal=True)
+    output = backend.run(case, materialize(case))
+    assert "NOT compiled" in output.ran, output.ran
+
+
+def test_hitting_the_recompile_limit_is_unsupported_not_a_silent_eager_run(monkeypatch):
+    backend = get("flex-compiled", "cpu")
+    first = Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD)
+    backend.run(first, materialize(first))                 # one graph exists (cached when the test above ran)
+    monkeypatch.setattr(flex, "RECOMPILE_LIMIT", 1)
+    other = Case(sq=8, skv=8, h=3, hk=1, d_qk=8, d_v=8, window=(2, None), dtype="float16")  # a new variant
+    with pytest.raises(Unsupported, match="recompile limit"):
+        backend.run(other, materialize(other))

@@ -1,5 +1,5 @@
 """The flex_attention adapters on CPU: flex-eager over every mask, score mod and spelling plus random cases;
-flex-compiled on two structural variants (a compile takes seconds on CPU) whose graph is reused for other values and
+flex-compiled on two structural variants (a compile takes seconds on CPU), one reused for other values and
 shapes; refusals with reasons; the LSE base; and the compiled-or-not report (each detector with a negative control)."""
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ CASES = [
     Case(sq=16, skv=20, layout="sbhd", memory="transposed", softcap=0.5, **GQA),
     Case(sq=16, skv=16, memory="expanded_kv", dtype="float16", **GQA),
     Case(sq=8, skv=12, d_qk=16, d_v=8, dtype="float64", scale=0.7),
+    Case(b=3, sq=16, skv=16, seqlens_q=(5, 16, 0), seqlens_kv=(16, 0, 3), layout="thd"),       # document masking
+    Case(b=3, sq=16, skv=20, seqlens_q=(5, 16, 2), seqlens_kv=(16, 4, 20), layout="thd", causal=True,
+         alignment="bottom_right", dtype="bfloat16", **GQA),
+    Case(b=2, sq=12, skv=12, h=2, seqlens_q=(7, 12), seqlens_kv=(12, 9), layout="thd", window=(2, 1),
+         mask_density=0.6, alibi_slopes=(0.5, 0.125), softcap=5.0),
 ]
 
 
@@ -101,7 +106,7 @@ def test_lse_is_natural_log_and_really_graded():
 @pytest.mark.parametrize("name, case, expected", [
     ("flex-eager", Case(softmax="off_by_one"), "no sink"),
     ("flex-compiled", Case(softmax="learnable"), "no sink"),
-    ("flex-eager", Case(b=1, seqlens_q=(8,), seqlens_kv=(8,), layout="thd"), "packed thd"),
+    ("flex-eager", Case(b=2, seqlens_q=(3, 8), seqlens_kv=(0, 0), layout="thd"), "no key at all"),
     ("flex-eager", Case(grads=True), "no backward"),
     ("flex-compiled", Case(grads=True), "no backward"),
     ("flex-compiled", Case(dtype="float64"), "float32 / float16 / bfloat16 only"),
@@ -166,12 +171,13 @@ def test_compiled_one_variant_serves_other_values_and_shapes():
     assert backend.graphs <= 2, ran                     # a static first graph, then one with dynamic lengths
 
 
-def test_compiled_low_precision_gqa_and_score_mask_spelling():
+def test_compiled_packed_low_precision_gqa():
+    """Document masking (thd) in bf16 with GQA K/V repeated, compiled."""
     backend = get("flex-compiled", "cpu")
-    case = Case(sq=24, skv=40, causal=True, alignment="bottom_right", dtype="bfloat16", **GQA)
-    for spelling in ("score_mask+repeat_kv",):
-        _, output, _, verdict = graded(backend, case.replace(spelling=spelling))
-        assert verdict.status == V.PASS and "compiled" in output.ran, (verdict.message, output.ran)
+    case = Case(b=3, sq=24, skv=40, seqlens_q=(24, 3, 0), seqlens_kv=(17, 40, 5), layout="thd", causal=True,
+                alignment="bottom_right", dtype="bfloat16", **GQA)
+    _, output, _, verdict = graded(backend, case.replace(spelling="repeat_kv"))
+    assert verdict.status == V.PASS and "compiled" in output.ran, (verdict.message, output.ran)
 
 
 def test_an_eager_fallback_is_reported_not_hidden():

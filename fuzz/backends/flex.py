@@ -7,7 +7,9 @@ bottom-right):
   band_right(right)        query i sees key j iff  j <= i + off_b + right      (causal: right = 0)
   padding(lens_q, lens_kv) query i sees key j iff  i < sq_b and j < skv_b
   explicit(mask)           query i sees key j iff  mask[b, 0, i, j]
-Score mods: softcap  s -> c * tanh(s / c);  alibi  s -> s - slope_h * |i + off_b - j|.
+  documents(mod)           thd: one packed sequence (b = 1); packed query i sees packed key j iff both are in the
+                           same sequence n and mod sees them at their positions in n (document masking)
+Score mods: softcap  s -> c * tanh(s / c);  alibi  s -> s - slope_h * |i + off_b - j|  (per_document for thd).
 
 Spellings, '+'-joined, "" = the first of each:  mask   block_mask (create_block_mask) | score_mask (the same mask_mod
 applied in the score_mod as -inf, no block mask);  heads  enable_gqa | repeat_kv  (GQA cases only).
@@ -16,8 +18,8 @@ LSE: flex's frontend already returns the natural log (it rescales its kernels' l
 adapter passes it through and the grader checks it. Compiled: one torch.compile(fullgraph=True) wrapper; dynamo keeps
 one graph per structural variant (dtype, heads, head dims, which mods, spelling), the variant keys are counted per
 backend, the recompile limit is raised for the call (and hitting it is Unsupported, never a silent eager fallback),
-and `ran` says whether the graph really ran compiled. On CPU flex has no backward (eager
-or compiled), and compiled flex has no LSE and no float64.
+and `ran` says whether the graph really ran compiled. On CPU flex has no backward (eager or compiled), and
+compiled flex has no LSE and no float64.
 """
 
 from __future__ import annotations
@@ -90,6 +92,26 @@ def masked_scores(mask_mod):
                   f"masked({mask_mod.__name__})")
 
 
+def documents(mod, doc_q, doc_kv, start_q, start_kv, sq: int, skv: int):
+    """Packed sequences (thd): query i sees key j iff both belong to sequence n = doc_q[i] and `mod` (None: any) sees
+    them at their positions in n. Positions are clamped so a pair across sequences still indexes in range."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        n = doc_q[q_idx]
+        same = n == doc_kv[kv_idx]
+        if mod is None:
+            return same
+        return same & mod(n, h, (q_idx - start_q[n]).clamp(0, sq - 1), (kv_idx - start_kv[n]).clamp(0, skv - 1))
+    return _named(mask_mod, f"documents({mod.__name__ if mod is not None else 'all'})")
+
+
+def per_document(mod, doc_q, doc_kv, start_q, start_kv, sq: int, skv: int):
+    """A score_mod applied at positions within the query's packed sequence."""
+    def score_mod(s, b, h, q_idx, kv_idx):
+        n = doc_q[q_idx]
+        return mod(s, n, h, (q_idx - start_q[n]).clamp(0, sq - 1), (kv_idx - start_kv[n]).clamp(0, skv - 1))
+    return _named(score_mod, f"per_document({mod.__name__})")
+
+
 def chain(*mods):
     """The score_mods applied in order (the case language's order: softcap, then ALiBi, then the mask)."""
     def score_mod(s, b, h, q_idx, kv_idx):
@@ -151,8 +173,8 @@ class FlexBackend(Backend):
         return first_reason(
             (self.available() is not None, self.available() or ""),
             (case.softmax != "vanilla", f"softmax={case.softmax!r}: flex_attention's softmax has no sink term"),
-            (case.layout == "thd", "flex_attention takes dense [b, h, s, d]; packed thd (document masking over one "
-                                   "packed sequence) is not wired"),
+            (case.layout == "thd" and sum(case.lens_kv) == 0,
+             "thd with no key at all: flex_attention raises IndexError on a key length of 0 (packed KV is empty)"),
             (cpu_compiled and case.dtype == "float64", "compiled flex_attention on CPU takes float32 / float16 / "
                                                        "bfloat16 only (inductor's CPU template)"),
             (self._cpu and case.grads, "flex_attention on CPU has no backward, eager or compiled (torch raises "
@@ -170,34 +192,38 @@ class FlexBackend(Backend):
     def run(self, case: Case, tensors: Tensors) -> Output:
         parts = set(case.spelling.split("+")) - {""}
         device = tensors.q.device
-        leaves, views = [], []
-        for x, lens in ((tensors.q, case.lens_q), (tensors.k, case.lens_kv), (tensors.v, case.lens_kv)):
-            leaf = layout.to_layout(case, x, lens).detach().requires_grad_(case.grads)
-            leaves.append(leaf)
-            views.append(leaf.permute(1, 2, 0, 3) if case.layout == "sbhd" else leaf.transpose(1, 2))
-        q, k, v = views
+        packed = case.layout == "thd"
+        leaves = [layout.to_layout(case, x, lens).detach().requires_grad_(case.grads)
+                  for x, lens in ((tensors.q, case.lens_q), (tensors.k, case.lens_kv), (tensors.v, case.lens_kv))]
+        q, k, v = (_bhsd(case, leaf) for leaf in leaves)
         if "repeat_kv" in parts:
             k, v = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k, v))
         mask_mod, score_mods = _mods(case, tensors, device)
+        if packed:
+            docs = (*_documents(case, device), case.sq, case.skv)
+            mask_mod, score_mods = documents(mask_mod, *docs), [per_document(m, *docs) for m in score_mods]
         block_mask = None
         if mask_mod is not None and "score_mask" in parts:
             score_mods.append(masked_scores(mask_mod))
         elif mask_mod is not None:
             from torch.nn.attention.flex_attention import create_block_mask
-            batched = case.padded or case.mask_density is not None
-            block_mask = create_block_mask(mask_mod, case.b if batched else None, None, case.sq, case.skv,
+            batched = not packed and (case.padded or case.mask_density is not None)
+            block_mask = create_block_mask(mask_mod, case.b if batched else None, None, q.shape[2], k.shape[2],
                                            device=device)
         score_mod = chain(*score_mods) if score_mods else None
         want_lse = not (self.compiled and self._cpu)
         args = (q, k, v, score_mod, block_mask, case.scale, case.hk < case.h and "repeat_kv" not in parts, want_lse)
         with torch.set_grad_enabled(case.grads):
             out, lse, ran = self._call(case, args)
-        result = Output(out=out.detach().transpose(1, 2), lse=lse.detach() if lse is not None else None,
-                        ran=ran)
+        result = Output(out=_logical(case, out.detach(), case.lens_q, case.sq), ran=ran)
+        if lse is not None:
+            result.lse = layout.lse_from_packed(lse.detach()[0], case.lens_q, case.sq) if packed else lse.detach()
         if case.grads:
-            grads = torch.autograd.grad(out, leaves, tensors.dout.transpose(1, 2))
-            result.dq, result.dk, result.dv = (layout.from_layout(case, g, (), s)
-                                               for g, s in zip(grads, (case.sq, case.skv, case.skv)))
+            dout = _bhsd(case, layout.to_layout(case, tensors.dout, case.lens_q))
+            grads = torch.autograd.grad(out, leaves, dout)
+            result.dq, result.dk, result.dv = (layout.from_layout(case, g, lens, s) for g, lens, s in
+                                               zip(grads, (case.lens_q, case.lens_kv, case.lens_kv),
+                                                   (case.sq, case.skv, case.skv)))
         return result
 
     def _call(self, case: Case, args):
@@ -237,6 +263,28 @@ def _graph_count() -> int:
         return int(counters["stats"]["unique_graphs"])
     except (ImportError, KeyError, TypeError):
         return 0
+
+
+def _bhsd(case: Case, leaf: torch.Tensor) -> torch.Tensor:
+    """A leaf in the case's layout as the [b, h, s, d] view flex takes (thd: one packed sequence, b = 1)."""
+    if case.layout == "thd":
+        return leaf.permute(1, 0, 2).unsqueeze(0)
+    return leaf.permute(1, 2, 0, 3) if case.layout == "sbhd" else leaf.transpose(1, 2)
+
+
+def _logical(case: Case, y: torch.Tensor, lens: tuple[int, ...], s: int) -> torch.Tensor:
+    """flex's [b, h, s, d] output back to the logical [b, s, h, d]."""
+    if case.layout == "thd":
+        return layout.unpack(y[0].transpose(0, 1), lens, s)
+    return y.transpose(1, 2)
+
+
+def _documents(case: Case, device):
+    """(sequence of each packed query, of each packed key, first packed query of each sequence, first key)."""
+    lens_q, lens_kv = torch.tensor(case.lens_q), torch.tensor(case.lens_kv)
+    seqs = torch.arange(case.b)
+    return (torch.repeat_interleave(seqs, lens_q).to(device), torch.repeat_interleave(seqs, lens_kv).to(device),
+            (lens_q.cumsum(0) - lens_q).to(device), (lens_kv.cumsum(0) - lens_kv).to(device))
 
 
 def _pin_batch(args, b: int) -> None:

@@ -107,6 +107,7 @@ def test_lse_is_natural_log_and_really_graded():
     ("flex-eager", Case(softmax="off_by_one"), "no sink"),
     ("flex-compiled", Case(softmax="learnable"), "no sink"),
     ("flex-eager", Case(b=2, seqlens_q=(3, 8), seqlens_kv=(0, 0), layout="thd"), "no key at all"),
+    ("flex-compiled", Case(b=2, seqlens_q=(0, 0), seqlens_kv=(3, 8), layout="thd"), "no query at all"),
     ("flex-eager", Case(grads=True), "no backward"),
     ("flex-compiled", Case(grads=True), "no backward"),
     ("flex-compiled", Case(dtype="float64"), "float32 / float16 / bfloat16 only"),

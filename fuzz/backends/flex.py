@@ -175,6 +175,9 @@ class FlexBackend(Backend):
             (case.softmax != "vanilla", f"softmax={case.softmax!r}: flex_attention's softmax has no sink term"),
             (case.layout == "thd" and sum(case.lens_kv) == 0,
              "thd with no key at all: flex_attention raises IndexError on a key length of 0 (packed KV is empty)"),
+            (case.layout == "thd" and sum(case.lens_q) == 0,
+             "thd with no query at all: nothing to grade, and flex's vmap over an empty packed query breaks the "
+             "document mask's lookups"),
             (cpu_compiled and case.dtype == "float64", "compiled flex_attention on CPU takes float32 / float16 / "
                                                        "bfloat16 only (inductor's CPU template)"),
             (self._cpu and case.grads, "flex_attention on CPU has no backward, eager or compiled (torch raises "

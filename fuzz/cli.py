@@ -147,7 +147,7 @@ def cmd_run(args) -> int:
             log.write(case, verdict)
 
         tally, findings = fuzz(backend, device=args.device, space=space, settings=settings, seed=args.seed,
-                               inflight=inflight, on_case=on_case)
+                               inflight=inflight, on_case=on_case, known=corpus_io.known_bugs(args.corpus))
         log.close()
         progress.update(tally, final=True)
         for f in findings:

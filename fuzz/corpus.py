@@ -1,7 +1,9 @@
 """The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge, and replay.
 
 Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
-seen, known_bug (null, or {"link": ..., "note": ...}: an expected failure until the bug is fixed).
+seen, known_bug (null, or {"link": ..., "note": ..., "match": ...}: an expected failure until the bug is fixed;
+while fuzzing, a failure of the same backend and verdict label whose message contains `match` (any, without one)
+counts as this known bug and the search goes on past it).
 """
 
 from __future__ import annotations
@@ -103,9 +105,11 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
     path = directory / entry.filename
     stamp = now()
     if path.exists():
-        try:
-            old = Entry.from_dict(json.loads(path.read_text()), str(path))
-            entry.found, entry.seen, entry.known_bug = old.found, old.seen + 1, old.known_bug
+        try:  # the same bug again: keep the first case (its repro script stays valid), count the sighting
+            first = Entry.from_dict(json.loads(path.read_text()), str(path))
+            first.seen, first.last_seen = first.seen + 1, stamp
+            path.write_text(json.dumps(first.to_dict(), indent=2, sort_keys=True) + "\n")
+            return path
         except (CorpusError, json.JSONDecodeError):
             pass  # an unreadable old file is replaced by the fresh finding
     entry.found = entry.found or stamp
@@ -142,6 +146,20 @@ def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusErro
         except CorpusError as e:
             errors.append(e)
     return entries, errors
+
+
+def known_bugs(directory: Path):
+    """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches."""
+    entries = [e for _, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
+
+    def known(backend: str, verdict: Verdict) -> dict | None:
+        for e in entries:
+            match = e.known_bug.get("match", "")
+            if e.backend == backend and e.verdict.label == verdict.label and match in verdict.message:
+                return e.known_bug
+        return None
+
+    return known
 
 
 def replay(entry: Entry, device: str | None = None) -> Verdict:

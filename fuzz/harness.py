@@ -112,13 +112,19 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
     return drawn.flatmap(spell)
 
 
+KnownBugs = Callable[[str, V.Verdict], "dict | None"]
+
+
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
-                  on_case: Callable[[Case, V.Verdict, Tally], None] | None = None):
-    """The Hypothesis test for one backend: grade each drawn case, climb toward the bound, raise on failure."""
+                  on_case: Callable[[Case, V.Verdict, Tally], None] | None = None, known: KnownBugs | None = None):
+    """The Hypothesis test for one backend: grade each drawn case, climb toward the bound, raise on failure. A
+    failure that `known` recognises as a known bug is tallied as KNOWN and the search goes on past it."""
 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
         verdict = run_case(backend, case, device=device, inflight=inflight)
+        if verdict.failed and known is not None and known(backend.name, verdict) is not None:
+            verdict = dataclasses.replace(verdict, status=V.KNOWN)
         tally.add(verdict)
         if on_case is not None:
             on_case(case, verdict, tally)
@@ -141,11 +147,13 @@ def findings_of(error: BaseException) -> list[Finding]:
 
 def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
          seed: int | None = None, inflight: Path | None = None,
-         on_case: Callable[[Case, V.Verdict, Tally], None] | None = None) -> tuple[Tally, list[Finding]]:
+         on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
+         known: KnownBugs | None = None) -> tuple[Tally, list[Finding]]:
     """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
     findings, one per distinct verdict label. A failure that did not reproduce becomes a FLAKY finding."""
     tally = Tally()
-    prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case)
+    prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case,
+                         known=known)
     if settings is not None:
         prop = settings(prop)
     if seed is not None:

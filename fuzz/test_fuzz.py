@@ -20,7 +20,8 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
     if why is not None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = profile(attnfuzz.profile, max_examples=attnfuzz.max_examples)
-    tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed)
+    tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
+                           known=corpus_io.known_bugs(attnfuzz.corpus))
     print(f"{fuzz_backend}: {tally.to_dict()}")
     saved = [corpus_io.save(attnfuzz.corpus, corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict,
                                                              device=attnfuzz.device,

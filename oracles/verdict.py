@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY = "PASS", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "FLAKY"
-STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY)
+KNOWN = "KNOWN"  # a failure matching a known bug of the corpus: reported, not raised, so the search goes on
+STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY, KNOWN)
 
 # Diagnoses, most specific first. Each FAIL carries exactly one.
 ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracle's is not

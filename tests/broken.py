@@ -112,5 +112,5 @@ class LaterBatches(Correct):
         return Output(out)
 
 
-BROKEN = {cls.name: cls for cls in (ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads, ValueDimScale,
+BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads, ValueDimScale,
                                    NanOnEmptyRows, TileTail, LaterBatches)}

@@ -1,0 +1,106 @@
+"""Corpus entries: saved, merged by signature, replayed, repro scripts that run alone, corrupt files named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fuzz import corpus as corpus_io
+from fuzz.cli import main
+from fuzz.harness import fuzz
+from fuzz.profiles import profile
+from oracles import verdict as V
+from strategies.case import Case
+from strategies.space import Space
+from tests.broken import BROKEN, Correct
+
+CASE = Case(sq=3, skv=5, d_qk=8, d_v=8, dtype="float16", causal=True, alignment="bottom_right", seed=5)
+FAIL = V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0", V.Worst("out", (0, 0, 0, 0), 0.0, 1.0))
+
+
+def _entry(case=CASE, backend="sdpa-math", verdict=FAIL, **kw):
+    return corpus_io.Entry(backend=backend, case=case, verdict=verdict, **kw)
+
+
+def test_entry_round_trips_and_duplicates_merge(tmp_path):
+    first = corpus_io.save(tmp_path, _entry())
+    again = corpus_io.save(tmp_path, _entry(case=CASE.replace(seed=9)))   # same bug, other numbers
+    assert first == again and len(list(tmp_path.glob("*.json"))) == 1
+    entry = corpus_io.load(first)
+    assert entry.seen == 2 and entry.case == CASE and entry.verdict.label == "FAIL:ALL_ZERO"
+    data = json.loads(first.read_text())
+    assert {"schema", "signature", "backend", "backend_version", "environment", "case", "verdict", "found"} <= set(data)
+    assert data["environment"]["torch"]
+
+
+@pytest.mark.parametrize("mutate, named", [
+    (lambda d: d.pop("backend"), "missing field 'backend'"),
+    (lambda d: d["case"].update(h=3, hk=2), "field 'case': Case: invalid hk=2"),
+    (lambda d: d["case"].update(colour="red"), "unknown field(s) ['colour']"),
+    (lambda d: d.update(schema=99), "field 'schema' is 99"),
+    (lambda d: d.update(known_bug={"note": "no link"}), "field 'known_bug'"),
+])
+def test_corrupt_entry_names_file_and_field(tmp_path, mutate, named):
+    path = corpus_io.save(tmp_path, _entry(), repro=False)
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(corpus_io.CorpusError) as e:
+        corpus_io.load(path)
+    assert str(path) in str(e.value) and named in str(e.value)
+
+
+def test_one_corrupt_file_does_not_stop_the_others(tmp_path):
+    corpus_io.save(tmp_path, _entry(), repro=False)
+    (tmp_path / "broken.json").write_text("{not json")
+    entries, errors = corpus_io.load_all(tmp_path)
+    assert len(entries) == 1 and len(errors) == 1 and "broken.json: not valid JSON" in str(errors[0])
+
+
+def test_replay_passes_on_a_correct_backend_and_reports_loudly(tmp_path, capsys):
+    corpus_io.save(tmp_path, _entry(backend="sdpa-math"), repro=False)            # sdpa-math is correct here
+    known = _entry(backend="sdpa-math", case=CASE.replace(sq=4), known_bug={"link": "https://example.org/1"})
+    corpus_io.save(tmp_path, known, repro=False)
+    (tmp_path / "zz.json").write_text("[]")
+    assert main(["replay", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "pass " in out and "KNOWN BUG NOW PASSES" in out and "zz.json: expected a JSON object" in out
+
+
+def test_repro_script_runs_alone_and_fails_while_the_bug_is_there(tmp_path):
+    """The script carries the inputs and the float64 answer; it needs torch and the backend, not attnfuzz."""
+    case = Case(sq=4, skv=6, h=2, hk=1, d_qk=8, d_v=8, dtype="bfloat16", causal=True, seed=3)
+    path = corpus_io.save(tmp_path, _entry(case=case, backend="sdpa-math"))
+    script = path.with_suffix(".py")
+    text = script.read_text()
+    assert "import fuzz" not in text and "from fuzz" not in text and "oracles" not in text
+    ok = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr                      # sdpa-math is right: the script passes
+    broken = script.read_text().replace("return out.transpose(1, 2)", "return 0 * out.transpose(1, 2)")
+    assert broken != text, "the repro must spell the backend call out"
+    script.write_text(broken)
+    bad = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 1 and "all-zero output" in bad.stdout
+
+
+def test_known_bug_is_tallied_and_the_search_goes_on(tmp_path):
+    """Zeros under causal are a known bug; the backend's rarer second bug (batch > 0 of long batches) must still be
+    found, after the search went past many known ones."""
+
+    class ZeroCausalAndBatch(Correct):
+        name = "two-known"
+
+        def run(self, case, t):
+            if case.causal:
+                return BROKEN["broken-zero-causal"]().run(case, t)
+            return BROKEN["broken-batch" if case.b == 3 and case.sq > 30 else "correct"]().run(case, t)
+
+    corpus_io.save(tmp_path, _entry(backend="two-known", known_bug={"link": "https://example.org/2",
+                                                                    "match": "every graded"}), repro=False)
+    tally, findings = fuzz(ZeroCausalAndBatch(), space=Space(max_len=40), settings=profile("ci", max_examples=300),
+                           known=corpus_io.known_bugs(tmp_path))
+    assert tally.labels["KNOWN:ALL_ZERO"] > 0
+    assert [f.verdict.diagnosis for f in findings] == [V.TOLERANCE]

@@ -180,6 +180,9 @@ REFUSALS = [
     ("fa4", Case(d_qk=264, d_v=264, **BF16), "8..256"),
     ("fa4", Case(mask_density=0.3, **BF16), "mask_mod"),
     ("fa2", Case(spelling="neg", **BF16), "not one of fa2's spellings"),
+    # first H200 run: FlashAttentionBackwardSm90 asserts this, and the backward was recorded as a CRASH
+    ("fa4", Case(sq=1, skv=1, h=2, hk=1, d_qk=8, d_v=16, grads=True, dtype="float16"),
+     "GQA backward requires head_dim == head_dim_v"),
 ]
 
 
@@ -199,6 +202,50 @@ def test_fa4_head_dims_depend_on_the_architecture():
     assert "sm100" in FlashAttn4("cpu", arch=100).unsupported(hd192)
     assert FlashAttn4("cpu", arch=100).unsupported(Case(d_qk=192, d_v=128, **BF16)) is None
     assert "backward needs sm90" in FlashAttn4("cpu", arch=80).unsupported(Case(grads=True, **BF16))
+
+
+def test_fa4_gqa_backward_rule_is_narrow():
+    """Control for the sm90 GQA-backward refusal: it needs all of gradients, GQA, d_qk != d_v and sm90."""
+    refused = Case(h=4, hk=2, d_qk=16, d_v=32, grads=True, **BF16)
+    assert "GQA backward" in FlashAttn4("cpu", arch=90).unsupported(refused)
+    for accepted in (refused.replace(grads=False), refused.replace(hk=4), refused.replace(d_v=16)):
+        assert FlashAttn4("cpu", arch=90).unsupported(accepted) is None, accepted
+    assert FlashAttn4("cpu", arch=100).unsupported(refused) is None
+
+
+class _BackwardRaises(torch.autograd.Function):
+    """Identity forward whose backward raises `error`: a library check that fires only in the backward."""
+
+    @staticmethod
+    def forward(ctx, x, error):
+        ctx.error = error
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ctx.error
+
+
+@pytest.mark.parametrize("error,expected", [
+    (AssertionError("GQA backward requires head_dim == head_dim_v"), Unsupported),
+    (RuntimeError("MLIRError: expected top-level shape equivalence"), RuntimeError),   # negative control
+])
+def test_fa4_backward_refusals_become_unsupported(monkeypatch, calls, error, expected):
+    """A library assert in the backward is a refusal like one in the forward (the first H200 run recorded it as a
+    CRASH because only the forward was wrapped); any other backward error stays a crash."""
+    modules = fakes.make_fa4(calls)
+    honest = modules["flash_attn.cute"].flash_attn_func
+
+    def raising_backward(*args, **kwargs):
+        out, lse = honest(*args, **kwargs)
+        return _BackwardRaises.apply(out, error), lse
+
+    monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_func", raising_backward)
+    fakes.install(monkeypatch, modules)
+    case = Case(grads=True, **BF16)
+    with pytest.raises(expected, match=str(error).split(":")[0]):
+        FlashAttn4("cpu").run(case, materialize(case))
+    assert FlashAttn4("cpu").run(case.replace(grads=False), materialize(case)).dq is None   # forward alone runs
 
 
 def test_library_refusals_become_unsupported_and_crashes_do_not(monkeypatch, calls):

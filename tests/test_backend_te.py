@@ -172,6 +172,10 @@ REFUSALS = [
     ("te-fused", Case(softcap=5.0, **BF16), "softcap"),
     ("te-fused", Case(sq=8, skv=4, window=(1, 1), alignment="bottom_right", **BF16), "sq > skv"),
     ("te-flash", Case(spelling="arbitrary", **BF16), "not one of te-flash's spellings"),
+    # first H200 run: refused by TE at run time, now declared (22 of 174 te-fused cases, 3 of 110 te-flash)
+    ("te-fused", Case(d_qk=12, d_v=16, **BF16), "needs multiples of 8"),
+    ("te-fused", Case(d_qk=16, d_v=3, **BF16), "needs multiples of 8"),
+    ("te-flash", Case(d_qk=1, d_v=1, dtype="float16"), "FA4 needs 8..256"),
 ]
 
 
@@ -191,6 +195,25 @@ def test_fa4_specific_rows_follow_the_flash_version_te_loaded(fake):
         v4_is_installed = False
     assert backend("te-flash").unsupported(softcap) is None
     assert "loaded no flash-attn" in backend("te-flash").available() or "CUDA" in backend("te-flash").available()
+
+
+def test_head_dim_rules_are_narrow(fake):
+    """Controls for the head-dim rows: unfused takes any head dim, fused any multiple of 8, and the FA4 row follows
+    the architecture and applies only when TE loaded FA4."""
+    odd = Case(d_qk=12, d_v=4, **BF16)
+    assert backend("te-unfused").unsupported(odd) is None
+    assert backend("te-fused").unsupported(Case(d_qk=24, d_v=8, **BF16)) is None
+
+    def fa4_dims(case, major, arch):
+        return [why for refused, why in te_adapter.capability_refusals(case, sel.FLASH, major, arch=arch)
+                if refused and "FA4 needs" in why]
+
+    hd192 = Case(d_qk=192, d_v=192, **BF16)
+    assert fa4_dims(hd192, "4", 90) == [] and "sm100" in fa4_dims(hd192, "4", 100)[0]
+    assert fa4_dims(odd, "4", 90) and fa4_dims(odd, "2", 90) == []
+    fake.modules["transformer_engine.pytorch.attention.dot_product_attention.utils"].FlashAttentionUtils.\
+        v4_is_installed = False
+    assert backend("te-flash").unsupported(odd) is None
 
 
 def test_no_eligible_backend_becomes_unsupported_with_te_reason(fake, monkeypatch):

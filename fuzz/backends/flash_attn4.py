@@ -7,6 +7,12 @@ bound is kept literally, so causal=True with window (-1, 0) is an empty band (se
 keep that case in the fuzzed space on purpose. Sinks: learnable_sink [h] (zeros for off-by-one). LSE is the natural
 log, [b, h, sq] batched or [h, total] varlen. Padding in a batched layout goes either packed through cu_seqlens
 (default) or in place through seqused_q / seqused_k (spelling "seqused").
+
+sm90 backward (first H200 run): GQA with d_qk != d_v is an explicit assert in FlashAttentionBackwardSm90, declared
+here as a refusal; two other sm90 backward failures are the library's, not refusals, and stay findings: a compile
+error (MLIRError) for d_qk > d_v when d_v's 16-padded tile is narrower than the dO shared-memory swizzle atom sized
+from d_qk, and dq rows >= 64 returned as 0 when the kernel pads d to 16 but interface.py pads the dq accumulator to
+32 (d = 8, 16, 40, 48, ...). bench/verify_findings.py separates them on a GPU.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ def capability_refusals(case: Case, arch: int) -> list[tuple[bool, str]]:
         (case.dtype not in DTYPES, f"dtype {case.dtype}: FA4 takes {' / '.join(DTYPES)} (fp8 is not in the Case)"),
         (dims is not None, dims or ""),
         (case.grads and arch < BACKWARD_MIN_ARCH, f"gradients on sm{arch}: FA4's backward needs sm90+"),
+        (case.grads and arch // 10 == 9 and case.h != case.hk and case.d_qk != case.d_v,
+         f"gradients with GQA (h={case.h}, hk={case.hk}) and d_qk={case.d_qk} != d_v={case.d_v} on sm{arch}: "
+         f"FA4's sm90 backward asserts 'GQA backward requires head_dim == head_dim_v'"),
         (case.mask_density is not None,
          "explicit boolean mask: FA4 takes masks only as a CuTe DSL mask_mod, which this adapter does not compile"),
         (case.alibi_slopes is not None, "ALiBi: FA4 has no alibi_slopes (only a CuTe DSL score_mod could add it)"),
@@ -122,7 +131,7 @@ class FlashAttn4(Backend):
         seqused, _ = split_spelling(case.spelling)
         packed = case.layout == "thd" or (case.padded and not seqused)
         x = fc.flash_inputs(case, tensors, packed=packed)
-        try:
+        try:  # the library's own input checks (forward or backward) are refusals; anything else is a crash
             if packed:
                 fn = "flash_attn_varlen_func"
                 out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
@@ -135,13 +144,13 @@ class FlashAttn4(Backend):
             else:
                 fn = "flash_attn_func"
                 out, lse = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
-        except Exception as e:  # the library's own input checks are refusals; anything else is a crash
+            out = fc.logical_out(case, x, out)
+            dq, dk, dv = fc.gradients(case, x, out, tensors)
+        except Exception as e:
             refused = fc.refusal(e, LIBRARY)
             if refused is None:
                 raise
             raise refused from e
-        out = fc.logical_out(case, x, out)
-        dq, dk, dv = fc.gradients(case, x, out, tensors)
         ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
         return Output(out=out.detach(), lse=fc.logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)
 

@@ -7,6 +7,13 @@ TE spells a mask as attn_mask_type + window_size (-1 = unbounded) + bottom_right
 takes a dense mask. check_set_window_size() rewrites "no_mask" + (-1, 0) to (-1, -1) with only a warning, so that is
 not an equivalent spelling of causal and is not listed. The module returns no LSE. Each run is checked to have used
 the backend asked for (fuzz/backends/te_select.py).
+
+Inputs go to TE as the case lays them out, strided views included (DotProductAttention allows non-contiguous inputs):
+what TE does with them is graded, not avoided. TE-side findings of the first H200 run, left in the fuzzed space on
+purpose (bench/verify_findings.py separates them from adapter mistakes): FusedAttention reads head-major views as
+bshd (get_qkv_layout checks only k against v, cuDNN strides come from the layout name); the unfused backend turns
+"no window" (-1, -1) into the finite window (skv, sq), which hides keys when the diagonal is top-left and sq != skv;
+unfused thd crashes when no query token is left.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import importlib
 
 import torch
 
+from fuzz.backends import flash_common as fc
 from fuzz.backends import te_select as sel
+from fuzz.backends.flash_attn4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
 from fuzz.backends.base import Backend, Unsupported, first_reason
 from fuzz.backends.layout import cu_seqlens, to_layout, unpack, visibility_mask
 from oracles.verdict import Output
@@ -64,14 +73,17 @@ def _is_cross(case: Case) -> bool:
     return case.sq != case.skv or case.lens_q != case.lens_kv
 
 
-def capability_refusals(case: Case, backend: str, flash_major: str | None = None) -> list[tuple[bool, str]]:
+def capability_refusals(case: Case, backend: str, flash_major: str | None = None,
+                        arch: int = DEFAULT_ARCH) -> list[tuple[bool, str]]:
     """What TE 2.20.2's get_attention_backend() rules out for `backend`, as (refused, reason) rows. Rules that depend
-    on the GPU or the cuDNN version are left to TE itself: its refusal at run time becomes Unsupported with TE's
-    logged reason. `flash_major` is the flash-attn major TE loaded, when known."""
+    on the cuDNN version are left to TE itself: its refusal at run time becomes Unsupported with TE's logged reason.
+    `flash_major` is the flash-attn major TE loaded, when known; `arch` the GPU's compute capability (10 * major +
+    minor), which FA4's head-dim table depends on."""
     unequal = case.sq != case.skv   # TE compares max_seqlen_q with max_seqlen_kv, not each sequence
     top_left = case.alignment == "top_left"
     mask_type, window = te_mask(case)
     sliding = window is not None and (window[0] != -1 or window[1] not in (-1, 0))
+    fa4_dims = fa4_head_dim_reason(arch, case.d_qk, case.d_v) if flash_major == "4" else None
     rows = [
         (case.dtype not in DTYPES[backend], f"dtype {case.dtype}: TE's {backend} takes {' / '.join(DTYPES[backend])}"),
         (case.mask_density is not None and backend != sel.UNFUSED,
@@ -88,12 +100,16 @@ def capability_refusals(case: Case, backend: str, flash_major: str | None = None
              "top-left sliding window with sq != skv: TE's FlashAttention only aligns windows bottom-right"),
             (top_left and case.alibi_slopes is not None and unequal,
              "top-left ALiBi with sq != skv: TE's FlashAttention only aligns ALiBi bottom-right"),
+            (fa4_dims is not None, f"{fa4_dims} (TE validates FA4's head dims and disables it)"),
             (flash_major == "4" and case.softcap is not None, "softcap: TE does not pass softcap to FA4"),
             (flash_major == "4" and case.alibi_slopes is not None, "ALiBi: TE disables FA4 for ALiBi"),
             (flash_major == "3" and case.alibi_slopes is not None, "ALiBi: TE disables FA3 for ALiBi"),
         ]
     if backend == sel.FUSED:
         rows += [
+            (case.d_qk % 8 != 0 or case.d_v % 8 != 0,
+             f"head dims ({case.d_qk}, {case.d_v}): cuDNN's fp16/bf16 SDPA needs multiples of 8 (TE logs "
+             f"'hidden_dim should be multiple of 8')"),
             (case.softcap is not None, "softcap: TE's FusedAttention does not support it"),
             (sliding and case.sq > case.skv, "sliding window with sq > skv: TE's FusedAttention does not support it"),
         ]
@@ -198,18 +214,23 @@ class TransformerEngineAttention(Backend):
             return None
         return max(versions) if versions else None
 
+    @property
+    def arch(self) -> int:
+        """The compute capability the capability table is read at: the device's, else sm90."""
+        return fc.cuda_arch(self.device) or DEFAULT_ARCH
+
     def unsupported(self, case: Case) -> str | None:
         known = applicable_spellings(case, self.te_backend)
         return first_reason((case.spelling not in known,
                              f"spelling={case.spelling!r} is not one of {self.name}'s spellings here: {list(known)}"),
-                            *capability_refusals(case, self.te_backend, self._flash_major()))
+                            *capability_refusals(case, self.te_backend, self._flash_major(), self.arch))
 
     def spellings(self, case: Case) -> tuple[str, ...]:
         """The applicable spellings this backend takes (a spelling can turn on a rule, e.g. a finite window)."""
-        major = self._flash_major()
+        major, arch = self._flash_major(), self.arch
         return tuple(s for s in applicable_spellings(case, self.te_backend)
                      if s == "" or first_reason(*capability_refusals(case.replace(spelling=s), self.te_backend,
-                                                                     major)) is None)
+                                                                     major, arch)) is None)
 
     def run(self, case: Case, tensors: Tensors) -> Output:
         reason = self.unsupported(case)

@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("paths", nargs="*", type=Path, default=[Path("corpus")], help="entry files or folders")
     replay.add_argument("--device", help="run on this device instead of the entry's own")
     replay.add_argument("--json", action="store_true")
+    mark = sub.add_parser("known", help="mark a corpus entry as a known bug (an expected failure) with its link")
+    mark.add_argument("entry", type=Path, help="the corpus entry's JSON file")
+    mark.add_argument("--link", required=True, help="where the bug is tracked (an issue, a PR, a source line)")
+    mark.add_argument("--note", default="", help="what the bug is, in a sentence")
+    mark.add_argument("--match", default="", help="count a new failure as this bug only if its message contains this")
+    mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
+                      help="count it only for cases with this field value, e.g. dtype='\"float64\"' (repeatable)")
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     backends.add_argument("--device", default="cpu")
     backends.add_argument("--json", action="store_true")
@@ -211,6 +218,28 @@ def cmd_replay(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_known(args) -> int:
+    try:
+        entry = corpus_io.load(args.entry)
+    except corpus_io.CorpusError as e:
+        raise UsageError(str(e)) from None
+    when = {}
+    for item in args.when:
+        field, _, value = item.partition("=")
+        try:
+            when[field] = json.loads(value)
+        except json.JSONDecodeError:
+            raise UsageError(f"--when {item!r}: give FIELD=JSON, e.g. dtype='\"float64\"' or causal=true") from None
+        if field not in entry.case.to_dict():
+            raise UsageError(f"--when {item!r}: {field!r} is not a Case field")
+    entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
+    data = json.loads(args.entry.read_text())
+    data["known_bug"] = entry.known_bug
+    args.entry.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    print(f"{args.entry}: marked as known bug {args.link}")
+    return 0
+
+
 def cmd_backends(args) -> int:
     rows = []
     for name, factory in factories().items():
@@ -233,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad usage, 0 on --help
         return int(e.code or 0)
-    commands = {"run": cmd_run, "replay": cmd_replay, "backends": cmd_backends}
+    commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends}
     try:
         return commands[args.command](args)
     except UsageError as e:

@@ -1,9 +1,9 @@
 """The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge, and replay.
 
 Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
-seen, known_bug (null, or {"link": ..., "note": ..., "match": ...}: an expected failure until the bug is fixed;
-while fuzzing, a failure of the same backend and verdict label whose message contains `match` (any, without one)
-counts as this known bug and the search goes on past it).
+seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}}: an expected failure until the bug
+is fixed; while fuzzing, a failure of the same backend and verdict label whose message contains `match` and whose
+case has the field values in `when` (each optional) counts as this known bug, and the search goes on past it).
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ class Entry:
         known = data.get("known_bug")
         if known is not None and not (isinstance(known, dict) and known.get("link")):
             raise CorpusError(f"{where}: field 'known_bug' must be null or an object with a 'link'")
+        if known is not None and not isinstance(known.get("when", {}), dict):
+            raise CorpusError(f"{where}: field 'known_bug.when' must be an object of case fields and values")
         return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
                    backend_version=data.get("backend_version", ""), environment=data.get("environment"),
                    found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
@@ -152,11 +154,13 @@ def known_bugs(directory: Path):
     """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches."""
     entries = [e for _, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
 
-    def known(backend: str, verdict: Verdict) -> dict | None:
+    def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
         for e in entries:
-            match = e.known_bug.get("match", "")
-            if e.backend == backend and e.verdict.label == verdict.label and match in verdict.message:
-                return e.known_bug
+            bug = e.known_bug
+            fields = case.to_dict()
+            if (e.backend == backend and e.verdict.label == verdict.label and bug.get("match", "") in verdict.message
+                    and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
+                return bug
         return None
 
     return known

@@ -112,7 +112,7 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
     return drawn.flatmap(spell)
 
 
-KnownBugs = Callable[[str, V.Verdict], "dict | None"]
+KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
 
 
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
@@ -123,7 +123,7 @@ def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
         verdict = run_case(backend, case, device=device, inflight=inflight)
-        if verdict.failed and known is not None and known(backend.name, verdict) is not None:
+        if verdict.failed and known is not None and known(backend.name, case, verdict) is not None:
             verdict = dataclasses.replace(verdict, status=V.KNOWN)
         tally.add(verdict)
         if on_case is not None:

@@ -1,0 +1,49 @@
+"""attnfuzz repro: flex-compiled CRASH:InductorError
+InductorError: CppCompileError: C++ compile error  Command: g++
+/tmp/torchinductor_root/57/c57saxpx46hqicx3mocxv2yt5hutxmfxbiuyu6hgc4rwmg6ebldo.main.cpp -D
+TORCH_INDUCTOR_CPP_WRAPPER -D STANDALONE_TORCH_HEADER -D TORCH_INDUCTOR_PRECOMPILE_HEADERS -D
+C10_USING_CUSTOM_GENERATED_MACROS -D CPU_CAPABILITY_AVX512 -O3 -DNDEBUG -fno-omit-frame-pointer -g1 -fno-
+trapping-math -funsafe-math-optimizations -ffinite-math-only -fno-signed-zeros -fno-finite-math-only -fno-
+unsafe-math-optimizations -fmath-errno -ffp-contract=o (at cpp_builder.py:713)
+
+Run with: python3 flex-compiled-CRASH-InductorError-c7a168542a35.py   (exits 1 while the bug is there)
+"""
+import sys
+
+import torch
+
+BACKEND = 'flex-compiled'
+DEVICE = 'cpu'
+CASE = {'b': 1, 'sq': 1, 'skv': 1, 'h': 3, 'hk': 3, 'd_qk': 1, 'd_v': 1, 'dtype': 'float16', 'seqlens_q': None, 'seqlens_kv': None, 'causal': False, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': None, 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 0, 'grads': False, 'spelling': ''}
+VALID_ROWS = [1]  # graded query rows per sequence (rows past them are padding)
+BOUND = 0.0016372140532385198  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+
+def attention(q, k, v):
+    """No standalone spelling for this backend yet: call it through attnfuzz's adapter."""
+    from fuzz.backends import get
+    from strategies import Case, materialize
+    case = Case.from_dict(CASE)
+    t = materialize(case, DEVICE)
+    t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
+    return get(BACKEND, DEVICE).run(case, t).out
+
+q = torch.tensor([1.541015625, -0.29345703125, -2.1796875], dtype=torch.float64).reshape((1, 1, 3, 1)).to(torch.float16).to(DEVICE)
+k = torch.tensor([0.568359375, -1.0849609375, -1.3984375], dtype=torch.float64).reshape((1, 1, 3, 1)).to(torch.float16).to(DEVICE)
+v = torch.tensor([0.4033203125, 0.837890625, -0.71923828125], dtype=torch.float64).reshape((1, 1, 3, 1)).to(torch.float16).to(DEVICE)
+EXPECTED = torch.tensor([0.4033203125, 0.837890625, -0.71923828125], dtype=torch.float64).reshape((1, 1, 3, 1)).to(torch.float64)
+
+out = attention(q, k, v)
+out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+want = EXPECTED.to("cpu", torch.float64)
+rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+got, want = out[rows], want[rows]
+err = (got - want).abs().max().item() if got.numel() else 0.0
+problems = []
+if not torch.isfinite(got).all():
+    problems.append("non-finite output")
+if got.numel() and (got == 0).all() and (want != 0).any():
+    problems.append("all-zero output")
+if not err <= BOUND:
+    problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
+print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+sys.exit(1 if problems else 0)

@@ -4,6 +4,7 @@ table, and the check that the backend asked for is the one that ran."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -290,3 +291,59 @@ def test_gpu_check_cases_cover_every_backend():
         taken = [label for label, case, _ in cases if adapter.unsupported(case) is None]
         assert len(taken) >= 10, (name, taken)
     assert all(any(factories()[n]("cpu").unsupported(c) is None for n in BACKENDS) for _, c, _ in cases)
+
+
+# -- (f) bench/verify_findings.py: the GPU triage script's machinery, on the fake TE -------------------------------
+def test_verify_findings_variations_are_valid_cases(tmp_path):
+    from bench import verify_findings as vf
+
+    for v in vf.variations():
+        base, source = vf.base_case(v.finding, tmp_path)
+        base.replace(**v.change)                       # raises ValueError naming the field if a change is invalid
+        assert v.group in vf.GROUPS and v.finding in vf.HEADLINES
+        assert source.startswith("case:") or "no " in source
+    prefix, case = vf.FIRST_RUN["F7"]
+    (tmp_path / f"{prefix}-abc.json").write_text(json.dumps({"case": case.to_dict()}))
+    assert vf.base_case("F7", tmp_path)[1] == f"case: {prefix}-abc.json"
+    (tmp_path / f"{prefix}-abc.json").write_text(json.dumps({"case": case.replace(sq=4).to_dict()}))
+    assert "not the first run's case" in vf.base_case("F7", tmp_path)[1]
+
+
+def test_verify_findings_grades_and_records_on_the_fake(fake, tmp_path):
+    """On a correct (fake) TE the predictions that blame TE do not hold, the inverted-mask control does fail, and a
+    probe TE's fake lacks is recorded as a row, never raised."""
+    from bench import verify_findings as vf
+
+    rows = {v.name: vf.run_variation(v, tmp_path, "cpu") for v in vf.variations()
+            if v.finding == "F7" and v.group == "te-unfused"}
+    assert rows["as-is ('padding', top-left, sq=3 > skv=1)"]["label"] == "PASS"
+    assert rows["as-is ('padding', top-left, sq=3 > skv=1)"]["outcome"] == "NOT AS PREDICTED (FAIL)"
+    assert rows["alignment bottom_right (same math: no band)"]["outcome"] == "as predicted"
+    assert rows["attention_mask, TE convention (True = pad), br"]["label"] == "PASS"
+    assert rows["attention_mask inverted (True = keep), br"]["label"] == "FAIL:ALL_ZERO"
+    assert rows["TE get_full_mask probe"]["label"].startswith("CRASH:")
+    assert vf.outcome("CRASH:MLIRError", "!CRASH:MLIRError") != "as predicted"
+    assert vf.outcome("PASS", "!CRASH:MLIRError") == "as predicted"
+
+
+def test_verify_findings_child_skips_past_its_deadline(fake, tmp_path, capsys):
+    from bench import verify_findings as vf
+
+    vf.child("te-fused", tmp_path, tmp_path, deadline=0.0, device="cpu", only={"F6"})
+    rows = [json.loads(x) for x in (tmp_path / "verify.jsonl").read_text().splitlines()]
+    assert rows and all(r["label"] == "SKIPPED" and r["finding"] == "F6" for r in rows)
+    assert "F6" in vf.summarize(tmp_path) and "SKIPPED" in capsys.readouterr().out
+
+
+def test_verify_findings_records_a_lost_child(tmp_path, capsys):
+    """A group whose child died: the variation in flight is HANG/DIED, the ones after it NOT RUN, none dropped."""
+    from bench import verify_findings as vf
+
+    f6 = [v for v in vf.variations() if v.group == "te-fused" and v.finding == "F6"]
+    (tmp_path / "te-fused.inflight").write_text(json.dumps({"finding": "F6", "variation": f6[1].name}))
+    (tmp_path / "verify.jsonl").write_text(json.dumps({"finding": "F6", "variation": f6[0].name, "label": "FAIL",
+                                                       "group": "te-fused", "outcome": "as predicted"}) + "\n")
+    vf.record_lost(tmp_path, "te-fused", {"F6"}, "the te-fused child process exited -11")
+    rows = [json.loads(x) for x in (tmp_path / "verify.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows] == ["FAIL", "HANG/DIED"] + ["NOT RUN"] * (len(f6) - 2)
+    assert "exited -11" in rows[1]["note"] and not (tmp_path / "te-fused.inflight").exists()

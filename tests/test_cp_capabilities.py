@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.errors import InvalidArgument
 
-from fuzz.cp.capabilities import TE_COMM_TYPES, TE_KERNELS, ring_refusal, te_refusal
+from fuzz.cp.capabilities import (LSE_ALIGN, TE_COMM_TYPES, TE_KERNELS, ring_lse_align, ring_lse_padding_defect,
+                                   ring_refusal, te_refusal)
 from fuzz.cp.cases import cp_cases
 from fuzz.cp.ring import RingEngine
 from fuzz.cp.te import TEEngine
@@ -75,6 +76,10 @@ TE_CASE = Case(sq=8, skv=8, h=4, hk=2, d_qk=64, d_v=64, dtype="bfloat16")
     ("a2a", "fused", 2, {"window": (None, 3)}, "half-open band"),
     ("p2p", "fused", 4, {}, "p2p runs on 2 ranks"),
     ("p2p", "fused", 2, {"alibi_slopes": (0.5,) * 4}, "ALiBi"),
+    ("a2a", "fused", 2, {"softmax": "learnable", "layout": "thd", "seqlens_q": (8,), "seqlens_kv": (8,)},
+     "cuDNN < 9.18 (utils.py); cuDNN here is unknown"),
+    ("all_gather", "fused", 2, {"sq": 4, "skv": 4}, "one query and one key row per chunk"),
+    ("all_gather", "fused", 2, {"sq": 4, "skv": 4, "layout": "sbhd", "causal": True}, "one query and one key row"),
 ])
 def test_te_refusals_say_why(comm, kernel, world, changes, words):
     reason = te_refusal(TE_CASE.replace(**changes), comm, kernel, world)
@@ -82,13 +87,69 @@ def test_te_refusals_say_why(comm, kernel, world, changes, words):
 
 
 def test_te_table_accepts_what_te_documents():
+    thd_sink = TE_CASE.replace(softmax="learnable", layout="thd", seqlens_q=(8,), seqlens_kv=(8,))
+    assert te_refusal(thd_sink, "a2a", "fused", 2, cudnn=91800) is None          # cuDNN 9.18 takes it
+    assert "cuDNN here is 9.13.0" in te_refusal(thd_sink, "a2a", "fused", 2, cudnn=91300)
+    assert te_refusal(TE_CASE.replace(sq=4, skv=8), "all_gather", "fused", 2) is None   # ran on the H200
+    assert te_refusal(TE_CASE.replace(sq=4, skv=4), "all_gather", "flash", 2) is None
+    assert te_refusal(TE_CASE.replace(sq=4, skv=4, layout="thd", seqlens_q=(3,), seqlens_kv=(3,)),
+                      "all_gather", "fused", 2) is None
     assert te_refusal(TE_CASE.replace(causal=True), "p2p", "flash", 2) is None
     assert te_refusal(TE_CASE.replace(causal=True, window=(3, None)), "all_gather", "fused", 2) is None
     assert te_refusal(TE_CASE.replace(softmax="learnable"), "a2a", "fused", 2) is None
     assert te_refusal(TE_CASE.replace(sq=16, skv=16), "a2a+p2p", "fused", 4) is None
 
 
+@pytest.mark.parametrize("case, world, align, defect", [
+    (Case(sq=2, skv=2), 2, LSE_ALIGN, True),                       # the GPU crash: 1 row per rank
+    (Case(sq=64, skv=64), 2, LSE_ALIGN, False),                    # 32 rows per rank
+    (Case(sq=64, skv=64, causal=True), 2, LSE_ALIGN, True),        # load-balanced: the partial step takes 16 rows
+    (Case(sq=64, skv=64, causal=True, spelling="contiguous"), 2, LSE_ALIGN, False),
+    (Case(sq=128, skv=128, causal=True), 2, LSE_ALIGN, False),
+    (Case(sq=2, skv=2), 2, 1, False),                              # ops with an unpadded LSE
+])
+def test_ring_lse_padding_defect_boundaries(case, world, align, defect):
+    assert ring_lse_padding_defect(case, world, align) == defect
+
+
+def test_ring_lse_align_is_the_cuda_efficient_op_only():
+    assert ring_lse_align("cuda", "float32") == LSE_ALIGN
+    assert {ring_lse_align("cuda", "bfloat16"), ring_lse_align("cuda", "float16"), ring_lse_align("cpu", "float32")} \
+        == {1}
+
+
+def test_fp32_ring_on_cuda_is_drawn_clear_of_the_lse_padding_defect_and_long_lengths_are_reached():
+    engine = RingEngine("allgather", 2, "cuda")
+    drawn: list[Case] = []
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(case=cp_cases(engine))
+    def check(case):
+        assert not ring_lse_padding_defect(case, 2, ring_lse_align("cuda", case.dtype)), case
+        drawn.append(case)
+
+    check()
+    fp32 = [c for c in drawn if c.dtype == "float32"]
+    assert fp32 and {c.causal for c in fp32} == {True, False} and min(c.sq for c in fp32) == 64
+    assert any(c.sq >= 128 for c in drawn if c.dtype != "float32")  # long_units: a 128-token tile and more
+
+
+def test_te_draws_avoid_declared_refusals_and_reach_thd_sinks_with_new_cudnn():
+    drawn: list[Case] = []
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(case=cp_cases(TEEngine("a2a", "fused", cudnn=91800)))
+    def check(case):
+        assert te_refusal(case, "a2a", "fused", 2, cudnn=91800) is None
+        drawn.append(case)
+
+    check()
+    assert any(c.layout == "thd" and c.softmax != "vanilla" for c in drawn)
+
+
 @pytest.mark.parametrize("kwargs, words", [
+    ({"long_units": [32]}, "long_units=\\[32\\]"),
+    ({"long_units": (0,)}, "long_units=(0,)"),
     ({"dtypes": ("float64",)}, "dtypes=('float64',)"),
     ({"dtypes": ()}, "dtypes=()"),
     ({"max_units": 0}, "max_units=0"),

@@ -113,6 +113,14 @@ class MisbehavingEngine(CPEngine):
         return RankOutput(out=local.q.new_zeros(*local.q.shape[:3], case.d_v))
 
 
+@dataclass(frozen=True)
+class NoWholeRing(RingEngine):
+    """torch's ring, whose non-CP run (the second signal) raises."""
+
+    def run_whole(self, ctx, case, tensors) -> RankOutput:
+        raise RuntimeError("planted failure of the non-CP run")
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     with CPPool(2, timeout_s=30, grace_s=1.0, hang_dir=tmp_path_factory.mktemp("hangs")) as p:
@@ -147,6 +155,8 @@ def test_a_raising_rank_is_reported_and_the_pool_serves_the_next_case(pool):
     verdict = run_and_grade(CPBackend(MisbehavingEngine("raise"), pool=pool), CONTROL)
     assert verdict.status == V.CRASH
     assert "planted failure on rank 1" in verdict.message and "rank(s) [1] raised" in verdict.message
+    # what each rank raised comes first, so the 300-character head a case log keeps still says it
+    assert "rank 1: ValueError: planted failure on rank 1" in verdict.message[:300], verdict.message
     assert pool.restarts == restarts + 1  # rank 0 was left in the all-reduce
     everyone = run_and_grade(CPBackend(MisbehavingEngine("raise", bad_rank=-1), pool=pool), CONTROL)
     assert everyone.status == V.CRASH and pool.restarts == restarts + 1  # all ranks answered: no restart needed
@@ -178,3 +188,10 @@ def test_a_rank_killed_between_cases_is_replaced(pool):
     pool._procs[1].join(timeout=10)
     assert run_and_grade(CPBackend(RingEngine("allgather"), pool=pool), CONTROL).status == V.PASS
     assert pool.restarts == restarts + 1
+
+
+def test_a_failing_non_cp_run_leaves_the_graded_case_alone(pool):
+    backend = CPBackend(NoWholeRing("allgather"), pool=pool)
+    verdict = run_and_grade(backend, CONTROL)
+    assert verdict.status == V.PASS, verdict.message
+    assert backend.last_agreement is None and backend.last_nocp is None

@@ -4,14 +4,18 @@ One pool serves every test in this file (start-up is paid once)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 
 from fuzz.backends.cp import BACKENDS, CPBackend
+from fuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect
 from fuzz.cp.cases import cp_cases
 from fuzz.cp.outcome import run_and_grade
 from fuzz.cp.pool import CPPool
-from fuzz.cp.ring import RingEngine
+from fuzz.cp.ring import RingEngine, SdpaOps, sdpa_ops
 from oracles import verdict as V
 from oracles.grade import grade
 from strategies.case import Case
@@ -97,3 +101,42 @@ def test_registry_names_and_refusals():
     assert "window" in backend.unsupported(Case(sq=8, skv=8, window=(2, 2)))
     assert backend.spellings(Case(causal=True)) == ("", "head_tail", "contiguous")
     backend.close()  # never started: nothing to stop
+
+
+@dataclass(frozen=True)
+class PaddedLseRing(RingEngine):
+    """torch's ring on the CPU flash op whose LSE is padded to a multiple of 32 rows, as CUDA's memory-efficient op
+    returns it (ceil(s / 32) * 32; the padding rows hold garbage): the GPU's fp32 ring path, reproduced on gloo."""
+
+    def sdpa(self, device: torch.device, dtype: torch.dtype) -> SdpaOps:
+        base = sdpa_ops(device, dtype)
+
+        def fwd(q, k, v, **kwargs):
+            out, lse, *rest = base.fwd(q, k, v, **kwargs)
+            pad = -(-lse.shape[-1] // LSE_ALIGN) * LSE_ALIGN - lse.shape[-1]
+            return (out, torch.cat([lse, lse.new_full((*lse.shape[:-1], pad), 7.0)], dim=-1), *rest)
+
+        return SdpaOps(base.name, fwd, base.bwd, base.grad_out_name, LSE_ALIGN)
+
+
+@pytest.mark.parametrize("case, broken", [
+    (Case(sq=2, skv=2, seed=21), "returned 32 query rows for a shard of 1"),       # 1 row broadcast to 32
+    (Case(sq=4, skv=4, seed=22), "must match the size"),                          # 2 rows against 32: raises
+    (Case(sq=64, skv=64, causal=True, seed=23), "must match the size"),           # load-balanced: 16-row halves
+    (Case(sq=64, skv=64, h=2, seed=24), None),                                    # 32 rows per rank
+    (Case(sq=128, skv=128, causal=True, seed=25), None),                          # 64 rows, 32-row halves
+])
+def test_torch_ring_merge_keeps_a_padded_lse_and_the_adapter_names_it(pool, case, broken):
+    """The GPU's fp32 ring crashes (.gpu-findings/cp ring-* CRASH) came from the op's LSE padding, not from the
+    adapter's sharding: with the padding alone added to the CPU op, torch's ring fails exactly where
+    ring_lse_padding_defect says and passes the oracle everywhere else (what cp_cases draws on CUDA)."""
+    engine = PaddedLseRing("allgather")
+    assert ring_lse_padding_defect(case, 2, LSE_ALIGN) == (broken is not None)
+    verdict = run_and_grade(CPBackend(engine, "cpu", pool=pool), case)
+    if broken is None:
+        assert verdict.status == V.PASS, verdict.message
+    else:
+        assert verdict.status == V.CRASH and RING_LSE_PADDING in verdict.message and broken in verdict.message, \
+            verdict.message
+        plain = run_and_grade(CPBackend(RingEngine("allgather"), "cpu", pool=pool), case)
+        assert plain.status == V.PASS, plain.message  # the same case without the padding: the control

@@ -4,6 +4,7 @@ GPU runner only; see bench/cp_check.py.)"""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -21,9 +22,16 @@ from strategies.materialize import materialize
 NVTE = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 
 
-def make_fake_api(selects: str | None = None, refuse: bool = False) -> tuple[TEApi, list[dict]]:
+class FakeAttentionLogging:
+    """TE's AttentionLogging: the level TE's backend selection sets its logger to on every selection."""
+
+    _log_level = logging.WARNING
+
+
+def make_fake_api(selects: str | None = None, refuse: bool = False, logs: bool = True) -> tuple[TEApi, list[dict]]:
     """A fake TE whose DotProductAttention returns 2*q (so layouts can be checked) and records every call.
-    It selects the kernel the NVTE_* switches ask for, or `selects` when given."""
+    It selects the kernel the NVTE_* switches ask for, or `selects` when given. Refusing, it logs its reasons at
+    DEBUG the way TE 2.20.2's get_attention_backend does (logger level reset from AttentionLogging each time)."""
     calls: list[dict] = []
     state = {"backend_selection_requires_update": False}
 
@@ -38,6 +46,12 @@ def make_fake_api(selects: str | None = None, refuse: bool = False) -> tuple[TEA
 
         def __call__(self, q, k, v, **cu):
             if refuse:
+                logger = logging.getLogger("DotProductAttention")
+                logger.setLevel(FakeAttentionLogging._log_level)
+                logger.debug("Disabling FlashAttention due to NVTE_FLASH_ATTN=0")
+                for _ in range(2):  # one reason per per-step config: the refusal lists it once
+                    logger.debug("Disabling FusedAttention: %s%s", "planted reject message",
+                                 " (context-parallel per-step config {'max_seqlen_q': 1})")
                 raise ValueError("No dot product attention backend is available for the provided inputs.")
             calls.append({"init": self.init, "cp": getattr(self, "cp", None), "cu": cu,
                           "env": {n: os.environ.get(n) for n in NVTE},
@@ -51,7 +65,7 @@ def make_fake_api(selects: str | None = None, refuse: bool = False) -> tuple[TEA
             out = 2 * q + 0 * (k.sum() + v.sum())
             return out.reshape(*q.shape[:-2], -1)
 
-    return TEApi(FakeDPA, state, lambda: "stream", "fake-2.20.2"), calls
+    return TEApi(FakeDPA, state, lambda: "stream", "fake-2.20.2", FakeAttentionLogging if logs else None), calls
 
 
 class FakeContext(RankContext):
@@ -146,11 +160,38 @@ def test_a_kernel_other_than_the_forced_one_is_an_error(monkeypatch):
         run_all_ranks(TEEngine("p2p", "fused"), case, api, monkeypatch)
 
 
-def test_te_refusing_every_backend_is_unsupported(monkeypatch):
+def test_te_refusing_every_backend_is_unsupported_with_te_s_own_reason(monkeypatch, capsys):
     api, _ = make_fake_api(refuse=True)
     case = Case(sq=8, skv=8, h=2, d_qk=64, d_v=64, dtype="bfloat16", seed=8)
-    with pytest.raises(Unsupported, match="no backend for this case with fused forced"):
+    logger = logging.getLogger("DotProductAttention")
+    stderr_handler = logging.StreamHandler()  # TE's own handler: it must stay quiet
+    logger.addHandler(stderr_handler)
+    before = (logger.level, logger.propagate, stderr_handler.level, FakeAttentionLogging._log_level)
+    try:
+        with pytest.raises(Unsupported) as refused:
+            run_all_ranks(TEEngine("p2p", "fused"), case, api, monkeypatch)
+        after = (logger.level, logger.propagate, stderr_handler.level, FakeAttentionLogging._log_level)
+    finally:
+        logger.removeHandler(stderr_handler)
+    assert str(refused.value) == ("TE fake-2.20.2: no backend for this case with fused forced: Disabling "
+                                  "FusedAttention: planted reject message (a CP per-step config)")
+    assert after == before and capsys.readouterr().err == ""  # levels put back, nothing printed
+
+
+def test_without_te_s_logging_class_the_refusal_has_no_reasons(monkeypatch):
+    api, _ = make_fake_api(refuse=True, logs=False)
+    case = Case(sq=8, skv=8, h=2, d_qk=64, d_v=64, dtype="bfloat16", seed=8)
+    with pytest.raises(Unsupported, match="^TE fake-2.20.2: no backend for this case with fused forced$"):
         run_all_ranks(TEEngine("p2p", "fused"), case, api, monkeypatch)
+
+
+def test_table_off_lets_a_declared_refusal_reach_te(monkeypatch):
+    api, calls = make_fake_api()
+    case = Case(sq=4, skv=4, h=2, d_qk=64, d_v=64, dtype="bfloat16", seed=8)
+    assert TEEngine("all_gather", "fused").unsupported(case) is not None
+    assert TEEngine("all_gather", "fused", table=False).unsupported(case) is None
+    run_all_ranks(TEEngine("all_gather", "fused", table=False), case, api, monkeypatch)
+    assert len(calls) == 2
 
 
 def test_unsupported_cases_never_reach_te(monkeypatch):

@@ -15,7 +15,7 @@ from fuzz.backends.base import Backend, Unsupported
 from fuzz.cp.agreement import Agreement, cp_vs_nocp
 from fuzz.cp.capabilities import TE_COMM_TYPES, TE_KERNELS
 from fuzz.cp.engine import CPEngine
-from fuzz.cp.outcome import CollectiveHang, RankCrash
+from fuzz.cp.outcome import CollectiveHang, RankCrash, crash_message
 from fuzz.cp.pool import ERROR, HANG, OK, UNSUPPORTED, CPPool
 from fuzz.cp.ring import RingEngine
 from fuzz.cp.te import TEEngine
@@ -85,8 +85,7 @@ class CPBackend(Backend):
         if result.status == HANG:
             raise CollectiveHang(result.message, result.saved)
         if result.status == ERROR:
-            detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(result.rank_errors.items()))
-            raise RankCrash(f"{self.name}: {result.message}\n{detail}".rstrip())
+            raise RankCrash(crash_message(self.name, result.message, result.rank_errors))
         assert result.status == OK and result.output is not None
         output = result.output
         if result.whole is not None:
@@ -116,8 +115,16 @@ def _ring(rotate: str):
     return lambda device: CPBackend(RingEngine(rotate, 2, "cuda" if device.startswith("cuda") else "cpu"), device)
 
 
+def cudnn_version(device: str) -> int | None:
+    """The cuDNN version torch loads on CUDA (TE loads the same library on the runner), e.g. 91800; None on CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+    return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+
+
 def _te(comm: str, kernel: str):
-    return lambda device: CPBackend(TEEngine(comm, kernel, TE_COMM_TYPES[comm]), device)
+    return lambda device: CPBackend(TEEngine(comm, kernel, TE_COMM_TYPES[comm], cudnn=cudnn_version(device)), device)
 
 
 BACKENDS = {"ring-allgather": _ring("allgather"), "ring-alltoall": _ring("alltoall"),

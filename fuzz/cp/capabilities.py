@@ -19,7 +19,14 @@ where TE states it. "flash" is the FlashAttention TE picks; on the GPU runner th
 Common to all: fp16/bf16; bshd/sbhd take no padding (no_mask / causal only), thd takes padding / padding_causal;
 causal only for self-attention (sq == skv); causal_bottom_right refused (the adapter spells bottom-right as causal
 when sq == skv, where the two coincide); no ALiBi, no arbitrary mask, no softcap; FlashAttention takes no sbhd and
-no padding between thd sequences.
+no padding between thd sequences. FusedAttention: off-by-one / learnable softmax with thd needs cuDNN >= 9.18
+(utils.py, "Filter: Softmax type"); all_gather over bshd/sbhd with sq = skv = 2*cp (one query and one key row per
+chunk): TE 2.20.2 found no FusedAttention for its per-step configs on the H200 runner (16 of 16; sq = 4 with skv = 8
+or 12 ran), reason not yet read from TE's log (bench/verify_cp.py prints it).
+
+Known defects are not refusals: the cases run (and replay) as they are, and the strategy only avoids drawing the
+torch one, which would otherwise end every fp32 ring run at its first example. They are written down here so the
+table and the triage say the same thing (.gpu-findings/cp, bench/verify_cp.py).
 """
 
 from __future__ import annotations
@@ -30,6 +37,26 @@ from strategies.case import Case
 TE_COMM_TYPES = {"p2p": 2, "all_gather": 2, "a2a": 2, "a2a+p2p": 4}  # comm type -> ranks it runs on here
 TE_KERNELS = ("fused", "flash")
 TE_HEAD_DIMS = (64, 128)
+CUDNN_THD_SINKS = 91800  # cuDNN 9.18, as torch.backends.cudnn.version() spells it
+LSE_ALIGN = 32           # rows to which CUDA's memory-efficient SDPA op pads its LSE (ceil(s / 32) * 32)
+
+RING_LSE_PADDING = "torch ring merge kept the memory-efficient op's LSE padding"
+RING_LSE_PADDING_WHY = (
+    "torch's ring merge (_SDPAMerger) takes the op's LSE to hold one entry per query row, but CUDA's memory-"
+    "efficient SDPA op (the ring's op for fp32 on CUDA) pads it to a multiple of 32 rows: a shard whose query rows "
+    "(half of them when load-balanced) are not a multiple of 32 is broadcast to 32 rows, or raises. torch's public "
+    "context_parallel makes the same call (_scaled_dot_product_ring_efficient_attention).")
+TE_DEFECTS = {
+    "fa4_window_sentinel": "TE 2.20.2 passes FlashAttention 4 window_size (-1, 0) for causal; FA4 >= #2490 reads -1 as "
+                           "a bound, so the band is empty: all-zero output (a2a, all_gather, non-CP), or only the "
+                           "off-diagonal tiles of p2p's ring (p2p resets those to (-1, -1)).",
+    "p2p_empty_kv_step": "TE 2.20.2 p2p + FusedAttention + thd: a step whose KV holds no valid token of a sequence "
+                         "(a length-1 sequence under cp=2) returns LSE 0, not -inf, and the merge weighs it in: "
+                         "out = out_true * sigmoid(lse_true).",
+    "all_gather_swa_alignment": "TE 2.20.2 all_gather + FusedAttention, non-causal sliding window: the per-step window "
+                                "is adjusted for bottom-right alignment (get_kv_seq_info_after_all_gather) but "
+                                "fused_attn_fwd gets no bottom_right_diagonal and aligns no_mask / padding top-left.",
+}
 
 
 def a2a_ranks(comm_type: str, cp: int) -> int:
@@ -78,6 +105,21 @@ def ring_refusal(case: Case, world: int, device: str = "cpu") -> str | None:
     )
 
 
+def ring_lse_align(device: str, dtype: str) -> int:
+    """Rows to which the LSE of the ring's SDPA op is padded: 32 for CUDA's memory-efficient op (fp32), else 1."""
+    return LSE_ALIGN if device == "cuda" and dtype == "float32" else 1
+
+
+def ring_lse_padding_defect(case: Case, world: int, align: int) -> bool:
+    """Whether torch's ring runs the case into RING_LSE_PADDING_WHY with an op whose LSE is padded to `align` rows:
+    per-rank query rows not a multiple of `align` (of 2 * align when load-balanced, whose partial steps take half
+    the rows)."""
+    if align <= 1:
+        return False
+    lb = case.spelling == "head_tail" or (case.spelling == "" and case.causal)
+    return (case.sq // world) % (2 * align if lb else align) != 0
+
+
 FA4_NO_A2A_P2P = ("TE disables FlashAttention 4 for cp_comm_type a2a+p2p (utils.py: fa4_cp_supported), the only "
                   "FlashAttention on the runner")
 
@@ -87,9 +129,14 @@ def te_refuses_all(comm_type: str, kernel: str) -> str | None:
     return FA4_NO_A2A_P2P if (comm_type, kernel) == ("a2a+p2p", "flash") else None
 
 
-def te_refusal(case: Case, comm_type: str, kernel: str, world: int) -> str | None:
+def _cudnn_text(cudnn: int | None) -> str:
+    return "unknown" if cudnn is None else f"{cudnn // 10000}.{cudnn // 100 % 100}.{cudnn % 100}"
+
+
+def te_refusal(case: Case, comm_type: str, kernel: str, world: int, cudnn: int | None = None) -> str | None:
     """Why TE 2.20.2's DotProductAttention with `cp_comm_type=comm_type`, forced to `kernel` ("fused" or "flash"),
-    over `world` ranks cannot take the case (None: it can)."""
+    over `world` ranks cannot take the case (None: it can). `cudnn` is the cuDNN version TE runs with
+    (torch.backends.cudnn.version() spelling; None: unknown, taken as older than 9.18)."""
     if comm_type not in TE_COMM_TYPES:
         return f"cp_comm_type={comm_type!r} is not one of {tuple(TE_COMM_TYPES)}"
     if kernel not in TE_KERNELS:
@@ -122,6 +169,13 @@ def te_refusal(case: Case, comm_type: str, kernel: str, world: int) -> str | Non
          f"softmax={case.softmax!r} under CP needs cp_comm_type='a2a' and FusedAttention (TE: 'Context "
          f"parallelism only supports softmax_type with cp_comm_type = a2a' / FusedAttention)"),
         (te_refuses_all(comm_type, kernel) is not None, te_refuses_all(comm_type, kernel) or ""),
+        (kernel == "fused" and case.layout == "thd" and case.softmax != "vanilla"
+         and (cudnn is None or cudnn < CUDNN_THD_SINKS),
+         f"softmax={case.softmax!r} with thd: TE disables FusedAttention for softmax_type != vanilla with thd on "
+         f"cuDNN < 9.18 (utils.py); cuDNN here is {_cudnn_text(cudnn)}"),
+        (comm_type == "all_gather" and kernel == "fused" and case.layout != "thd" and case.sq == case.skv == 2 * cp,
+         f"all_gather with FusedAttention over {case.layout}: sq=skv={case.sq} leaves one query and one key row per "
+         f"chunk, and TE 2.20.2 found no FusedAttention for that per-step config on the H200 runner (16 of 16)"),
         (kernel == "flash" and case.layout == "sbhd", "TE: 'Context parallelism does not support FlashAttention "
                                                       "backend with qkv_format = sbhd'"),
         (kernel == "flash" and case.layout == "thd" and any(n % (2 * cp) for n in lens),

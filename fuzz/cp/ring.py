@@ -9,6 +9,10 @@ Spellings (case.spelling): "head_tail" runs with torch's load balancing on (shar
 "contiguous" with it off; "" is torch's default (on for causal, off otherwise, since torch refuses load balancing
 for non-causal attention). Both spellings must agree with the oracle.
 
+fp32 on CUDA: the memory-efficient op pads its LSE to a multiple of 32 rows and torch's ring merge does not cut the
+padding off (fuzz/cp/capabilities.py, RING_LSE_PADDING_WHY); a shard that runs into it is reported as that torch
+defect by name rather than as a gather error, and cp_cases draws fp32 CUDA lengths clear of it.
+
 GQA: the CPU flash op takes grouped KV heads itself (query head i reads KV head i // (h / hk)), so on CPU the ring
 rotates the hk KV heads as they are. The CUDA ops refuse grouped heads, so there the engine repeats KV head j for
 query heads j*g..(j+1)*g-1 before the ring and sums dK / dV over each group after it (written in `ran`).
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from fuzz.backends.base import Unsupported
-from fuzz.cp.capabilities import ring_refusal
+from fuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect, ring_refusal
 from fuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
 from strategies.case import Case
 from strategies.materialize import Tensors
@@ -69,6 +73,7 @@ class SdpaOps:
     fwd: object
     bwd: object
     grad_out_name: str
+    lse_align: int = 1  # the op pads its LSE to a multiple of this many rows
 
     def fwd_kwargs(self, scale: float) -> dict:
         if self.name == "flash_cpu":
@@ -99,7 +104,7 @@ def sdpa_ops(device: torch.device, dtype: torch.dtype) -> SdpaOps:
                        aten._scaled_dot_product_flash_attention_backward.default, "grad_out")
     if dtype == torch.float32:
         return SdpaOps("efficient", aten._scaled_dot_product_efficient_attention.default,
-                       aten._scaled_dot_product_efficient_attention_backward.default, "grad_out_")
+                       aten._scaled_dot_product_efficient_attention_backward.default, "grad_out_", LSE_ALIGN)
     raise Unsupported(f"ring attention on CUDA: no SDPA op with an LSE takes dtype {dtype}")
 
 
@@ -148,6 +153,10 @@ class RingEngine(CPEngine):
     def unsupported(self, case: Case) -> str | None:
         return ring_refusal(case, self.world, self.device)
 
+    def sdpa(self, device: torch.device, dtype: torch.dtype) -> SdpaOps:
+        """The SDPA op pair the ring calls on this device and dtype."""
+        return sdpa_ops(device, dtype)
+
     def _describe(self, case: Case, ops: SdpaOps, expand: bool) -> str:
         lb = "on" if self.load_balanced(case) else "off"
         gqa = f", KV heads repeated x{case.h // case.hk} by the adapter" if expand else ""
@@ -160,11 +169,20 @@ class RingEngine(CPEngine):
         mod = ring_module()
         expand = expands_kv(case, ctx.device)
         q, k, v = to_heads_major(case, local.q, local.k, local.v, expand)
-        ops = sdpa_ops(q.device, q.dtype)
+        ops = self.sdpa(q.device, q.dtype)
         scale = case.softmax_scale
+        defect = ring_lse_padding_defect(case, self.world, ops.lse_align)
         with ring_options(mod, self.rotate, self.load_balanced(case)):
-            out, lse, *rest = mod._templated_ring_attention(ctx.group, 2, ops.fwd, q, k, v, is_causal=case.causal,
-                                                            **ops.fwd_kwargs(scale))
+            try:
+                out, lse, *rest = mod._templated_ring_attention(ctx.group, 2, ops.fwd, q, k, v,
+                                                                is_causal=case.causal, **ops.fwd_kwargs(scale))
+            except RuntimeError as e:
+                if defect:
+                    raise RuntimeError(f"{RING_LSE_PADDING} ({q.shape[2]} query rows on this rank): {e}") from e
+                raise
+            if out.shape[2] != q.shape[2]:
+                raise RuntimeError(f"{RING_LSE_PADDING if defect else 'torch ring attention'}: it returned "
+                                   f"{out.shape[2]} query rows for a shard of {q.shape[2]}")
             grads = None
             if case.grads:
                 dout = local.dout.transpose(1, 2).contiguous()
@@ -182,6 +200,6 @@ class RingEngine(CPEngine):
     def run_whole(self, ctx: RankContext, case: Case, tensors: Tensors) -> RankOutput:
         """The same SDPA op on the whole sequence, no ring: the non-CP side of the second signal."""
         q, k, v = to_heads_major(case, tensors.q, tensors.k, tensors.v, expands_kv(case, ctx.device))
-        ops = sdpa_ops(q.device, q.dtype)
+        ops = self.sdpa(q.device, q.dtype)
         out, lse, *_ = ops.fwd(q, k, v, is_causal=case.causal, **ops.fwd_kwargs(case.softmax_scale))
         return RankOutput(out=out.transpose(1, 2), lse=lse[..., :q.shape[2]], ran=f"{ops.name} without ring")

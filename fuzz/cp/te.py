@@ -5,13 +5,18 @@ The translation from a Case to TE's spelling (`translate`) is a pure function, a
 through a `TEApi` loaded by name, so the whole path runs on CPU against a fake TE module in the tests. The only
 environment variables touched are TE's backend switches (NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN),
 set in `forced_kernel` and nowhere else.
+
+When TE finds no backend, the refusal quotes TE's own reasons: its backend selection logs them ("Disabling
+FusedAttention: ...") at DEBUG, which `selection_log` collects for the one call without printing them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -86,13 +91,66 @@ def forced_kernel(env: dict[str, str], backends_state: dict):
 
 @dataclass
 class TEApi:
-    """What the engine needs from TE: the module class, TE's backend-selection cache, a CUDA stream maker, and
-    the version."""
+    """What the engine needs from TE: the module class, TE's backend-selection cache, a CUDA stream maker, the
+    version, and TE's AttentionLogging class (whose `_log_level` TE's selection reads; None: no reasons)."""
 
     DotProductAttention: type
     backends_state: dict
     stream: object
     version: str
+    attention_logging: object | None = None
+
+
+TE_LOGGER = "DotProductAttention"
+NO_BACKEND = "No dot product attention backend is available"
+
+
+class _Collect(logging.Handler):
+    def __init__(self, records: list[str]):
+        super().__init__(logging.DEBUG)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def selection_log(attention_logging):
+    """Collect the messages TE's backend selection logs during the block (a list, filled as it goes). TE sets its
+    logger's level from `AttentionLogging._log_level` on every selection, so that is lowered to DEBUG for the block;
+    TE's own handlers are held at WARNING and propagation is off, so nothing is printed."""
+    records: list[str] = []
+    if attention_logging is None:
+        yield records
+        return
+    logger = logging.getLogger(TE_LOGGER)
+    saved = (attention_logging._log_level, logger.level, logger.propagate, [(h, h.level) for h in logger.handlers])
+    handler = _Collect(records)
+    for h in logger.handlers:
+        h.setLevel(max(h.level, logging.WARNING))
+    attention_logging._log_level, logger.propagate = logging.DEBUG, False
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        attention_logging._log_level, level, logger.propagate, handlers = saved
+        logger.setLevel(level)
+        for h, lvl in handlers:
+            h.setLevel(lvl)
+
+
+def refusal_reasons(records: list[str], kernel: str) -> str:
+    """TE's reasons for disabling the forced kernel (its own NVTE_* switches left out), deduplicated, with the
+    per-step config dicts cut short."""
+    want = {"fused": "Disabling FusedAttention", "flash": "Disabling FlashAttention"}[kernel]
+    seen: list[str] = []
+    for msg in records:
+        if msg.startswith(want) and "NVTE_" not in msg:
+            msg = re.sub(r" \(context-parallel per-step config \{.*\}\)", " (a CP per-step config)", msg)
+            if msg not in seen:
+                seen.append(msg)
+    return "; ".join(seen)
 
 
 def real_te_api() -> TEApi:
@@ -102,8 +160,12 @@ def real_te_api() -> TEApi:
         from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention as dpa_mod
     except ImportError as e:
         raise Unsupported(f"TransformerEngine is not importable here ({e}); see shared/gpu/README.md") from None
+    try:
+        from transformer_engine.pytorch.attention.dot_product_attention.utils import AttentionLogging
+    except ImportError:
+        AttentionLogging = None
     return TEApi(te.DotProductAttention, dpa_mod._attention_backends, torch.cuda.Stream,
-                 getattr(transformer_engine, "__version__", "?"))
+                 getattr(transformer_engine, "__version__", "?"), AttentionLogging)
 
 
 def load_api(spec: str) -> TEApi:
@@ -139,12 +201,16 @@ def from_te(case: Case, y: torch.Tensor, heads: int, packed: bool) -> torch.Tens
 
 @dataclass(frozen=True)
 class TEEngine(CPEngine):
-    """TE DotProductAttention with cp_comm_type=`comm_type`, forced to `kernel` ("fused" or "flash")."""
+    """TE DotProductAttention with cp_comm_type=`comm_type`, forced to `kernel` ("fused" or "flash"). `cudnn` is
+    the cuDNN version TE runs with (torch's spelling, e.g. 91800; None: unknown); `table=False` lets every case
+    through to TE (bench/verify_cp.py uses it to read TE's own reason for a refusal the table declares)."""
 
     comm_type: str = "p2p"
     kernel: str = "fused"
     world: int = 2
     api: str = "fuzz.cp.te:real_te_api"
+    cudnn: int | None = None
+    table: bool = True
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -154,7 +220,7 @@ class TEEngine(CPEngine):
         return "dual_chunk"
 
     def unsupported(self, case: Case) -> str | None:
-        return te_refusal(case, self.comm_type, self.kernel, self.world)
+        return te_refusal(case, self.comm_type, self.kernel, self.world, self.cudnn) if self.table else None
 
     def cp_group(self, ctx: RankContext):
         if self.comm_type == "a2a+p2p":
@@ -173,8 +239,15 @@ class TEEngine(CPEngine):
     def _forward(self, api, call, dpa, case, q, k, v, dout, packed, device) -> RankOutput:
         cu = {name: torch.tensor(vals, dtype=torch.int32, device=device) for name, vals in call.cu_seqlens.items()}
         q, k, v = (to_te(case, x, packed).requires_grad_(case.grads) for x in (q, k, v))
-        with forced_kernel(call.env, api.backends_state):
-            out = dpa(q, k, v, **cu)
+        with forced_kernel(call.env, api.backends_state), selection_log(api.attention_logging) as log:
+            try:
+                out = dpa(q, k, v, **cu)
+            except ValueError as e:
+                if NO_BACKEND not in str(e):
+                    raise
+                why = refusal_reasons(log, self.kernel)
+                raise Unsupported(f"TE {api.version}: no backend for this case with {self.kernel} forced"
+                                  + (f": {why}" if why else "")) from None
             ran = ran_kernel(api.backends_state)
             if case.grads:
                 out.backward(to_te(case, dout, packed).reshape(out.shape))
@@ -200,13 +273,7 @@ class TEEngine(CPEngine):
         call = translate(case, self.kernel, ctx.world)
         dpa = self._module(api, call, case, ctx.device, local.whole.sink)
         dpa.set_context_parallel_group(self.cp_group(ctx), list(range(ctx.world)), api.stream(), self.comm_type)
-        try:
-            result = self._forward(api, call, dpa, case, local.q, local.k, local.v, local.dout, local.packed,
-                                   ctx.device)
-        except ValueError as e:
-            if "No dot product attention backend is available" in str(e):
-                raise Unsupported(f"TE {api.version}: no backend for this case with {self.kernel} forced") from None
-            raise
+        result = self._forward(api, call, dpa, case, local.q, local.k, local.v, local.dout, local.packed, ctx.device)
         self._check_ran(result.ran)
         result.ran = f"TE {api.version} cp_comm_type={self.comm_type} {result.ran}"
         return result

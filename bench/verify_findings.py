@@ -102,19 +102,12 @@ def _graded(case: Case, tensors, output, family: str, device: str) -> tuple[str,
 
 
 def _zero_rows(dq, tensors, case: Case) -> str:
+    """The query rows whose dq is exactly 0 where the oracle's is not, as 'count rows, first..last'."""
     from oracles.reference import reference
 
     ref = reference(case, tensors, device=dq.device).dq
-    zero = (dq.abs().amax(dim=(2, 3)) == 0) & (ref.abs().amax(dim=(2, 3)) > 0)
-    rows = [int(r) for r in zero.any(0).nonzero().flatten()]
-    if not rows:
-        return "none"
-    runs, start = [], rows[0]
-    for prev, cur in zip(rows, rows[1:] + [None]):
-        if cur != prev + 1:
-            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = cur
-    return ",".join(runs) + f" of {case.sq}"
+    rows = ((dq.abs().amax(dim=(2, 3)) == 0) & (ref.abs().amax(dim=(2, 3)) > 0)).any(0).nonzero().flatten().tolist()
+    return f"{len(rows)} rows, {rows[0]}..{rows[-1]} of {case.sq}" if rows else "none"
 
 
 def adapter(name: str, *, contiguous: bool = False, bypass_rules: bool = False, record: bool = False,

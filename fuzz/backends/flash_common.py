@@ -39,7 +39,8 @@ def bottom_right_band(case: Case) -> tuple[Bounds | None, str | None]:
     shifted = (None if left is None else left + d, None if right is None else right - d)
     if any(b is not None and b < 0 for b in shifted):
         return None, (f"top-left band (left={left}, right={right}) with skv - sq = {d} needs the bottom-right "
-                      f"window {shifted}, and flash-attn has no negative bounds")
+                      f"window {shifted}, and flash-attn documents no negative bounds (FA2/FA3 read one as "
+                      f"unbounded)")
     return shifted, None
 
 

@@ -25,7 +25,10 @@ def main() -> None:
     p.add_argument("--backend", default="sdpa-math")
     p.add_argument("--examples", type=int, default=500)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads, as the CLI's --threads")
     args = p.parse_args()
+    import torch
+    torch.set_num_threads(args.threads)
     backend = get(args.backend, args.device)
     spent = {"backend": 0.0, "oracle": 0.0}
     run, of = backend.run, grade_module.Oracle.of
@@ -59,6 +62,8 @@ def main() -> None:
     print(f"  time: backend {spent['backend']:.2f}s, oracle+grade {spent['oracle']:.2f}s, fuzzer and the rest "
           f"{other:.2f}s; ratio fuzzer total / (backend + oracle) = "
           f"{tally.seconds / max(spent['backend'] + spent['oracle'], 1e-9):.2f}; findings {len(findings)}")
+    for f in findings:
+        print(f"  {f.verdict.label}: {f.verdict.message}\n    {f.case!r}")
 
 
 if __name__ == "__main__":

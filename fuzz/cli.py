@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--corpus", type=Path, default=Path("corpus"), help="where findings are saved (default corpus)")
     run.add_argument("--profile", default="quick", help=f"one of {', '.join(PROFILES)} (default quick)")
     run.add_argument("--max-len", type=int, help="longest sequence drawn (default 160)")
+    run.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: small cases are "
+                     "latency-bound, and intra-op threads cost 8x under load)")
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
@@ -129,6 +131,10 @@ def _recover_inflight(directory: Path, backend) -> list[Path]:
 
 def cmd_run(args) -> int:
     _check_device(args.device)
+    if args.threads < 1:
+        raise UsageError(f"--threads={args.threads}: give 1 or more")
+    import torch
+    torch.set_num_threads(args.threads)
     settings = profile(args.profile, max_examples=args.max_examples)
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space(max_len=args.max_len) if args.max_len else Space()

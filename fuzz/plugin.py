@@ -37,11 +37,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--max-examples", type=int, default=None, dest="attnfuzz_max_examples",
                     help="examples per backend, overriding the profile")
     group.addoption("--fuzz-seed", type=int, default=None, dest="attnfuzz_seed", help="Hypothesis seed")
+    group.addoption("--threads", type=int, default=1, dest="attnfuzz_threads",
+                    help="torch CPU threads (default 1: small cases are latency-bound; intra-op threads cost 8x "
+                         "under load)")
     group.addoption("--corpus", default="corpus", dest="attnfuzz_corpus",
                     help="folder where findings are saved and from which `pytest corpus` replays (default corpus)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    threads = config.getoption("attnfuzz_threads")
+    if threads < 1:
+        raise pytest.UsageError(f"--threads={threads}: give 1 or more")
+    import torch
+    torch.set_num_threads(threads)
     config.stash[_OPTIONS] = Options(
         backends=tuple(config.getoption("attnfuzz_backends")), device=config.getoption("attnfuzz_device"),
         profile=config.getoption("attnfuzz_profile"), max_examples=config.getoption("attnfuzz_max_examples"),

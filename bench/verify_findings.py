@@ -9,7 +9,8 @@ padding-mask conventions, the adapter's capability rules bypassed so the library
 graded against the float64 oracle (oracles.grade). One line per variation: finding, group, variation, verdict label,
 ratio, whether it came out as predicted, what ran. Variations run in one child process per group (te-unfused,
 te-fused, te-flash, fa4), so a CUDA fault in one group cannot stop the others; every exception is recorded, never
-raised; a group past its share of the budget skips what is left. Writes DIR/verify.jsonl and DIR/summary.txt.
+raised; a group past its share of the budget (the whole, less what the groups after it reserve) skips what is left.
+Writes DIR/verify.jsonl and DIR/summary.txt.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from strategies.case import Case  # noqa: E402
 
 GROUPS = ("te-unfused", "te-fused", "te-flash", "fa4")       # run order; fa4 compiles most, it goes last
-WEIGHTS = {"te-unfused": 1.0, "te-fused": 1.0, "te-flash": 1.5, "fa4": 3.0}
+RESERVE_S = {"te-unfused": 25, "te-fused": 20, "te-flash": 45, "fa4": 90}   # kept for each group still to run
 GRACE_S = 30          # past a group's share before a silent child is killed...
 HARD_MARGIN_S = 15    # ...but never later than this past the whole budget (the run stays under 4 minutes)
 TE_BACKENDS = "transformer_engine.pytorch.attention.dot_product_attention.backends"
@@ -441,7 +442,8 @@ def summarize(out: Path) -> str:
         hits = sum(r["outcome"] == "as predicted" for r in mine)
         predicted = sum(r["outcome"] not in ("", "(no prediction)", "not run") for r in mine)
         text.append(f"== {finding}: {HEADLINES.get(finding, '')}")
-        text.append(f"   {hits} of {predicted} predictions held" if predicted else "   no predictions")
+        not_run = sum(r["outcome"] == "not run" for r in mine)
+        text.append(f"   {hits} of {predicted} predictions held" + (f", {not_run} not run" if not_run else ""))
         text += ["   " + line(r) for r in mine]
     return "\n".join(text)
 
@@ -468,8 +470,7 @@ def main() -> None:
     end = time.time() + args.budget_s
     groups = [g for g in GROUPS if any(v.group == g and (not only or v.finding in only) for v in variations())]
     for i, group in enumerate(groups):
-        share = (end - time.time()) * WEIGHTS[group] / sum(WEIGHTS[g] for g in groups[i:])
-        deadline = time.time() + max(share, 0.0)
+        deadline = max(end - sum(RESERVE_S[g] for g in groups[i + 1:]), time.time() + 10.0)
         cmd = [sys.executable, __file__, "--child", group, "--findings", str(args.findings), "--out", str(args.out),
                "--deadline", str(deadline), "--device", args.device, "--only", args.only]
         try:

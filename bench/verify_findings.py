@@ -3,14 +3,14 @@
     python3 bench/verify_findings.py --findings .gpu-findings/single/corpus --out DIR [--only F5,F6] [--budget-s 210]
 
 For each finding the first run's shrunk case (built in, and checked against its corpus file in --findings: a
-missing or different file is reported on the line) is run as-is and with the variations that tell the two apart: the same values made contiguous, FA4 called directly next to TE's call of it,
-the other diagonal alignment where it changes nothing in the math, TE's own mask helpers probed directly, both
-padding-mask conventions, the adapter's capability rules bypassed so the library's own refusal shows. Every run is
-graded against the float64 oracle (oracles.grade). One line per variation: finding, group, variation, verdict label,
-ratio, whether it came out as predicted, what ran. Variations run in one child process per group (te-unfused,
-te-fused, te-flash, fa4), so a CUDA fault in one group cannot stop the others; every exception is recorded, never
-raised; a group past its share of the budget (the whole, less what the groups after it reserve) skips what is left.
-Writes DIR/verify.jsonl and DIR/summary.txt.
+missing or different file is reported on the line) runs as-is and with the variations that tell the two apart: the
+same values made contiguous, FA4 called directly next to TE's call of it, the other diagonal alignment where it
+changes nothing in the math, TE's own mask helpers probed directly, both padding-mask conventions, the adapter's
+capability rules bypassed so the library's own refusal shows. Every run is graded against the float64 oracle
+(oracles.grade). One line per variation: finding, group, variation, verdict label, ratio, whether it came out as
+predicted, what ran. Variations run in one child process per group (te-unfused, te-fused, te-flash, fa4), so a CUDA
+fault in one group cannot stop the others; every exception is recorded, never raised; a group past its share of the
+budget (the whole, less what the groups after it reserve) skips what is left. Writes DIR/verify.jsonl and DIR/summary.txt.
 """
 
 from __future__ import annotations

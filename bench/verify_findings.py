@@ -10,7 +10,8 @@ capability rules bypassed so the library's own refusal shows. Every run is grade
 (oracles.grade). One line per variation: finding, group, variation, verdict label, ratio, whether it came out as
 predicted, what ran. Variations run in one child process per group (te-unfused, te-fused, te-flash, fa4), so a CUDA
 fault in one group cannot stop the others; every exception is recorded, never raised; a group past its share of the
-budget (the whole, less what the groups after it reserve) skips what is left. Writes DIR/verify.jsonl and DIR/summary.txt.
+budget (the whole, less what the groups after it reserve) skips what is left. Writes DIR/verify.jsonl and
+DIR/summary.txt.
 """
 
 from __future__ import annotations

@@ -25,25 +25,27 @@ from strategies.space import Space
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 GQA = dict(h=4, hk=2)
 
+# (case, run every spelling): each new structure costs flex's eager path a trace (~0.3 s), so the spelling product
+# runs on the cases that have both spelling axes or a mask of each kind.
 CASES = [
-    Case(),
-    Case(sq=1, skv=1),
-    Case(sq=12, skv=20, causal=True),
-    Case(sq=20, skv=12, causal=True, alignment="bottom_right"),                     # rows that see no key
-    Case(sq=16, skv=24, window=(3, 2), dtype="bfloat16", **GQA),
-    Case(sq=10, skv=14, window=(None, 2), alignment="bottom_right", dtype="float16"),
-    Case(b=2, sq=16, skv=16, seqlens_q=(5, 16), seqlens_kv=(16, 0), causal=True),
-    Case(b=2, sq=12, skv=20, h=2, seqlens_q=(12, 3), seqlens_kv=(7, 20), window=(2, 1), alignment="bottom_right",
-         alibi_slopes=(0.5, 0.25), softcap=5.0),
-    Case(sq=16, skv=16, mask_density=0.5, alibi_slopes=(0.5,)),
-    Case(sq=16, skv=20, layout="sbhd", memory="transposed", softcap=0.5, **GQA),
-    Case(sq=16, skv=16, memory="expanded_kv", dtype="float16", **GQA),
-    Case(sq=8, skv=12, d_qk=16, d_v=8, dtype="float64", scale=0.7),
-    Case(b=3, sq=16, skv=16, seqlens_q=(5, 16, 0), seqlens_kv=(16, 0, 3), layout="thd"),       # document masking
-    Case(b=3, sq=16, skv=20, seqlens_q=(5, 16, 2), seqlens_kv=(16, 4, 20), layout="thd", causal=True,
-         alignment="bottom_right", dtype="bfloat16", **GQA),
-    Case(b=2, sq=12, skv=12, h=2, seqlens_q=(7, 12), seqlens_kv=(12, 9), layout="thd", window=(2, 1),
-         mask_density=0.6, alibi_slopes=(0.5, 0.125), softcap=5.0),
+    (Case(), False),
+    (Case(sq=1, skv=1), False),
+    (Case(sq=12, skv=20, causal=True), True),
+    (Case(sq=20, skv=12, causal=True, alignment="bottom_right"), False),             # rows that see no key
+    (Case(sq=16, skv=24, window=(3, 2), dtype="bfloat16", **GQA), True),
+    (Case(sq=10, skv=14, window=(None, 2), alignment="bottom_right", dtype="float16"), False),
+    (Case(b=2, sq=16, skv=16, seqlens_q=(5, 16), seqlens_kv=(16, 0), causal=True), False),
+    (Case(b=2, sq=12, skv=20, h=2, seqlens_q=(12, 3), seqlens_kv=(7, 20), window=(2, 1), alignment="bottom_right",
+          alibi_slopes=(0.5, 0.25), softcap=5.0), True),
+    (Case(sq=16, skv=16, mask_density=0.5, alibi_slopes=(0.5,)), True),
+    (Case(sq=16, skv=20, layout="sbhd", memory="transposed", softcap=0.5, **GQA), False),
+    (Case(sq=16, skv=16, memory="expanded_kv", dtype="float16", **GQA), False),
+    (Case(sq=8, skv=12, d_qk=16, d_v=8, dtype="float64", scale=0.7), False),
+    (Case(b=3, sq=16, skv=16, seqlens_q=(5, 16, 0), seqlens_kv=(16, 0, 3), layout="thd"), False),   # documents
+    (Case(b=3, sq=16, skv=20, seqlens_q=(5, 16, 2), seqlens_kv=(16, 4, 20), layout="thd", causal=True,
+          alignment="bottom_right", dtype="bfloat16", **GQA), True),
+    (Case(b=2, sq=12, skv=12, h=2, seqlens_q=(7, 12), seqlens_kv=(12, 9), layout="thd", window=(2, 1),
+          mask_density=0.6, alibi_slopes=(0.5, 0.125), softcap=5.0), False),
 ]
 
 
@@ -57,9 +59,9 @@ def graded(backend, case: Case):
 def test_eager_every_feature_and_spelling_passes():
     backend = get("flex-eager", "cpu")
     passed, failures, spellings = 0, [], set()
-    for case in CASES:
+    for case, every_spelling in CASES:
         assert backend.unsupported(case) is None, (case, backend.unsupported(case))
-        for spelling in backend.spellings(case):
+        for spelling in backend.spellings(case) if every_spelling else ("",):
             spelled = case.replace(spelling=spelling)
             _, output, _, verdict = graded(backend, spelled)
             spellings.update(spelling.split("+"))
@@ -69,7 +71,7 @@ def test_eager_every_feature_and_spelling_passes():
             else:
                 failures.append(f"{verdict.label} {verdict.message[:300]}\n  {spelled!r}")
     assert not failures, "\n".join(failures)
-    assert passed >= 25 and {"", "score_mask", "repeat_kv"} <= spellings, (passed, spellings)
+    assert passed >= 20 and {"", "score_mask", "repeat_kv"} <= spellings, (passed, spellings)
 
 
 def test_eager_random_cases_never_fail():
@@ -78,7 +80,7 @@ def test_eager_random_cases_never_fail():
     seen: Counter = Counter()
     failures = []
 
-    @settings(max_examples=50, derandomize=True, database=None, deadline=None,
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(case=cases_for(backend, space))
     def check(case):
@@ -92,7 +94,7 @@ def test_eager_random_cases_never_fail():
 
     check()
     assert not failures, "\n".join(failures[:5])
-    assert seen["PASS"] >= 40, seen
+    assert seen["PASS"] >= 24, seen
 
 
 def test_lse_is_natural_log_and_really_graded():
@@ -149,18 +151,18 @@ def test_mask_mods_follow_the_documented_index_arithmetic():
 
 
 # -- compiled ----------------------------------------------------------------------------------------------------------
-EVERY_MOD = dict(b=2, h=2, hk=2, d_qk=16, d_v=16, window=(3, 1), alignment="bottom_right", mask_density=0.7,
-                 softcap=5.0, alibi_slopes=(0.5, 0.25))
+EVERY_MOD = dict(b=2, h=2, hk=2, d_qk=16, d_v=16, window=(3, 1), alignment="bottom_right", softcap=5.0,
+                 alibi_slopes=(0.5, 0.25))
 
 
 def test_compiled_one_variant_serves_other_values_and_shapes():
-    """Every mask and score mod at once; the band, lengths, mask, slopes and shapes change, the graph does not."""
+    """Band, padding, softcap and ALiBi at once; the band, lengths, slopes and shapes change, the graph does not
+    (an explicit mask is pinned to its shape: see flex._pin_static)."""
     backend = get("flex-compiled", "cpu")
     cases = [Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD),
              Case(sq=20, skv=12, seqlens_q=(20, 9), seqlens_kv=(12, 3), seed=2, **EVERY_MOD),
-             Case(sq=9, skv=30, seqlens_q=(2, 9), seqlens_kv=(30, 0), seed=3, **{**EVERY_MOD, "window": (0, 5)}),
-             Case(sq=33, skv=7, seqlens_q=(33, 1), seqlens_kv=(7, 7), seed=4,
-                  **{**EVERY_MOD, "alibi_slopes": (0.125, 1.0), "softcap": 0.5})]
+             Case(sq=33, skv=7, seqlens_q=(2, 33), seqlens_kv=(7, 0), seed=3,
+                  **{**EVERY_MOD, "window": (0, 5), "alibi_slopes": (0.125, 1.0), "softcap": 0.5})]
     ran = []
     for case in cases:
         _, output, _, verdict = graded(backend, case)
@@ -168,15 +170,15 @@ def test_compiled_one_variant_serves_other_values_and_shapes():
         assert output.lse is None                       # compiled flex on CPU returns none
         ran.append(output.ran)
     assert all(r.startswith("flex_attention compiled (") for r in ran), ran
-    assert len(backend.variants) == 1 and "cached graph" in ran[-1] and "cached graph" in ran[-2], ran
+    assert len(backend.variants) == 1 and "cached graph" in ran[-1], ran
     assert backend.graphs <= 2, ran                     # a static first graph, then one with dynamic lengths
 
 
 def test_compiled_packed_low_precision_gqa():
-    """Document masking (thd) in bf16 with GQA K/V repeated, compiled."""
+    """Document masking (thd) and an explicit mask in bf16 with GQA K/V repeated, compiled."""
     backend = get("flex-compiled", "cpu")
     case = Case(b=3, sq=24, skv=40, seqlens_q=(24, 3, 0), seqlens_kv=(17, 40, 5), layout="thd", causal=True,
-                alignment="bottom_right", dtype="bfloat16", **GQA)
+                alignment="bottom_right", dtype="bfloat16", mask_density=0.7, **GQA)
     _, output, _, verdict = graded(backend, case.replace(spelling="repeat_kv"))
     assert verdict.status == V.PASS and "compiled" in output.ran, (verdict.message, output.ran)
 
@@ -198,3 +200,22 @@ def test_hitting_the_recompile_limit_is_unsupported_not_a_silent_eager_run(monke
     other = Case(sq=8, skv=8, h=3, hk=1, d_qk=8, d_v=8, window=(2, None), dtype="float16")  # a new variant
     with pytest.raises(Unsupported, match="recompile limit"):
         backend.run(other, materialize(other))
+
+
+@pytest.mark.parametrize("case", [
+    Case(causal=True, h=4, hk=2, grads=True, spelling="score_mask+repeat_kv"),
+    Case(b=2, sq=12, skv=20, seqlens_q=(12, 3), seqlens_kv=(7, 20), layout="sbhd", window=(2, 1),
+         alibi_slopes=(0.5,), softcap=5.0, grads=True),
+    Case(b=3, sq=16, skv=20, seqlens_q=(5, 16, 2), seqlens_kv=(16, 4, 20), layout="thd", causal=True,
+         alignment="bottom_right", h=4, hk=2, memory="expanded_kv", grads=True),
+    Case(sq=16, skv=16, mask_density=0.5, memory="transposed", dtype="bfloat16", grads=True),
+], ids=["gqa-score-mask", "sbhd-padded-band-mods", "thd-expanded-kv", "transposed-bf16"])
+def test_gradient_plumbing_with_torchs_cpu_guard_lifted(monkeypatch, case):
+    """flex refuses backward on CPU (so the adapter refuses grads there); with that guard lifted, its dense math
+    backward runs and checks the adapter's gradient plumbing (leaves per layout, dout, back to logical shapes)
+    before a GPU ever sees it."""
+    import torch.nn.attention.flex_attention as fa
+    monkeypatch.setattr(fa, "_validate_device", lambda *args, **kwargs: None)
+    tensors, output, _, verdict = graded(get("flex-eager", "cpu"), case)
+    assert verdict.status == V.PASS and output.dq is not None, f"{verdict.label} {verdict.message}"
+    assert output.dk.shape == tensors.k.shape and output.dv.shape == tensors.v.shape

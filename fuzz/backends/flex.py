@@ -238,7 +238,7 @@ class FlexBackend(Backend):
         import torch._dynamo
         if self._compiled_call is None:
             self._compiled_call = torch.compile(_flex_call, fullgraph=True)
-        _pin_batch(args, case.b)
+        _pin_static(args)
         key = _variant_key(case)
         self.variants[key] = self.variants.get(key, 0) + 1
         limits = dict(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4)
@@ -290,18 +290,22 @@ def _documents(case: Case, device):
             (lens_q.cumsum(0) - lens_q).to(device), (lens_kv.cumsum(0) - lens_kv).to(device))
 
 
-def _pin_batch(args, b: int) -> None:
-    """Mark the batch size static in every input that has it, the captured mask / score tensors included. Works
-    around a torch 2.13 inductor bug: on CPU, a mask_mod indexing a captured [b] tensor (off[b]) fails to C++-compile
-    ("cur_qSplitSize8 was not declared") once dynamo makes the batch size dynamic (a call with b=1, then b=2)."""
+def _pin_static(args) -> None:
+    """Mark static the batch size of q, k, v and every size of every tensor the mods capture (lengths, offsets, the
+    explicit mask, the packed-sequence tables). Works around torch 2.13 inductor bugs in the CPU flex template,
+    whose generated C++ fails to compile ("'cur_kvSplitSize1' was not declared") once dynamo makes such a size
+    symbolic: a mask_mod indexing a captured [b] tensor by b after a b=1 then b=2 call, or a captured [b, sq, skv]
+    mask after a second shape. The cost: a graph per shape for explicit-mask and thd variants."""
     import torch._dynamo
     q, k, v, score_mod, block_mask = args[:5]
     mods = [score_mod, getattr(block_mask, "mask_mod", None)]
     captured = [c.cell_contents for fn in _closures(mods) for c in (fn.__closure__ or ())
                 if isinstance(c.cell_contents, torch.Tensor)]
-    for x in (q, k, v, *captured):
-        if x.dim() >= 1 and x.shape[0] == b:
-            torch._dynamo.mark_static(x, 0)
+    for x in (q, k, v):
+        torch._dynamo.mark_static(x, 0)
+    for x in captured:
+        for dim in range(x.dim()):
+            torch._dynamo.mark_static(x, dim)
 
 
 def _closures(fns):

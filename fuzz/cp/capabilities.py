@@ -18,11 +18,13 @@ where TE states it. "flash" is the FlashAttention TE picks; on the GPU runner th
 | FlashAttention (FA4 on the runner)                 | yes |    yes     | yes |   no    |
 Common to all: fp16/bf16; bshd/sbhd take no padding (no_mask / causal only), thd takes padding / padding_causal;
 causal only for self-attention (sq == skv); causal_bottom_right refused (the adapter spells bottom-right as causal
-when sq == skv, where the two coincide); no ALiBi, no arbitrary mask, no softcap; FlashAttention takes no sbhd and
-no padding between thd sequences. FusedAttention: off-by-one / learnable softmax with thd needs cuDNN >= 9.18
-(utils.py, "Filter: Softmax type"); all_gather over bshd/sbhd with sq = skv = 2*cp (one query and one key row per
-chunk): TE 2.20.2 found no FusedAttention for its per-step configs on the H200 runner (16 of 16; sq = 4 with skv = 8
-or 12 ran), reason not yet read from TE's log (bench/verify_cp.py prints it).
+when sq == skv, where the two coincide); no ALiBi, no arbitrary mask, no softcap; FlashAttention takes no sbhd.
+Padding between thd sequences (lengths not multiples of 2*cp) is taken by FA3 / FA4 through seqused_q / seqused_k
+(utils.py, "Filter: QKV layout" disables only FA2 for it; the runner's FlashAttention is FA4). FusedAttention:
+off-by-one / learnable softmax with thd needs cuDNN >= 9.18 (utils.py, "Filter: Softmax type"); all_gather over
+bshd/sbhd with sq = skv = 2*cp (one query and one key row per chunk): TE 2.20.2 found no FusedAttention for its
+per-step configs on the H200 runner (16 of 16; sq = 4 with skv = 8 or 12 ran), reason not yet read from TE's log
+(bench/verify_cp.py prints it).
 
 Known defects are not refusals: the cases run (and replay) as they are, and the strategy only avoids drawing the
 torch one, which would otherwise end every fp32 ring run at its first example. They are written down here so the
@@ -143,7 +145,6 @@ def te_refusal(case: Case, comm_type: str, kernel: str, world: int, cudnn: int |
         return f"kernel={kernel!r} is not one of {TE_KERNELS}"
     cp = world
     a2a = a2a_ranks(comm_type, cp)
-    lens = case.lens_q + case.lens_kv
     band = case.window != (None, None) and not (case.left is None and case.right == 0)
     return first_reason(
         (world != TE_COMM_TYPES[comm_type], f"{comm_type} runs on {TE_COMM_TYPES[comm_type]} ranks here "
@@ -178,9 +179,6 @@ def te_refusal(case: Case, comm_type: str, kernel: str, world: int, cudnn: int |
          f"chunk, and TE 2.20.2 found no FusedAttention for that per-step config on the H200 runner (16 of 16)"),
         (kernel == "flash" and case.layout == "sbhd", "TE: 'Context parallelism does not support FlashAttention "
                                                       "backend with qkv_format = sbhd'"),
-        (kernel == "flash" and case.layout == "thd" and any(n % (2 * cp) for n in lens),
-         f"FlashAttention under CP takes no padding between thd sequences: every seqlen must be a multiple of "
-         f"2*cp={2 * cp}"),
         (case.layout != "thd" and (case.sq % (2 * cp) or case.skv % (2 * cp)),
          f"sq={case.sq} and skv={case.skv} must be multiples of 2*cp={2 * cp} (TE splits each sequence in 2*cp "
          f"chunks)"),

@@ -86,10 +86,7 @@ def _te_cases(draw, engine: TEEngine, dtypes, max_units, max_batch, max_heads, g
     skv = sq if same else unit * draw(_units(2 if one_row and sq == unit else 1, max_units, long_units))
     seqlens = None
     if layout == "thd":
-        if kernel == "flash":  # no padding between sequences: every length a multiple of 2*cp
-            seqlens = tuple(unit * draw(st.integers(1, sq // unit)) for _ in range(b))
-        else:
-            seqlens = tuple(draw(st.integers(1, sq)) for _ in range(b))
+        seqlens = tuple(draw(st.integers(1, sq)) for _ in range(b))
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=draw(st.sampled_from(dtypes)),
                 seqlens_q=seqlens, seqlens_kv=seqlens, causal=causal, window=window,
                 alignment=draw(st.sampled_from(["top_left", "bottom_right"])), scale=draw(_scale()),

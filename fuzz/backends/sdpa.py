@@ -320,8 +320,8 @@ def _public_mask(case: Case, tensors: Tensors, spelling: Spelling, dtype, device
 def _aligned(bias: torch.Tensor, h: int) -> torch.Tensor:
     """The bias as the public path hands it to the efficient / cuDNN ops: rows padded to 8 elements, then sliced,
     expanded to [b, h, sq, skv]."""
-    b, _, sq, skv = bias.shape
-    padded = bias.new_zeros(b, 1, sq, skv + (-skv % 8))
+    b, heads, sq, skv = bias.shape  # heads is 1 for a mask, h for an ALiBi bias
+    padded = bias.new_zeros(b, heads, sq, skv + (-skv % 8))
     padded[..., :skv] = bias
     return padded[..., :skv].expand(b, h, sq, skv)
 

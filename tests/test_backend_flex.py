@@ -186,7 +186,7 @@ def test_compiled_packed_low_precision_gqa():
 def test_an_eager_fallback_is_reported_not_hidden():
     """Negative control for the compiled check: the same call run outside torch.compile says so."""
     backend = get("flex-compiled", "cpu")
-    backend._compiled_call = flex._flex_call               # what dynamo would run if it fell back to eager
+    backend._compiled_calls = {False: flex._flex_call}     # what dynamo would run if it fell back to eager
     case = Case(causal=True)
     output = backend.run(case, materialize(case))
     assert "NOT compiled" in output.ran, output.ran

@@ -15,11 +15,14 @@ Spellings, '+'-joined, "" = the first of each:  mask   block_mask (create_block_
 applied in the score_mod as -inf, no block mask);  heads  enable_gqa | repeat_kv  (GQA cases only).
 
 LSE: flex's frontend already returns the natural log (it rescales its kernels' log2 statistics by ln 2), so the
-adapter passes it through and the grader checks it. Compiled: one torch.compile(fullgraph=True) wrapper; dynamo keeps
-one graph per structural variant (dtype, heads, head dims, which mods, spelling), the variant keys are counted per
-backend, the recompile limit is raised for the call (and hitting it is Unsupported, never a silent eager fallback),
-and `ran` says whether the graph really ran compiled. On CPU flex has no backward (eager or compiled), and
-compiled flex has no LSE and no float64.
+adapter passes it through and the grader checks it.
+
+Compiled: torch.compile(fullgraph=True) of one call; dynamo keeps a graph per structural variant (dtype, heads, head
+dims, which mods, spelling) with dynamic lengths, except explicit-mask and thd variants, compiled with dynamic=False
+(a graph per shape) because inductor's CPU flex template emits C++ that does not compile for them once sizes are
+symbolic (see _pin_static). The recompile limit is raised for the call (hitting it is Unsupported, never a silent
+eager fallback), and `ran` says whether the graph really ran compiled and whether it was new. On CPU flex has no
+backward (eager or compiled), and compiled flex has no LSE and no float64.
 """
 
 from __future__ import annotations
@@ -132,6 +135,11 @@ def _flex_call(q, k, v, score_mod, block_mask, scale, enable_gqa, want_lse):
     return out, lse, torch.compiler.is_compiling()
 
 
+def _flex_call_static(*args):
+    """_flex_call under a code object of its own, so its graphs (compiled with dynamic=False) are cached apart."""
+    return _flex_call(*args)
+
+
 def _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa):
     from torch.nn.attention import flex_attention as fa
     if hasattr(fa, "AuxRequest"):
@@ -150,7 +158,7 @@ class FlexBackend(Backend):
         self.name = "flex-compiled" if compiled else "flex-eager"
         self.variants: dict[tuple, int] = {}   # structural key -> cases run with it (compiled only)
         self.graphs = 0                        # graphs dynamo compiled for this backend
-        self._compiled_call = None
+        self._compiled_calls: dict[bool, object] = {}   # static sizes? -> the torch.compile wrapper
 
     @property
     def _cpu(self) -> bool:
@@ -236,18 +244,22 @@ class FlexBackend(Backend):
             out, lse, _ = _flex_call(*args)
             return out, lse, "flex_attention eager (dense math path)"
         import torch._dynamo
-        if self._compiled_call is None:
-            self._compiled_call = torch.compile(_flex_call, fullgraph=True)
-        _pin_static(args)
+        static = case.layout == "thd" or case.mask_density is not None
+        if static not in self._compiled_calls:
+            self._compiled_calls[static] = (torch.compile(_flex_call_static, fullgraph=True, dynamic=False) if static
+                                            else torch.compile(_flex_call, fullgraph=True))
+        if not static:
+            _pin_static(args)
         key = _variant_key(case)
         self.variants[key] = self.variants.get(key, 0) + 1
-        limits = dict(recompile_limit=RECOMPILE_LIMIT, accumulated_recompile_limit=RECOMPILE_LIMIT * 4)
-        if "fail_on_recompile_limit_hit" in torch._dynamo.config._config:
-            limits["fail_on_recompile_limit_hit"] = True
+        limits = {name: value for name, value in (("recompile_limit", RECOMPILE_LIMIT),
+                                                  ("accumulated_recompile_limit", RECOMPILE_LIMIT * 4),
+                                                  ("fail_on_recompile_limit_hit", True))
+                  if hasattr(torch._dynamo.config, name)}
         before = _graph_count()
         try:
             with torch._dynamo.config.patch(**limits):
-                out, lse, ran_compiled = self._compiled_call(*args)
+                out, lse, ran_compiled = self._compiled_calls[static](*args)
         except Exception as e:
             if "recompile" in type(e).__name__.lower() or "recompile_limit" in str(e):
                 raise Unsupported(f"compiled flex hit dynamo's recompile limit ({RECOMPILE_LIMIT}): {e}") from None
@@ -291,11 +303,11 @@ def _documents(case: Case, device):
 
 
 def _pin_static(args) -> None:
-    """Mark static the batch size of q, k, v and every size of every tensor the mods capture (lengths, offsets, the
-    explicit mask, the packed-sequence tables). Works around torch 2.13 inductor bugs in the CPU flex template,
-    whose generated C++ fails to compile ("'cur_kvSplitSize1' was not declared") once dynamo makes such a size
-    symbolic: a mask_mod indexing a captured [b] tensor by b after a b=1 then b=2 call, or a captured [b, sq, skv]
-    mask after a second shape. The cost: a graph per shape for explicit-mask and thd variants."""
+    """Mark static the batch size of q, k, v and every size of every tensor the mods capture. Works around torch
+    2.13 inductor bugs in the CPU flex template, whose generated C++ fails to compile ("'cur_kvSplitSize1' was not
+    declared") once dynamo makes such a size symbolic: a mask_mod indexing a captured [b] tensor by b after a b=1
+    then b=2 call, or a captured [b, sq, skv] mask after a second shape. Explicit-mask and thd variants (whose
+    lookups and packed lengths hit the same bugs) are compiled with dynamic=False instead: a graph per shape."""
     import torch._dynamo
     q, k, v, score_mod, block_mask = args[:5]
     mods = [score_mod, getattr(block_mask, "mask_mod", None)]

@@ -163,7 +163,10 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     try:
         prop()
     except hypothesis.errors.FlakyFailure as e:
-        for f in findings_of(e):
+        flaky_findings = findings_of(e)
+        if not flaky_findings:
+            raise  # something other than a backend failure (the harness, the oracle) misbehaved: say so
+        for f in flaky_findings:
             flaky = V.Verdict(V.FLAKY, f.verdict.label, f"did not reproduce on a second run: {f.verdict.message}",
                               f.verdict.worst, f.verdict.ratio)
             findings.append(Finding(f.backend, f.case, flaky))

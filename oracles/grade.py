@@ -94,7 +94,16 @@ def alternatives(case: Case) -> list[tuple[str, str, dict]]:
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
-    """Name the alternative reference the failing output matches, within the same bound; TOLERANCE otherwise."""
+    """EMPTY_ROWS when only rows that see no key are wrong; else the alternative reference the failing output
+    matches, within the same bound; TOLERANCE otherwise."""
+    empty = o.ref.empty
+    if bool(empty.any()) and bool(empty[failed.index[:2]]):
+        seen = valid_rows(o.case, out.device) & ~empty
+        rest = check("out", out, o.ref.out, o.naive.out, seen[:, :, None, None], family=family, quantity="out",
+                     dtype=o.case.dtype, logit_max=o.ref.logit_max)
+        if rest.ok:
+            return _fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
+                                       f"{list(failed.index)}; every other row passes", failed, failed.ratio)
     for diagnosis, description, overrides in alternatives(o.case):
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)

@@ -30,6 +30,7 @@ class Reference:
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
     logit_max: float = 0.0
+    empty: torch.Tensor | None = None  # [b, sq] True where a valid query row sees no key at all
 
 
 def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
-    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, and the largest visible |logit|. `bounds` and `scale` override the case's band and
+    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and which rows see no key. `bounds` and `scale` override the case's band and
     scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
@@ -91,7 +92,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s - lse_safe[..., None])
-    return _weighted_values(p, v, head_map), lse, logit_max
+    return _weighted_values(p, v, head_map), lse, logit_max, ~visible.any(-1)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -109,6 +110,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     sink = t.sink.to(device, dtype) if t.sink is not None and case.softmax != "vanilla" else None
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
     logit_max = torch.zeros((), dtype=dtype, device=device)
+    empty = torch.zeros(case.b, case.sq, dtype=torch.bool, device=device)
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
             continue
@@ -122,10 +124,11 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             q_c = q_n[rows].requires_grad_(grads)
             m = t.mask[n, 0, r0:r0 + len(rows), :skv_n].to(device) if t.mask is not None else None
             with torch.set_grad_enabled(grads):
-                o_c, l_c, m_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
+                o_c, l_c, m_c, e_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
                                   head_map=head_map, bounds=bounds, scale=scale)
             out[n, rows] = o_c.detach()
             logit_max = torch.maximum(logit_max, m_c)
+            empty[n, rows] = e_c
             lse[n, :, rows] = l_c.detach()
             if grads:
                 d_c = t.dout[n, rows].to(device, dtype)
@@ -133,4 +136,4 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
-    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(logit_max))
+    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(logit_max), empty=empty)

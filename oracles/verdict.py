@@ -13,6 +13,7 @@ STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY, KNOWN)
 # Diagnoses, most specific first. Each FAIL carries exactly one.
 ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracle's is not
 NONFINITE = "NONFINITE"                # NaN or inf in the output where the oracle is finite
+EMPTY_ROWS = "EMPTY_ROWS"              # wrong only on rows that see no key (they must be 0; e.g. mean(V) instead)
 MASK_ALIGNMENT = "MASK_ALIGNMENT"      # the output matches the other diagonal alignment
 WINDOW_OFF_BY_ONE = "WINDOW_OFF_BY_ONE"  # the output matches a window with one bound moved by one
 GQA_MAPPING = "GQA_MAPPING"            # the output matches query head i reading KV head i % hk
@@ -20,7 +21,7 @@ SCALE = "SCALE"                        # the output matches another softmax scal
 LSE = "LSE"                            # the output passes, the log-sum-exp does not
 GRADIENT = "GRADIENT"                  # the output passes, a gradient does not
 TOLERANCE = "TOLERANCE"                # wrong beyond the bound, and no alternative reference explains it
-DIAGNOSES = (ALL_ZERO, NONFINITE, MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE)
+DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE)
 
 
 @dataclass

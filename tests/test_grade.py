@@ -119,3 +119,14 @@ def test_alternatives_only_where_they_differ():
     assert alternatives(plain) == [(V.SCALE, "matches scale 1 (no scaling) instead of 0.25", {"scale": 1.0})]
     kinds = {a[0] for a in alternatives(BASE)}
     assert {V.MASK_ALIGNMENT, V.WINDOW_OFF_BY_ONE, V.GQA_MAPPING, V.SCALE} <= kinds
+
+
+def test_nonzero_empty_rows_are_named():
+    """A kernel that gives a row with no visible key the mean of V (uniform weights over masked keys)."""
+    case = Case(sq=5, skv=2, causal=True, alignment="bottom_right", dtype="float16")   # rows 0-2 see nothing
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    out = oracle.ref.out.clone()
+    out[0, :3] = t.v[0].double().mean(0)
+    verdict = grade(case, t, Output(out.half()), oracle=oracle)
+    assert verdict.diagnosis == V.EMPTY_ROWS and verdict.worst.index[1] < 3, verdict

@@ -219,3 +219,12 @@ def test_gradient_plumbing_with_torchs_cpu_guard_lifted(monkeypatch, case):
     tensors, output, _, verdict = graded(get("flex-eager", "cpu"), case)
     assert verdict.status == V.PASS and output.dq is not None, f"{verdict.label} {verdict.message}"
     assert output.dk.shape == tensors.k.shape and output.dv.shape == tensors.v.shape
+
+
+def test_compiled_flex_refuses_small_head_dims_on_cuda_only():
+    """Found on an H200: compiled flex on CUDA raises NYI below head dim 16; CPU compiles them."""
+    cuda = flex.FlexBackend("cuda", compiled=True)
+    cuda.available = lambda: None                       # the rule, not this machine's lack of a GPU
+    assert "head dims >= 16" in cuda.unsupported(Case(d_qk=8, d_v=8))
+    assert cuda.unsupported(Case(d_qk=16, d_v=16)) is None
+    assert flex.FlexBackend("cpu", compiled=True).unsupported(Case(d_qk=8, d_v=8)) is None

@@ -251,3 +251,16 @@ def test_no_warnings_escape_into_the_fuzz_loop():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         get("sdpa-math", "cpu").run(case, materialize(case))
+
+
+@pytest.mark.parametrize("case", [Case(sq=5, skv=13, **GQA), Case(sq=5, skv=16, alibi_slopes=(0.5, 0.25, 0.125, 0.0625),
+                                                                  **GQA)], ids=["mask", "alibi-per-head"])
+def test_the_bias_for_the_cuda_lse_ops_keeps_values_and_is_aligned(case):
+    """What the efficient / cuDNN LSE calls are given (CUDA only, so checked here on CPU tensors): the same values
+    as the additive mask, per head when ALiBi makes it so, with rows 8-element aligned like the public path's."""
+    tensors = materialize(case)
+    bias = sdpa._additive(case, tensors, torch.float32, "cpu")
+    aligned = sdpa._aligned(bias, case.h)
+    assert aligned.shape == (case.b, case.h, case.sq, case.skv) and aligned.stride(2) % 8 == 0
+    assert torch.equal(aligned, bias.expand(case.b, case.h, case.sq, case.skv))
+

@@ -188,6 +188,9 @@ class FlexBackend(Backend):
              "document mask's lookups"),
             (cpu_compiled and case.dtype == "float64", "compiled flex_attention on CPU takes float32 / float16 / "
                                                        "bfloat16 only (inductor's CPU template)"),
+            (self.compiled and not self._cpu and min(case.d_qk, case.d_v) < 16,
+             f"compiled flex_attention on CUDA needs head dims >= 16 (inductor: 'NYI: embedding dimension ... at "
+             f"least 16'); got d_qk={case.d_qk}, d_v={case.d_v}"),
             (self._cpu and case.grads, "flex_attention on CPU has no backward, eager or compiled (torch raises "
                                        "NotImplementedError for inputs that require grad)"),
             (case.spelling not in self.spellings(case),

@@ -31,6 +31,7 @@ class Reference:
     dv: torch.Tensor | None = None
     logit_max: float = 0.0
     empty: torch.Tensor | None = None  # [b, sq] True where a valid query row sees no key at all
+    bias_max: float = 0.0              # the largest |ALiBi bias| at a visible position
 
 
 def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,8 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
-    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and which rows see no key. `bounds` and `scale` override the case's band and
+    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, and
+    which rows see no key. `bounds` and `scale` override the case's band and
     scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
@@ -76,11 +78,14 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     s = _scores(q, k, case.h, head_map) * (scale if scale is not None else case.softmax_scale)  # [h, r, j]
     if case.softcap is not None:
         s = case.softcap * torch.tanh(s / case.softcap)
-    if alibi is not None:
-        s = s - alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
     visible = band(rows, cols, off, left, right)                                  # [r, j]
     if mask is not None:
         visible = visible & mask
+    bias_max = s.new_zeros(())
+    if alibi is not None:
+        bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
+        bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
+        s = s - bias
     logit_max = s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else s.new_zeros(())
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
@@ -92,7 +97,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s - lse_safe[..., None])
-    return _weighted_values(p, v, head_map), lse, logit_max, ~visible.any(-1)
+    return _weighted_values(p, v, head_map), lse, torch.stack([logit_max, bias_max]), ~visible.any(-1)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -109,7 +114,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     dv = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if grads else None
     sink = t.sink.to(device, dtype) if t.sink is not None and case.softmax != "vanilla" else None
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
-    logit_max = torch.zeros((), dtype=dtype, device=device)
+    maxima = torch.zeros(2, dtype=dtype, device=device)  # largest visible |logit|, largest |ALiBi bias|
     empty = torch.zeros(case.b, case.sq, dtype=torch.bool, device=device)
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
@@ -127,7 +132,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 o_c, l_c, m_c, e_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
                                   head_map=head_map, bounds=bounds, scale=scale)
             out[n, rows] = o_c.detach()
-            logit_max = torch.maximum(logit_max, m_c)
+            maxima = torch.maximum(maxima, m_c)
             empty[n, rows] = e_c
             lse[n, :, rows] = l_c.detach()
             if grads:
@@ -136,4 +141,5 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
-    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(logit_max), empty=empty)
+    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(maxima[0]), empty=empty,
+                     bias_max=float(maxima[1]))

@@ -48,6 +48,7 @@ K = {
                 "grad": {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0}},
 }
 LOW_PRECISION = ("float16", "bfloat16")
+BIAS_IN_INPUT_DTYPE = ("sdpa",)  # families whose API takes ALiBi only as a bias in the input dtype
 
 
 def k_for(family: str, quantity: str, dtype: str) -> float:
@@ -87,7 +88,8 @@ class Check:
 
 
 def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
-          family: str, quantity: str, dtype: str, logit_max: float = 0.0, scale_of_terms: float = 0.0) -> Check:
+          family: str, quantity: str, dtype: str, logit_max: float = 0.0, scale_of_terms: float = 0.0,
+          bias_max: float = 0.0) -> Check:
     """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
     outside `where` are not graded. Non-finite values count as infinite error. `scale_of_terms` bounds the terms
     that sum to the value in the kernel's compute precision, where they can cancel: a gradient that is 0 in exact
@@ -100,12 +102,15 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, 
     baseline = torch.where(where, (naive64 - ref64).abs().nan_to_num(nan=0.0, posinf=0.0), 0.0)
     magnitude = torch.where(where, ref64.abs(), 0.0).max().item() if where.any() else 0.0
     logit_eps = EPS["float64"] if dtype == "float64" else EPS["float32"]
+    # Where ALiBi can only reach the kernel as a bias tensor in the input dtype (SDPA's additive float mask), each
+    # logit carries that bias's rounding in the dtype too: the API's error, not the kernel's.
+    logit_err = logit_eps * logit_max + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
     if quantity == "lse":  # absolute: exp(lse + e) = exp(lse) * (1 + e); kernels keep it in fp32
         low = dtype in LOW_PRECISION
         floor = (2 * (EPS[dtype] / 4 if low else 0.0)
-                 + 2 * ((logit_eps if low else EPS[dtype]) + logit_eps * logit_max) * max(magnitude, 1.0) + 1e-7)
+                 + 2 * ((logit_eps if low else EPS[dtype]) + logit_err) * max(magnitude, 1.0) + 1e-7)
     else:
-        floor = 2 * (EPS[dtype] + logit_eps * logit_max) * magnitude + 8 * logit_eps * scale_of_terms + 1e-7
+        floor = 2 * (EPS[dtype] + logit_err) * magnitude + 8 * logit_eps * scale_of_terms + 1e-7
     flat = int(torch.argmax(diff).item()) if diff.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
     return Check(name=name, diff_max=diff.max().item() if diff.numel() else 0.0,

@@ -15,7 +15,9 @@ from fuzz.cli import replay_outcome
 
 def test_entry(corpus_entry, attnfuzz) -> None:
     entry = corpus_io.load(corpus_entry)  # CorpusError names the file and the field
-    device = attnfuzz.device if attnfuzz.device != "cpu" else entry.device
+    # an entry replays on its own device; --device picks which GPU a CUDA entry runs on (cuda:1, ...)
+    device = attnfuzz.device if entry.device.startswith("cuda") and attnfuzz.device.startswith("cuda") \
+        else entry.device
     verdict = corpus_io.replay(entry, device)
     outcome = replay_outcome(entry, verdict)
     if outcome == "skip":

@@ -93,3 +93,12 @@ def test_refused_features_are_not_drawn():
     fuzz(Correct(), space=SPACE, settings=settings(SHRINK, max_examples=200),
          on_case=lambda case, verdict, tally: seen.append(case))
     assert seen and not any(c.softcap is not None or c.layout != "bshd" or c.grads for c in seen)
+
+
+def test_correct_custom_kernel_never_fails_over_2000_examples():
+    """The bring-your-own contract end to end: tests/test_custom_backend.py's example kernel, loaded by spec."""
+    from fuzz.backends import get
+    backend = get("tests.test_custom_backend:example_attention")
+    tally, findings = fuzz(backend, space=SPACE, settings=profile("ci", max_examples=2000))
+    assert not findings, [f"{f.verdict.label} {f.verdict.message} {f.case!r}" for f in findings]
+    assert tally.labels["PASS"] >= 1500, tally.to_dict()

@@ -217,6 +217,31 @@ class SdpaBackend(Backend):
         result.ran = f"{self.kernel} ({note})"
         return result
 
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` calling SDPA as run() does, for standalone repro scripts (fuzz/repro.py);
+        None for the spellings it does not write out (the script then calls this adapter through attnfuzz)."""
+        spelling = self._resolve(case)
+        if spelling is None or case.layout != "bshd" or spelling.mask not in ("no_mask", "is_causal", "bool_mask"):
+            return None
+        mask = "None"
+        if spelling.mask == "bool_mask":
+            from strategies.materialize import materialize
+            keep = layout.visibility_mask(case, materialize(case, "cpu"), "cpu")
+            mask = f"torch.tensor({keep.flatten().tolist()!r}).reshape({tuple(keep.shape)})"
+        return (f"\nMASK = {mask}  # True = query i may see key j\n\n\n"
+                f"def attention(q, k, v):\n"
+                f"    \"\"\"torch SDPA forced to {self.kernel}, spelled {spelling.name!r}.\"\"\"\n"
+                f"    from torch.nn.attention import SDPBackend, sdpa_kernel\n"
+                f"    q, k, v = (x.transpose(1, 2) for x in (q, k, v))\n"
+                + (f"    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))\n"
+                   if spelling.heads == "repeat_kv" else "")
+                + f"    with sdpa_kernel([SDPBackend.{self.kernel}]):\n"
+                f"        out = torch.nn.functional.scaled_dot_product_attention(\n"
+                f"            q, k, v, attn_mask=None if MASK is None else MASK.to(q.device),\n"
+                f"            is_causal={spelling.mask == 'is_causal'}, scale={case.scale!r}, "
+                f"enable_gqa={spelling.heads == 'enable_gqa'})\n"
+                f"    return out.transpose(1, 2)\n")
+
     def _lse(self, case: Case, tensors: Tensors, spelling: Spelling, q, k, v) -> tuple[torch.Tensor | None, str]:
         """LSE [b, h, sq] from the kernel's aten op on the same inputs, and a note for `ran`."""
         entry = LSE_OPS.get((self.kernel, self._device_type))

@@ -129,7 +129,12 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             q_c = q_n[rows].requires_grad_(grads)
             m = t.mask[n, 0, r0:r0 + len(rows), :skv_n].to(device) if t.mask is not None else None
             with torch.set_grad_enabled(grads):
-                o_c, l_c, m_c, e_c = attend(case, q_c, k_n, v_n, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
+                k_c, v_c = k_n, v_n
+                if head_map == "div" and case.h != case.hk:
+                    # Textbook GQA repeats the KV heads, so dK / dV are per-query-head sums rounded in the dtype
+                    # before the group sum: the naive baseline must carry that rounding too.
+                    k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
+                o_c, l_c, m_c, e_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
                                   head_map=head_map, bounds=bounds, scale=scale)
             out[n, rows] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)

@@ -76,17 +76,18 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     cols = torch.arange(skv_n, device=q.device)
     off = diagonal_offset(case.alignment, sq_n, skv_n)
     s = _scores(q, k, case.h, head_map) * (scale if scale is not None else case.softmax_scale)  # [h, r, j]
-    if case.softcap is not None:
-        s = case.softcap * torch.tanh(s / case.softcap)
     visible = band(rows, cols, off, left, right)                                  # [r, j]
     if mask is not None:
         visible = visible & mask
+    raw_max = s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else s.new_zeros(())
+    if case.softcap is not None:  # rounding happens at the raw logit's size, before the cap squashes it
+        s = case.softcap * torch.tanh(s / case.softcap)
     bias_max = s.new_zeros(())
     if alibi is not None:
         bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
         bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
         s = s - bias
-    logit_max = s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else s.new_zeros(())
+    logit_max = torch.maximum(raw_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else raw_max)
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
         sink_col = sink.to(s.dtype)[:, None, None].expand(-1, s.shape[1], 1)

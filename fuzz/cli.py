@@ -11,7 +11,7 @@ from pathlib import Path
 from fuzz import corpus as corpus_io
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
-from fuzz.profiles import PROFILES, profile
+from fuzz.profiles import PROFILES, for_backend, profile
 from oracles import verdict as V
 from oracles.verdict import Verdict
 from strategies.case import Case
@@ -152,15 +152,17 @@ def cmd_run(args) -> int:
         args.corpus.mkdir(parents=True, exist_ok=True)
         saved = _recover_inflight(args.corpus, backend)
         inflight = args.corpus / f".inflight-{name.replace(':', '_').replace('/', '_')}.json"
-        progress = Progress(name, settings.max_examples)
+        backend_settings = for_backend(settings, backend.cost, args.max_examples)
+        progress = Progress(name, backend_settings.max_examples)
         log = CaseLog(args.log, name)
 
         def on_case(case, verdict, seen):
             progress.update(seen)
             log.write(case, verdict)
 
-        tally, findings = fuzz(backend, device=args.device, space=space, settings=settings, seed=args.seed,
-                               inflight=inflight, on_case=on_case, known=corpus_io.known_bugs(args.corpus))
+        tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
+                               seed=args.seed, inflight=inflight, on_case=on_case,
+                               known=corpus_io.known_bugs(args.corpus))
         log.close()
         progress.update(tally, final=True)
         for f in findings:

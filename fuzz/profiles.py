@@ -20,6 +20,13 @@ for _name, _options in PROFILES.items():
     settings.register_profile(f"attnfuzz-{_name}", **{**_COMMON, **_options})
 
 
+def for_backend(base: settings, cost: float, max_examples: int | None) -> settings:
+    """The profile's example budget divided by the backend's cost, unless the user named a number."""
+    if max_examples is not None or cost <= 1:
+        return base
+    return settings(base, max_examples=max(10, int(base.max_examples / cost)))
+
+
 def profile(name: str, **overrides) -> settings:
     """The settings of a profile by name, with overrides (e.g. max_examples); ValueError names a wrong name."""
     if name not in PROFILES:

@@ -11,7 +11,7 @@ import pytest
 from fuzz import corpus as corpus_io
 from fuzz.backends import get
 from fuzz.harness import fuzz
-from fuzz.profiles import profile
+from fuzz.profiles import for_backend, profile
 
 
 def test_backend(fuzz_backend: str, attnfuzz) -> None:
@@ -19,7 +19,8 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
     why = backend.available()
     if why is not None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
-    settings = profile(attnfuzz.profile, max_examples=attnfuzz.max_examples)
+    settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
+                           attnfuzz.max_examples)
     tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
                            known=corpus_io.known_bugs(attnfuzz.corpus))
     print(f"{fuzz_backend}: {tally.to_dict()}")

@@ -38,6 +38,7 @@ class Backend:
     name: str = "backend"
     family: str = "default"     # row of the tolerance table (oracles/tolerance.py)
     device: str = "cpu"
+    cost: float = 1.0           # relative cost of an example: a profile's example budget is divided by it
 
     def available(self) -> str | None:
         return None

@@ -155,6 +155,8 @@ class FlexBackend(Backend):
 
     def __init__(self, device: str, compiled: bool):
         self.device, self.compiled = str(device), compiled
+        # each new structural variant compiles for seconds (minutes of C++ on a 2-core CPU)
+        self.cost = 10.0 if compiled else 1.0
         self.name = "flex-compiled" if compiled else "flex-eager"
         self.variants: dict[tuple, int] = {}   # structural key -> cases run with it (compiled only)
         self.graphs = 0                        # graphs dynamo compiled for this backend

@@ -126,12 +126,11 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
     if graded.numel() and not bool(torch.isfinite(graded).all()):
         c = _check_out(o, out, o.ref.out, family)
         return _fail(V.NONFINITE, f"non-finite output, first at {list(c.index)}: {c.got}", c)
-    if graded.numel() and bool((graded == 0).all()) and bool((o.ref.out[rows] != 0).any()):
-        c = _check_out(o, out, o.ref.out, family)
-        return _fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
-                                 f"{o.ref.out[rows].abs().max().item():.6g}", c)
     checks = [_check_out(o, out, o.ref.out, family)]
     if not checks[0].ok:
+        if graded.numel() and bool((graded == 0).all()):  # zeros that the bound does not excuse (underflow does)
+            return _fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
+                                     f"{o.ref.out[rows].abs().max().item():.6g}", checks[0])
         return diagnose(o, out, checks[0], family)
     if output.lse is not None:
         verdict = _grade_lse(o, output.lse.to(device), family, checks)

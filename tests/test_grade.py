@@ -130,3 +130,12 @@ def test_nonzero_empty_rows_are_named():
     out[0, :3] = t.v[0].double().mean(0)
     verdict = grade(case, t, Output(out.half()), oracle=oracle)
     assert verdict.diagnosis == V.EMPTY_ROWS and verdict.worst.index[1] < 3, verdict
+
+
+def test_zeros_that_are_right_in_the_dtype_pass():
+    """Logits of -80 make the true output ~1e-8, below fp16's smallest subnormal: a kernel's 0 is correct."""
+    case = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", softmax="off_by_one", std=(10.0, 10.0, 1.0))
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    assert 0 < oracle.ref.out.abs().max().item() < 6e-8
+    assert grade(case, t, Output(torch.zeros_like(t.q[..., :8])), oracle=oracle).status == V.PASS

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 from fuzz.backends import flash_common as fc
-from fuzz.backends.base import Backend, Unsupported, first_reason
+from fuzz.backends.base import Unsupported
 from oracles.verdict import Output
 from strategies.case import Case
 from strategies.materialize import Tensors
@@ -37,7 +37,7 @@ def capability_refusals(case: Case) -> list[tuple[bool, str]]:
     ]
 
 
-class FlashAttn2(Backend):
+class FlashAttn2(fc.NegativeUnboundedBand):
     name = "fa2"
     family = "fa2"
 
@@ -59,12 +59,8 @@ class FlashAttn2(Backend):
             return f"{LIBRARY} needs sm{MIN_ARCH}+, this GPU is sm{arch}"
         return None
 
-    def unsupported(self, case: Case) -> str | None:
-        return first_reason(*capability_refusals(case), fc.spelling_refusal(self.name, case, self.spellings(case)))
-
-    def spellings(self, case: Case) -> tuple[str, ...]:
-        band, _ = fc.bottom_right_band(case)
-        return fc.mask_spellings(band, with_negative=False) if band is not None else ("",)
+    def refusals(self, case: Case) -> list[tuple[bool, str]]:
+        return capability_refusals(case)
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA2 call for this case and spelling (shared by run() and the tests)."""

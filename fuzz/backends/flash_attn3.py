@@ -13,7 +13,7 @@ import importlib
 from importlib import metadata
 
 from fuzz.backends import flash_common as fc
-from fuzz.backends.base import Backend, Unsupported, first_reason
+from fuzz.backends.base import Unsupported
 from oracles.verdict import Output
 from strategies.case import Case
 from strategies.materialize import Tensors
@@ -50,7 +50,7 @@ def capability_refusals(case: Case) -> list[tuple[bool, str]]:
     ]
 
 
-class FlashAttn3(Backend):
+class FlashAttn3(fc.NegativeUnboundedBand):
     name = "fa3"
     family = "fa3"
 
@@ -69,12 +69,8 @@ class FlashAttn3(Backend):
             return f"{LIBRARY} needs sm{MIN_ARCH}+ (Hopper for its full feature set), this GPU is sm{arch}"
         return None
 
-    def unsupported(self, case: Case) -> str | None:
-        return first_reason(*capability_refusals(case), fc.spelling_refusal(self.name, case, self.spellings(case)))
-
-    def spellings(self, case: Case) -> tuple[str, ...]:
-        band, _ = fc.bottom_right_band(case)
-        return fc.mask_spellings(band, with_negative=False) if band is not None else ("",)
+    def refusals(self, case: Case) -> list[tuple[bool, str]]:
+        return capability_refusals(case)
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA3 call for this case and spelling (shared by run() and the tests)."""

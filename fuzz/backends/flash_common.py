@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fuzz.backends.base import Unsupported
+from fuzz.backends.base import Backend, Unsupported, first_reason
 from fuzz.backends.layout import cu_seqlens, lse_from_packed, pack, to_layout, unpack
 from strategies.case import Case
 from strategies.materialize import Tensors
@@ -171,3 +171,18 @@ def cuda_arch(device: str) -> int | None:
         return None
     major, minor = torch.cuda.get_device_capability(torch.device(device))
     return 10 * major + minor
+
+
+class NegativeUnboundedBand(Backend):
+    """What FA2 and FA3 share: bottom-right bands, unbounded spelled -1, so no negative-bound spellings; a subclass
+    gives its capability table as `refusals(case)`."""
+
+    def refusals(self, case: Case) -> list[tuple[bool, str]]:
+        raise NotImplementedError
+
+    def unsupported(self, case: Case) -> str | None:
+        return first_reason(*self.refusals(case), spelling_refusal(self.name, case, self.spellings(case)))
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        band, _ = bottom_right_band(case)
+        return mask_spellings(band, with_negative=False) if band is not None else ("",)

@@ -11,6 +11,7 @@ from pathlib import Path
 from fuzz import corpus as corpus_io
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
+from fuzz.isolate import Worker
 from fuzz.profiles import PROFILES, for_backend, profile
 from oracles import verdict as V
 from oracles.verdict import Verdict
@@ -39,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-len", type=int, help="longest sequence drawn (default 160)")
     run.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: small cases are "
                      "latency-bound, and intra-op threads cost 8x under load)")
+    run.add_argument("--isolate", action="store_true", help="run the backend in a worker process: a segfault, "
+                     "abort or fatal CUDA error costs one case (CRASH), a hang --case-timeout seconds (HANG)")
+    run.add_argument("--case-timeout", type=float, default=300.0, help="seconds one isolated case may take")
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
@@ -160,9 +164,14 @@ def cmd_run(args) -> int:
             progress.update(seen)
             log.write(case, verdict)
 
-        tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
-                               seed=args.seed, inflight=inflight, on_case=on_case,
-                               known=corpus_io.known_bugs(args.corpus))
+        worker = Worker(name, args.device, timeout_s=args.case_timeout) if args.isolate else None
+        try:
+            tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
+                                   seed=args.seed, inflight=inflight, on_case=on_case,
+                                   known=corpus_io.known_bugs(args.corpus), worker=worker)
+        finally:
+            if worker is not None:
+                worker.close()
         log.close()
         progress.update(tally, final=True)
         for f in findings:

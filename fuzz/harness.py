@@ -116,13 +116,17 @@ KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
 
 
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
-                  on_case: Callable[[Case, V.Verdict, Tally], None] | None = None, known: KnownBugs | None = None):
+                  on_case: Callable[[Case, V.Verdict, Tally], None] | None = None, known: KnownBugs | None = None,
+                  worker=None):
     """The Hypothesis test for one backend: grade each drawn case, climb toward the bound, raise on failure. A
     failure that `known` recognises as a known bug is tallied as KNOWN and the search goes on past it."""
 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
-        verdict = run_case(backend, case, device=device, inflight=inflight)
+        if worker is not None:  # fuzz.isolate.Worker: the backend runs in a child process
+            verdict = worker.run(case)
+        else:
+            verdict = run_case(backend, case, device=device, inflight=inflight)
         if verdict.failed and known is not None and known(backend.name, case, verdict) is not None:
             verdict = dataclasses.replace(verdict, status=V.KNOWN)
         tally.add(verdict)
@@ -148,12 +152,12 @@ def findings_of(error: BaseException) -> list[Finding]:
 def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
          seed: int | None = None, inflight: Path | None = None,
          on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
-         known: KnownBugs | None = None) -> tuple[Tally, list[Finding]]:
+         known: KnownBugs | None = None, worker=None) -> tuple[Tally, list[Finding]]:
     """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
     findings, one per distinct verdict label. A failure that did not reproduce becomes a FLAKY finding."""
     tally = Tally()
     prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case,
-                         known=known)
+                         known=known, worker=worker)
     if settings is not None:
         prop = settings(prop)
     if seed is not None:

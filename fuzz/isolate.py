@@ -1,0 +1,107 @@
+"""Crash isolation: one backend in a worker process, so a segfault, an abort, a fatal CUDA error or a hang costs one
+case, not the run.
+
+The worker builds the backend from its spec (a registry name or package.module:function), then runs and grades
+cases (fuzz.harness.run_case) as they come. When it dies the case is a CRASH named after the signal or exit code;
+when it does not answer within the timeout it is killed and the case is a HANG. Either way a fresh worker serves the
+next case, so Hypothesis can shrink a crash like any other failure, each attempt in a clean process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+
+from oracles import verdict as V
+from strategies.case import Case
+
+
+STARTUP_S = 300
+
+
+def _serve(conn, spec: str, device: str) -> None:
+    from fuzz.backends import get
+    from fuzz.harness import run_case
+    backend = get(spec, device)
+    conn.send("ready")
+    while True:
+        case = conn.recv()
+        if case is None:
+            return
+        conn.send(run_case(backend, Case.from_dict(case), device=device).to_dict())
+
+
+def _death(exitcode: int | None) -> str:
+    """SIGSEGV, SIGABRT, ... for a signal; EXIT_<n> for an exit code."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"SIGNAL_{-exitcode}"
+    return f"EXIT_{exitcode}"
+
+
+class Worker:
+    """A backend in a child process. `run(case)` returns the verdict; the process is replaced after a death or a
+    timeout (which counts from the case's hand-over; start-up is waited for apart). Use as a context manager, or
+    call close()."""
+
+    def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0):
+        self.spec, self.device, self.timeout_s = spec, device, timeout_s
+        self._context = multiprocessing.get_context("spawn")
+        self._process = None
+        self._conn = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._context.Pipe()
+        self._process = self._context.Process(target=_serve, args=(child, self.spec, self.device), daemon=True)
+        self._process.start()
+        child.close()
+        self._conn = parent
+        # start-up (importing torch and the backend) is not the case's time
+        if not (parent.poll(STARTUP_S) and parent.recv() == "ready"):
+            self._stop()
+            raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s")
+
+    def _stop(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(timeout=10)
+        self._process = self._conn = None
+
+    def run(self, case: Case) -> V.Verdict:
+        if self._process is None:
+            self._start()
+        answered = False  # the pipe closed (the worker died) rather than staying silent (a hang)
+        try:
+            self._conn.send(case.to_dict())
+            if self._conn.poll(self.timeout_s):
+                answered = True
+                return V.Verdict.from_dict(self._conn.recv())
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            answered = True  # the worker died: its exit code says how
+        process = self._process
+        self.restarts += 1
+        if not answered:
+            self._stop()
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: no answer within {self.timeout_s:g}s; worker killed")
+        process.join(timeout=30)
+        name = _death(process.exitcode)
+        self._stop()
+        return V.Verdict(V.CRASH, name, f"{self.spec}: the worker process died ({name}) while running this case")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,48 @@
+"""Crash isolation: kernels that segfault, abort, hang or raise cost one case each, and the worker carries on."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.backends import get
+from fuzz.harness import fuzz
+from fuzz.isolate import Worker
+from fuzz.profiles import profile
+from oracles import verdict as V
+from strategies.case import Case
+from strategies.space import Space
+
+PLAIN = Case(sq=4, skv=4, d_qk=8, d_v=8)
+
+
+@pytest.mark.parametrize("kernel, status, diagnosis", [
+    ("aborts", V.CRASH, "SIGABRT"),
+    ("hangs", V.HANG, "TIMEOUT"),
+    ("raises", V.CRASH, "RuntimeError"),
+])
+def test_misbehaving_kernel_costs_one_case(kernel, status, diagnosis):
+    with Worker(f"tests.misbehaving:{kernel}", timeout_s=20 if kernel != "hangs" else 3) as worker:
+        first = worker.run(PLAIN)
+        second = worker.run(PLAIN.replace(seed=1))
+    assert (first.status, first.diagnosis) == (status, diagnosis), first
+    assert (second.status, second.diagnosis) == (status, diagnosis), "a fresh worker served the next case"
+
+
+def test_segfault_is_a_crash_and_the_next_case_still_passes():
+    with Worker("tests.misbehaving:segfault_when_causal", timeout_s=20) as worker:
+        crash = worker.run(PLAIN.replace(causal=True))
+        after = worker.run(PLAIN)
+        assert worker.restarts == 1
+    assert (crash.status, crash.diagnosis) == (V.CRASH, "SIGSEGV") and "died" in crash.message
+    assert after.status == V.PASS, after
+
+
+def test_a_segfault_is_shrunk_each_attempt_in_a_fresh_worker():
+    spec = "tests.misbehaving:segfault_when_causal"
+    with Worker(spec, timeout_s=20) as worker:
+        tally, findings = fuzz(get(spec), space=Space(max_len=16, max_batch=2, max_heads=2), worker=worker,
+                               settings=profile("ci", max_examples=25))
+    assert tally.labels["PASS"] > 0
+    assert [f.verdict.label for f in findings] == ["CRASH:SIGSEGV"]
+    shrunk = findings[0].case
+    assert shrunk.causal and (shrunk.b, shrunk.sq, shrunk.skv, shrunk.h) == (1, 1, 1, 1), shrunk

@@ -119,9 +119,14 @@ def _finite(x: float):
     return x if x == x and abs(x) != float("inf") else str(x)
 
 
+def _inflight_path(directory: Path, backend: str) -> Path:
+    """Where the case a backend is running waits on disk (write-ahead), one file per backend."""
+    return directory / f".inflight-{backend.replace(':', '_').replace('/', '_')}.json"
+
+
 def _recover_inflight(directory: Path, backend) -> list[Path]:
     """A case left on disk by a process that died while running it becomes a CRASH entry."""
-    inflight = directory / f".inflight-{backend.name.replace(':', '_').replace('/', '_')}.json"
+    inflight = _inflight_path(directory, backend.name)
     saved = []
     if inflight.exists():
         data = json.loads(inflight.read_text())
@@ -155,7 +160,7 @@ def cmd_run(args) -> int:
             continue
         args.corpus.mkdir(parents=True, exist_ok=True)
         saved = _recover_inflight(args.corpus, backend)
-        inflight = args.corpus / f".inflight-{name.replace(':', '_').replace('/', '_')}.json"
+        inflight = _inflight_path(args.corpus, name)
         backend_settings = for_backend(settings, backend.cost, args.max_examples)
         progress = Progress(name, backend_settings.max_examples)
         log = CaseLog(args.log, name)

@@ -12,7 +12,6 @@ import importlib
 
 from fuzz.backends import flash_common as fc
 from fuzz.backends.base import Unsupported
-from oracles.verdict import Output
 from strategies.case import Case
 from strategies.materialize import Tensors
 
@@ -41,23 +40,11 @@ class FlashAttn2(fc.NegativeUnboundedBand):
     name = "fa2"
     family = "fa2"
 
-    def __init__(self, device: str = "cuda") -> None:
-        self.device = device
+    library, api, min_arch = LIBRARY, f"{MODULE}.flash_attn_interface", MIN_ARCH
+    build_hint = "it builds from source against CUDA"
 
     def _module(self):
         return importlib.import_module(MODULE)
-
-    def available(self) -> str | None:
-        try:
-            importlib.import_module(f"{MODULE}.flash_attn_interface")
-        except ImportError as e:
-            return f"{LIBRARY} is not installed or does not load ({e}); it builds from source against CUDA"
-        arch = fc.cuda_arch(self.device)
-        if arch is None:
-            return f"{LIBRARY} needs a CUDA device (device={self.device!r})"
-        if arch < MIN_ARCH:
-            return f"{LIBRARY} needs sm{MIN_ARCH}+, this GPU is sm{arch}"
-        return None
 
     def refusals(self, case: Case) -> list[tuple[bool, str]]:
         return capability_refusals(case)
@@ -71,31 +58,6 @@ class FlashAttn2(fc.NegativeUnboundedBand):
         return {"dropout_p": 0.0, "softmax_scale": case.scale, "causal": causal, "window_size": window,
                 "softcap": case.softcap or 0.0, "alibi_slopes": t.alibi, "deterministic": False,
                 "return_attn_probs": True}
-
-    def run(self, case: Case, tensors: Tensors) -> Output:
-        reason = self.unsupported(case)
-        if reason:
-            raise Unsupported(reason)
-        api = importlib.import_module(f"{MODULE}.flash_attn_interface")
-        kwargs = self.call_kwargs(case, tensors)
-        packed = case.layout == "thd" or case.padded
-        x = fc.flash_inputs(case, tensors, packed=packed)
-        try:
-            if packed:
-                fn = "flash_attn_varlen_func"
-                result = api.flash_attn_varlen_func(x.q, x.k, x.v, x.cu_q, x.cu_k, case.sq, case.skv, **kwargs)
-            else:
-                fn = "flash_attn_func"
-                result = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
-        except Exception as e:  # the library's own input checks are refusals; anything else is a crash
-            refused = fc.refusal(e, LIBRARY)
-            if refused is None:
-                raise
-            raise refused from e
-        out = fc.logical_out(case, x, result[0])
-        dq, dk, dv = fc.gradients(case, x, out, tensors)
-        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
-        return Output(out=out.detach(), lse=fc.logical_lse(case, x, result[1]), dq=dq, dk=dk, dv=dv, ran=ran)
 
     def version(self) -> str:
         try:

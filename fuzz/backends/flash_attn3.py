@@ -14,7 +14,6 @@ from importlib import metadata
 
 from fuzz.backends import flash_common as fc
 from fuzz.backends.base import Unsupported
-from oracles.verdict import Output
 from strategies.case import Case
 from strategies.materialize import Tensors
 
@@ -54,20 +53,8 @@ class FlashAttn3(fc.NegativeUnboundedBand):
     name = "fa3"
     family = "fa3"
 
-    def __init__(self, device: str = "cuda") -> None:
-        self.device = device
-
-    def available(self) -> str | None:
-        try:
-            importlib.import_module(MODULE)
-        except ImportError as e:
-            return f"{LIBRARY} is not installed or does not load ({e}); it builds from source (hopper/)"
-        arch = fc.cuda_arch(self.device)
-        if arch is None:
-            return f"{LIBRARY} needs a CUDA device (device={self.device!r})"
-        if arch < MIN_ARCH:
-            return f"{LIBRARY} needs sm{MIN_ARCH}+ (Hopper for its full feature set), this GPU is sm{arch}"
-        return None
+    library, api, min_arch = LIBRARY, MODULE, MIN_ARCH
+    build_hint, arch_hint = "it builds from source (hopper/)", " (Hopper for its full feature set)"
 
     def refusals(self, case: Case) -> list[tuple[bool, str]]:
         return capability_refusals(case)
@@ -80,32 +67,6 @@ class FlashAttn3(fc.NegativeUnboundedBand):
         causal, window = fc.spelled_mask(band, case.spelling, case, unbounded=-1)
         return {"softmax_scale": case.scale, "causal": causal, "window_size": window,
                 "softcap": case.softcap or 0.0, "deterministic": False, "return_attn_probs": True}
-
-    def run(self, case: Case, tensors: Tensors) -> Output:
-        reason = self.unsupported(case)
-        if reason:
-            raise Unsupported(reason)
-        api = importlib.import_module(MODULE)
-        kwargs = self.call_kwargs(case, tensors)
-        packed = case.layout == "thd" or case.padded
-        x = fc.flash_inputs(case, tensors, packed=packed)
-        try:
-            if packed:
-                fn = "flash_attn_varlen_func"
-                result = api.flash_attn_varlen_func(x.q, x.k, x.v, x.cu_q, x.cu_k, case.sq, case.skv, **kwargs)
-            else:
-                fn = "flash_attn_func"
-                result = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
-        except Exception as e:  # the library's own input checks are refusals; anything else is a crash
-            refused = fc.refusal(e, LIBRARY)
-            if refused is None:
-                raise
-            raise refused from e
-        out, lse = (result[0], result[1]) if isinstance(result, (tuple, list)) else (result, None)
-        out = fc.logical_out(case, x, out)
-        dq, dk, dv = fc.gradients(case, x, out, tensors)
-        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
-        return Output(out=out.detach(), lse=fc.logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)
 
     def version(self) -> str:
         for dist in DISTRIBUTIONS:

@@ -1,0 +1,209 @@
+"""Coverage of the case space: which cells each backend has run, passed, failed, and refused.
+
+A cell is one value on each axis below (a coarse class of a Case, not the case itself). The space is the product of
+the axes' value lists (`SPACE_SIZE`); some of its cells cannot be drawn (thd needs padding, sq = skv leaves the
+alignment n/a), so it is an upper bound, counted honestly rather than guessed down.
+
+- mask: the causal flag and per-sequence padding; an explicit boolean mask is classed by its keep density instead
+  (empty 0, sparse < 0.5, dense < 1, full 1).
+- alignment: top_left / bottom_right, or n/a where the offset skv_n - sq_n is 0 for every sequence, or where nothing
+  reads it (no band and no ALiBi).
+- window: the raw window (a right bound of 0 under causal is causal's own, not a window), first match of: none;
+  zero (a bound is 0); beyond (a bound >= max(sq, skv): the band is as wide as the sequence); left; right; both.
+- layout, dtype: the Case field.
+- heads: MHA (h = hk), MQA (hk = 1 < h), GQA.
+- length: the size class of sq and skv, first match of: sq=1; tiny (both <= 16); tile_edge (a length, padded or
+  per sequence, within 1 of a multiple of 64); small (<= 512); long; then /eq when every sequence has as many
+  queries as keys, /ne when one does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, fields
+from typing import Callable
+
+from strategies.case import DTYPES, LAYOUTS, Case
+
+Cell = tuple[str, ...]
+
+MASKS = ("none", "causal", "padding", "padding_causal", "bool_empty", "bool_sparse", "bool_dense", "bool_full")
+ALIGNMENT_CLASSES = ("top_left", "bottom_right", "n/a")
+WINDOWS = ("none", "zero", "beyond", "left", "right", "both")
+HEADS = ("MHA", "GQA", "MQA")
+SIZES = ("sq=1", "tiny", "tile_edge", "small", "long")
+LENGTHS = tuple(f"{size}/{eq}" for size in SIZES for eq in ("eq", "ne"))
+TILE = 64
+SMALL_MAX = 512
+TINY_MAX = 16
+
+
+def mask_class(case: Case) -> str:
+    density = case.mask_density
+    if density is not None:
+        return ("bool_empty" if density == 0 else "bool_sparse" if density < 0.5 else
+                "bool_dense" if density < 1 else "bool_full")
+    base = "causal" if case.causal else "none"
+    if case.padded:
+        return "padding" if base == "none" else "padding_causal"
+    return base
+
+
+def alignment_class(case: Case) -> str:
+    no_offset = all(q == k for q, k in zip(case.lens_q, case.lens_kv))
+    unread = case.left is None and case.right is None and case.alibi_slopes is None
+    return "n/a" if no_offset or unread else case.alignment
+
+
+def window_class(case: Case) -> str:
+    left, right = case.window
+    if case.causal and right == 0:
+        right = None
+    bounds = [w for w in (left, right) if w is not None]
+    if not bounds:
+        return "none"
+    if 0 in bounds:
+        return "zero"
+    if any(w >= max(case.sq, case.skv) for w in bounds):
+        return "beyond"
+    return "both" if len(bounds) == 2 else ("left" if left is not None else "right")
+
+
+def heads_class(case: Case) -> str:
+    return "MHA" if case.h == case.hk else ("MQA" if case.hk == 1 else "GQA")
+
+
+def _near_tile(n: int) -> bool:
+    return n >= TILE - 1 and min(n % TILE, TILE - n % TILE) <= 1
+
+
+def length_class(case: Case) -> str:
+    longest = max(case.sq, case.skv)
+    lengths = (case.sq, case.skv, *case.lens_q, *case.lens_kv)
+    size = ("sq=1" if case.sq == 1 else "tiny" if longest <= TINY_MAX else
+            "tile_edge" if any(_near_tile(n) for n in lengths) else "small" if longest <= SMALL_MAX else "long")
+    equal = all(q == k for q, k in zip(case.lens_q, case.lens_kv))
+    return f"{size}/{'eq' if equal else 'ne'}"
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    values: tuple[str, ...]
+    of: Callable[[Case], str]
+
+
+AXES = (Axis("mask", MASKS, mask_class), Axis("alignment", ALIGNMENT_CLASSES, alignment_class),
+        Axis("window", WINDOWS, window_class), Axis("layout", LAYOUTS, lambda c: c.layout),
+        Axis("dtype", DTYPES, lambda c: c.dtype), Axis("heads", HEADS, heads_class),
+        Axis("length", LENGTHS, length_class))
+AXIS_NAMES = tuple(a.name for a in AXES)
+SPACE_SIZE = math.prod(len(a.values) for a in AXES)
+
+
+def cell_of(case: Case | dict) -> Cell:
+    """The cell of a Case (or of its to_dict()), one value per axis in AXES order."""
+    if isinstance(case, dict):
+        case = Case.from_dict(case)
+    return tuple(axis.of(case) for axis in AXES)
+
+
+@dataclass
+class Counts:
+    """Cases in a cell (or a marginal) by outcome. failed = FAIL, CRASH, HANG, FLAKY; refused = UNSUPPORTED."""
+
+    cases: int = 0
+    passed: int = 0
+    failed: int = 0
+    known: int = 0
+    refused: int = 0
+
+    def add(self, label: str) -> None:
+        status = label.split(":", 1)[0]
+        self.cases += 1
+        if status == "PASS":
+            self.passed += 1
+        elif status in ("FAIL", "CRASH", "HANG", "FLAKY"):
+            self.failed += 1
+        elif status == "KNOWN":
+            self.known += 1
+        elif status == "UNSUPPORTED":
+            self.refused += 1
+
+    def merge(self, other: Counts) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def covered(self) -> bool:
+        """At least one case here ran (was not refused)."""
+        return self.cases > self.refused
+
+
+@dataclass(frozen=True)
+class Marginal:
+    """One value of one axis: the cases on it and how many of its cells were covered."""
+
+    value: str
+    counts: Counts
+    cells_covered: int
+    cells_total: int
+
+
+class Coverage:
+    """Counts per backend per cell; `add` per case, `summary` for a live line, `marginals` for tables."""
+
+    def __init__(self) -> None:
+        self.cells: dict[str, dict[Cell, Counts]] = {}
+
+    def add(self, backend: str, case: Case | dict, label: str) -> Cell:
+        cell = cell_of(case)
+        self.cells.setdefault(backend, {}).setdefault(cell, Counts()).add(label)
+        return cell
+
+    def backends(self) -> list[str]:
+        return sorted(self.cells)
+
+    def cell_counts(self, backend: str | None = None) -> dict[Cell, Counts]:
+        """One backend's cells, or (None) every backend's merged."""
+        if backend is not None:
+            return self.cells.get(backend, {})
+        merged: dict[Cell, Counts] = {}
+        for cells in self.cells.values():
+            for cell, counts in cells.items():
+                merged.setdefault(cell, Counts()).merge(counts)
+        return merged
+
+    def tally(self, backend: str | None = None) -> Counter:
+        """Cells that are covered, failing (a failure in them), known (a known bug), refused_only."""
+        t = Counter()
+        for counts in self.cell_counts(backend).values():
+            t["covered"] += counts.covered
+            t["failing"] += counts.failed > 0
+            t["known"] += counts.known > 0
+            t["refused_only"] += not counts.covered
+        return t
+
+    def summary(self, backend: str | None = None) -> str:
+        """One line for a live display, e.g. 'cells 123/51840 covered (0.24%), 7 failing, 40 refused only'."""
+        t = self.tally(backend)
+        line = (f"cells {t['covered']}/{SPACE_SIZE} covered ({100 * t['covered'] / SPACE_SIZE:.2f}%), "
+                f"{t['failing']} failing")
+        if t["known"]:
+            line += f", {t['known']} known"
+        return f"{line}, {t['refused_only']} refused only"
+
+    def marginals(self, backend: str | None = None) -> dict[str, list[Marginal]]:
+        """Per axis, one row per value (in the axis's order): summed counts and covered cells."""
+        cells = self.cell_counts(backend)
+        out = {}
+        for i, axis in enumerate(AXES):
+            sums = {v: Counts() for v in axis.values}
+            covered = Counter()
+            for cell, counts in cells.items():
+                sums.setdefault(cell[i], Counts()).merge(counts)
+                covered[cell[i]] += counts.covered
+            per_value = SPACE_SIZE // len(axis.values)
+            out[axis.name] = [Marginal(v, sums[v], covered[v], per_value) for v in sums]
+        return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import hypothesis
+import torch
 from hypothesis import strategies as st
 
 from fuzz.backends.base import Backend, Hang, Unsupported
@@ -91,6 +92,8 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
             return V.Verdict(V.CRASH, type(e).__name__,
                              f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
         verdict = grade(case, tensors, output, family=backend.family, oracle=Oracle.of(case, tensors, device=device))
+        if getattr(backend, "deterministic", False):
+            verdict = _check_bitwise(backend, case, tensors, output, verdict)
         signal = getattr(backend, "last_agreement", None)  # CP vs non-CP: reported beside the grade, never graded
         if signal is not None:
             verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
@@ -98,6 +101,27 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
     finally:
         if inflight is not None:
             inflight.unlink(missing_ok=True)
+
+
+def _bits(x):
+    """A tensor's bit pattern (NaN-safe equality): its bytes as integers of the same width."""
+    return x.detach().contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
+def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdict: V.Verdict) -> V.Verdict:
+    """A backend that declares itself deterministic runs the case again on the same inputs; any bit that differs is a
+    FAIL:NONDETERMINISTIC (a failed grade stays the verdict, with the difference noted)."""
+    second = backend.run(case, tensors)
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        a, b = getattr(first, name), getattr(second, name)
+        if a is None or b is None or torch.equal(_bits(a), _bits(b)):
+            continue
+        delta = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
+        message = f"{name} is not bitwise reproducible: a second identical run differs by up to {delta:.3g}"
+        if verdict.failed:
+            return dataclasses.replace(verdict, checks=verdict.checks + (message,))
+        return V.Verdict(V.FAIL, V.NONDETERMINISTIC, message, ratio=verdict.ratio, checks=verdict.checks)
+    return verdict
 
 
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
@@ -149,12 +173,31 @@ def findings_of(error: BaseException) -> list[Finding]:
     return []
 
 
+def confirm(finding: Finding, run: Callable[[Case], V.Verdict], reruns: int) -> Finding:
+    """Run a finding's case `reruns` more times: when the runs disagree it is FLAKY, with how often it failed."""
+    labels = [finding.verdict.label] + [run(finding.case).label for _ in range(reruns)]
+    same = labels.count(finding.verdict.label)
+    if same == len(labels) or finding.verdict.status == V.FLAKY:
+        return finding
+    seen = ", ".join(f"{label} x{n}" for label, n in Counter(labels).items())
+    flaky = V.Verdict(V.FLAKY, finding.verdict.label, f"{finding.verdict.label} in {same} of {len(labels)} identical "
+                      f"runs ({seen}): {finding.verdict.message}", finding.verdict.worst, finding.verdict.ratio)
+    return Finding(finding.backend, finding.case, flaky)
+
+
 def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
          seed: int | None = None, inflight: Path | None = None,
          on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
-         known: KnownBugs | None = None, worker=None) -> tuple[Tally, list[Finding]]:
+         known: KnownBugs | None = None, worker=None, reruns: int = 3,
+         database_key: str | None = None) -> tuple[Tally, list[Finding]]:
     """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
-    findings, one per distinct verdict label. A failure that did not reproduce becomes a FLAKY finding."""
+    findings, one per distinct verdict label. Each finding's case is run `reruns` more times: a failure that does not
+    come back every time (or that Hypothesis could not reproduce) is a FLAKY finding, with how often it failed.
+
+    `worker` is anything with run(case) -> Verdict (fuzz.isolate.Worker; a campaign's resumable cache); without one,
+    cases run in this process. `database_key` names the backend's failures in the settings' example database, so that
+    runs with other seeds, other processes and other machines replay them (Hypothesis keys by function source
+    otherwise, which is the same for every backend)."""
     tally = Tally()
     prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case,
                          known=known, worker=worker)
@@ -162,6 +205,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         prop = settings(prop)
     if seed is not None:
         prop = hypothesis.seed(seed)(prop)
+    if database_key is not None:
+        prop._hypothesis_internal_database_key = database_key.encode()  # read by Hypothesis; set last, on the wrapper
     start = time.perf_counter()
     findings: list[Finding] = []
     try:
@@ -180,4 +225,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
             raise
     finally:
         tally.seconds = time.perf_counter() - start
+    if reruns > 0:
+        run = worker.run if worker is not None else (lambda c: run_case(backend, c, device=device, inflight=inflight))
+        findings = [f if f.verdict.status == V.HANG else confirm(f, run, reruns) for f in findings]
     return tally, findings

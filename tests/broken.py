@@ -109,5 +109,36 @@ class LaterBatches(Correct):
         return Output(out)
 
 
+class Jittery(Correct):
+    """Claims determinism, but every other run nudges one element by one unit in the last place: inside every
+    tolerance, caught only by the bitwise rerun."""
+
+    name = "broken-jitter"
+    deterministic = True
+    calls = 0
+
+    def run(self, case, t):
+        self.calls += 1
+        out = self.attend(case, t).clone()
+        if self.calls % 2 == 0:
+            out.view(-1)[0] = torch.nextafter(out.view(-1)[0], torch.tensor(math.inf, dtype=out.dtype))
+        return Output(out)
+
+
+class Intermittent(Correct):
+    """All zeros under causal on every third run only: a race, as the confirming reruns see it."""
+
+    name = "broken-intermittent"
+    calls = 0
+
+    def run(self, case, t):
+        out = self.attend(case, t)
+        if case.causal:
+            self.calls += 1
+            if self.calls % 3 == 1:
+                return Output(torch.zeros_like(out))
+        return Output(out)
+
+
 BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads, ValueDimScale,
-                                   NanOnEmptyRows, TileTail, LaterBatches)}
+                                   NanOnEmptyRows, TileTail, LaterBatches, Jittery, Intermittent)}

@@ -39,6 +39,7 @@ class Backend:
     family: str = "default"     # row of the tolerance table (oracles/tolerance.py)
     device: str = "cpu"
     cost: float = 1.0           # relative cost of an example: a profile's example budget is divided by it
+    deterministic: bool = False  # claims bitwise-reproducible results: each case runs twice and the bits must agree
 
     def available(self) -> str | None:
         return None

@@ -31,6 +31,8 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
 - Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
   [b, h, sq] (natural log, float32). Cases with gradients check dq, dk, dv when out is differentiable by autograd.
 - Optional `fn.supports(case) -> bool | str` narrows what is drawn: False refuses, a string refuses with that reason.
+- Optional `fn.deterministic = True` claims bitwise-reproducible results: each case then runs twice, and any bit that
+  differs is a FAIL:NONDETERMINISTIC.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class CustomBackend(Backend):
 
     def __init__(self, spec: str, fn, device: str):
         self.name, self.fn, self.device = spec, fn, str(device)
+        self.deterministic = bool(getattr(fn, "deterministic", False))
         params = inspect.signature(fn).parameters.values()
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self.accepts = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}

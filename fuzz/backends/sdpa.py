@@ -99,6 +99,7 @@ class SdpaBackend(Backend):
 
     def __init__(self, name: str, device: str):
         self.name, self.device, self.kernel = name, str(device), KERNELS[name]
+        self.deterministic = self.kernel == "MATH"  # plain aten ops, no atomics: the same bits on every run
 
     def _sdp(self):
         from torch.nn.attention import SDPBackend

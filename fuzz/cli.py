@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from fuzz import corpus as corpus_io
+from fuzz import report
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
 from fuzz.isolate import Worker
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     mark.add_argument("--match", default="", help="count a new failure as this bug only if its message contains this")
     mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
                       help="count it only for cases with this field value, e.g. dtype='\"float64\"' (repeatable)")
+    report.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     backends.add_argument("--device", default="cpu")
     backends.add_argument("--json", action="store_true")
@@ -284,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad usage, 0 on --help
         return int(e.code or 0)
-    commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends}
+    commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
+                "report": report.cmd_report}
     try:
         return commands[args.command](args)
     except UsageError as e:

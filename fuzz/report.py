@@ -105,6 +105,17 @@ def _read_lines(campaign: Campaign, path: Path) -> None:
                 campaign.unreadable.append(f"{path}:{number}: {type(e).__name__}: {str(e)[:160]}")
 
 
+def _add_state(state: dict[str, dict], stem: str, data: dict) -> None:
+    """Sum a progress file into per-backend rounds / examples / seconds / lanes: a lane's file holds
+    {"backends": {name: progress}}, a backend's own file (state/<backend>.json) the progress itself."""
+    per_backend = data["backends"] if "backends" in data else {stem: data}
+    for name, progress in per_backend.items():
+        into = state.setdefault(name, {"rounds": 0, "examples": 0, "seconds": 0.0, "lanes": 0})
+        for key in ("rounds", "examples", "seconds"):
+            into[key] += progress.get(key) or 0
+        into["lanes"] += 1
+
+
 def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
     """A campaign directory (campaign.json, cases/*.jsonl, state/*.json, corpus/), a folder of *.jsonl logs, or one
     log file. `corpus` overrides where findings are read from (default: the campaign's corpus/)."""
@@ -123,9 +134,9 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
                 campaign.unreadable.append(f"{meta}: {e.msg}")
         for path in sorted((source / "state").glob("*.json")):
             try:
-                campaign.state[path.stem] = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                campaign.unreadable.append(f"{path}: {e.msg}")
+                _add_state(campaign.state, path.stem, json.loads(path.read_text()))
+            except (TypeError, ValueError, AttributeError, KeyError) as e:
+                campaign.unreadable.append(f"{path}: {type(e).__name__}: {e}")
         logs = sorted((source / "cases").glob("*.jsonl")) or sorted(source.glob("*.jsonl"))
         corpus = corpus or source / "corpus"
     for path in logs:
@@ -218,16 +229,19 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
 
 
 def state_table(c: Campaign) -> Table:
-    rows = [[name, str(s.get("rounds", "")), str(s.get("examples", "")), f"{float(s.get('seconds') or 0):.0f}"]
-            for name, s in sorted(c.state.items()) if isinstance(s, dict)]
-    return Table("Progress (state/)", ["backend", "rounds", "examples", "seconds"], rows)
+    rows = [[name, str(s["lanes"]), str(s["rounds"]), str(s["examples"]), f"{s['seconds']:.0f}"]
+            for name, s in sorted(c.state.items())]
+    return Table("Progress (state/)", ["backend", "lanes", "rounds", "examples", "seconds"], rows,
+                 "rounds finished and their examples, summed over lanes; a round cut short by the deadline is not "
+                 "counted here, its cases are in the totals above")
 
 
 def marginal_tables(c: Campaign) -> list[Table]:
     names = c.coverage.backends()
+    margins = {name: c.coverage.marginals(name) for name in names}
     tables = []
     for axis in AXES:
-        per = {name: c.coverage.marginals(name)[axis.name] for name in names}
+        per = {name: margins[name][axis.name] for name in names}
         rows = []
         for i, value in enumerate(axis.values):
             row = [value]
@@ -297,10 +311,12 @@ def table_html(t: Table) -> str:
 
 def _header(c: Campaign) -> list[tuple[str, str]]:
     items = [("source", str(c.source))]
-    for key in ("backends", "device", "lanes", "hours", "seed", "db", "started"):
-        if key in c.meta:
-            value = c.meta[key]
-            items.append((key, ", ".join(map(str, value)) if isinstance(value, list) else str(value)))
+    for key in ("backends", "skipped", "device", "lanes", "hours", "seed", "db", "round_examples", "max_len",
+                "isolate", "known", "started"):
+        value = c.meta.get(key)
+        if value is not None and value != {}:
+            items.append((key, ", ".join(map(str, value)) if isinstance(value, list) else
+                          "; ".join(f"{k}: {v}" for k, v in value.items()) if isinstance(value, dict) else str(value)))
     if c.span:
         items.append(("cases logged over", f"{(c.span[1] - c.span[0]) / 3600:.2f} h"))
     everyone = c.coverage.summary()

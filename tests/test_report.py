@@ -55,26 +55,27 @@ def fuzz_to_log(backend, path: Path, lane: int | None, examples: int = 30) -> tu
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    """A campaign dir: two lanes, a hand-written refusal with HTML in its reason, a truncated last line, state, and
-    the planted bug's findings saved in corpus/ (one marked known)."""
+    """A campaign dir as fuzz/lane.py writes it: two lanes, a hand-written refusal with HTML in its reason, a truncated
+    last line, the lanes' state, and the planted bug's findings saved in corpus/ (one marked known)."""
     root = tmp_path_factory.mktemp("campaign")
     (root / "cases").mkdir()
     (root / "state").mkdir()
     math_backend, broken = get("sdpa-math", "cpu"), ZeroWhenCausal()
     (root / "campaign.json").write_text(json.dumps({
-        "backends": ["sdpa-math", broken.name], "device": "cpu", "lanes": 2, "hours": 0.01, "seed": 0,
+        "backends": ["sdpa-math", broken.name], "skipped": {"fa4": "needs CUDA"}, "device": "cpu", "lanes": 2,
+        "hours": 0.01, "seed": 0,
         "db": str(root / "db"), "started": "2026-12-01T00:00:00+00:00", "versions": {"sdpa-math": "torch-test"}}))
     expected = {}
-    expected["sdpa-math"], _ = fuzz_to_log(math_backend, root / "cases" / "0.jsonl", 0)
-    expected[broken.name], findings = fuzz_to_log(broken, root / "cases" / "1.jsonl", 1)
-    with (root / "cases" / "0.jsonl").open("a") as f:
+    expected["sdpa-math"], _ = fuzz_to_log(math_backend, root / "cases" / "lane0.jsonl", 0)
+    expected[broken.name], findings = fuzz_to_log(broken, root / "cases" / "lane1.jsonl", 1)
+    with (root / "cases" / "lane0.jsonl").open("a") as f:
         f.write(_line("sdpa-math", Case(dtype="float64"), Verdict("UNSUPPORTED", None, NASTY), 0))
     expected["sdpa-math"]["UNSUPPORTED"] += 1
-    with (root / "cases" / "1.jsonl").open("a") as f:
+    with (root / "cases" / "lane1.jsonl").open("a") as f:
         f.write('{"backend": "broken-zero-causal", "label": "PA')          # a killed process's last line
-    for name, labels in expected.items():
-        (root / "state" / f"{name}.json").write_text(json.dumps({"rounds": 1, "examples": sum(labels.values()),
-                                                                  "seconds": 1.5}))
+    for lane, (name, labels) in enumerate(expected.items()):
+        progress = {name: {"rounds": 1, "examples": sum(labels.values()), "seconds": 1.5}}
+        (root / "state" / f"lane{lane}.json").write_text(json.dumps({"elapsed": 2.0, "backends": progress}))
     assert findings, "the planted bug must give a finding to save"
     for i, f in enumerate(findings):
         entry = corpus_io.Entry(backend=broken.name, case=f.case, verdict=f.verdict,
@@ -143,10 +144,30 @@ def test_totals_in_the_markdown_match_the_lines_written(campaign):
     assert failures["broken-zero-causal"][1:] == ["FAIL:ALL_ZERO", str(expected["broken-zero-causal"]["FAIL:ALL_ZERO"])]
 
 
+def test_progress_and_settings_are_shown(campaign):
+    root, expected, _, index = campaign
+    markdown = index.with_name("report.md").read_text()
+    progress = table_rows(markdown, "Progress (state/)")
+    for name, labels in expected.items():
+        assert progress[name][1:] == ["1", "1", str(sum(labels.values())), "2"], progress
+    assert "- **skipped**: fa4: needs CUDA" in markdown
+
+
+def test_per_backend_state_files_add_up(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "sdpa-math.json").write_text(json.dumps({"rounds": 3, "examples": 600, "seconds": 9.0}))
+    (tmp_path / "state" / "lane0.json").write_text(json.dumps({"backends": {"sdpa-math": {"rounds": 2,
+                                                                                          "examples": 50}}}))
+    (tmp_path / "state" / "lane1.json").write_text("{\"backends\": ")
+    c = read_campaign(tmp_path)
+    assert c.state == {"sdpa-math": {"rounds": 5, "examples": 650, "seconds": 9.0, "lanes": 2}}
+    assert len(c.unreadable) == 1 and "lane1.json" in c.unreadable[0]
+
+
 def test_truncated_last_line_is_skipped_and_counted(campaign):
     root = campaign[0]
     c = read_campaign(root)
-    assert len(c.unreadable) == 1 and "1.jsonl" in c.unreadable[0]
+    assert len(c.unreadable) == 1 and "lane1.jsonl:" in c.unreadable[0]
     assert "1 line(s) or file(s) skipped" in (campaign[3].parent / "report.md").read_text()
 
 
@@ -209,3 +230,6 @@ def test_cli_report_command(campaign, tmp_path):
     assert cmd_report(parser.parse_args(["report", str(campaign[0]), "--out", str(out)])) == 0
     assert (out / "index.html").exists() and (out / "report.md").exists()
     assert cmd_report(parser.parse_args(["report", str(tmp_path / "missing")])) == 2
+    from fuzz.cli import main
+    assert main(["report", str(campaign[0]), "--out", str(tmp_path / "via-cli")]) == 0
+    assert (tmp_path / "via-cli" / "index.html").exists()

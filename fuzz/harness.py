@@ -226,6 +226,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     finally:
         tally.seconds = time.perf_counter() - start
     if reruns > 0:
-        run = worker.run if worker is not None else (lambda c: run_case(backend, c, device=device, inflight=inflight))
+        run = (getattr(worker, "rerun", worker.run) if worker is not None
+               else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
         findings = [f if f.verdict.status == V.HANG else confirm(f, run, reruns) for f in findings]
     return tally, findings

@@ -17,9 +17,14 @@ from strategies.case import Case
 
 
 STARTUP_S = 300
+# Imported once by the fork server, so a fresh worker is a fork (tens of ms), not a new interpreter importing torch
+# (seconds): a crash that recurs on every shrink attempt stays cheap. Nothing here may initialise CUDA.
+PRELOAD = ["torch", "fuzz.harness", "fuzz.backends"]
 
 
-def _serve(conn, spec: str, device: str) -> None:
+def _serve(conn, spec: str, device: str, threads: int) -> None:
+    import torch
+    torch.set_num_threads(threads)
     from fuzz.backends import get
     from fuzz.harness import run_case
     backend = get(spec, device)
@@ -46,23 +51,30 @@ class Worker:
     timeout (which counts from the case's hand-over; start-up is waited for apart). Use as a context manager, or
     call close()."""
 
-    def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0):
-        self.spec, self.device, self.timeout_s = spec, device, timeout_s
-        self._context = multiprocessing.get_context("spawn")
+    def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1):
+        self.spec, self.device, self.timeout_s, self.threads = spec, device, timeout_s, threads
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(PRELOAD)
         self._process = None
         self._conn = None
         self.restarts = 0
 
     def _start(self) -> None:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(child, self.spec, self.device), daemon=True)
+        self._process = self._context.Process(target=_serve, args=(child, self.spec, self.device, self.threads), daemon=True)
         self._process.start()
         child.close()
         self._conn = parent
-        # start-up (importing torch and the backend) is not the case's time
-        if not (parent.poll(STARTUP_S) and parent.recv() == "ready"):
+        # start-up (importing the backend) is not the case's time
+        try:
+            ready = parent.poll(STARTUP_S) and parent.recv() == "ready"
+        except (EOFError, ConnectionResetError):
+            ready = False
+        if not ready:
+            code = self._process.exitcode
             self._stop()
-            raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s")
+            raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
+                               f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
 
     def _stop(self) -> None:
         if self._process is not None and self._process.is_alive():

@@ -33,3 +33,12 @@ def raises(q, k, v, *, causal, window, bottom_right, scale):
 
 
 segfault_when_causal.supports = lambda case: case.window == (None, None) or "a plain kernel: no windows"
+
+
+def zero_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """A silent wrong answer (seed 001's all-zero causal output), for campaigns that must find and keep it."""
+    out = _plain(q, k, v, scale)
+    return out * 0 if causal else out
+
+
+zero_when_causal.supports = segfault_when_causal.supports

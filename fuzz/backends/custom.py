@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 
 import torch
 
@@ -148,6 +150,8 @@ def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
         raise ValueError(f"--backend={spec!r}: a custom kernel is given as 'package.module:function' (one colon "
                          f"between an importable module and the function's name)")
     module_name, attr = spec.split(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # as `python -m` would: the `attnfuzz` script finds modules where it is run
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

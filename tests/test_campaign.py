@@ -1,0 +1,120 @@
+"""Campaigns lose nothing: misbehaving kernels cost one case each, and a campaign killed with -9 resumes without
+losing a finding or running a finished case again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from fuzz.lane import Resumable, lane_backends, load_log
+from oracles import verdict as V
+from strategies.case import Case
+
+ROOT = Path(__file__).resolve().parents[1]
+MISBEHAVING = ["tests.misbehaving:segfault_when_causal", "tests.misbehaving:aborts", "tests.misbehaving:hangs",
+               "tests.misbehaving:raises"]
+
+
+def campaign_command(directory: Path, *options: str) -> list[str]:
+    return [sys.executable, "-m", "fuzz", "campaign", "--dir", str(directory), "--max-len", "16", *options]
+
+
+def run_campaign(directory: Path, *options: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(campaign_command(directory, *options), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def logged(directory: Path) -> list[dict]:
+    rows = []
+    for path in sorted((directory / "cases").glob("*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return rows
+
+
+def saved_labels(directory: Path) -> set[tuple[str, str]]:
+    entries = [json.loads(p.read_text()) for p in (directory / "corpus").glob("*.json")]
+    return {(e["backend"], f"{e['verdict']['status']}:{e['verdict']['diagnosis']}") for e in entries}
+
+
+def test_the_campaign_survives_four_misbehaving_kernels_and_saves_each(tmp_path):
+    result = run_campaign(tmp_path / "c", "--backends", ",".join(MISBEHAVING + ["sdpa-math"]), "--hours", "0.008",
+                          "--case-timeout", "2", "--round-examples", "30", "--round-seconds", "6")
+    assert result.returncode == 1, result.stderr  # findings were made
+    assert saved_labels(tmp_path / "c") >= {
+        ("tests.misbehaving:segfault_when_causal", "CRASH:SIGSEGV"), ("tests.misbehaving:aborts", "CRASH:SIGABRT"),
+        ("tests.misbehaving:hangs", "HANG:TIMEOUT"), ("tests.misbehaving:raises", "CRASH:RuntimeError")}
+    labels = Counter((row["backend"], row["label"]) for row in logged(tmp_path / "c"))
+    assert labels["sdpa-math", "PASS"] > 0, labels                       # the campaign went on after every crash
+    assert labels["tests.misbehaving:segfault_when_causal", "PASS"] > 0, labels   # and so did the crashing backend
+    assert "finding (new)" in result.stderr
+
+
+def test_kill_9_then_resume_loses_no_finding_and_repeats_no_case(tmp_path):
+    directory = tmp_path / "c"
+    options = ["--backends", "sdpa-math,tests.misbehaving:zero_when_causal", "--round-examples", "400"]
+    first = subprocess.Popen(campaign_command(directory, *options, "--hours", "1"), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(r["label"] == "FAIL:ALL_ZERO" for r in logged(directory)):
+        time.sleep(0.2)
+    os.kill(first.pid, signal.SIGKILL)  # mid-round: the failure is logged, not yet shrunk nor saved
+    first.wait()
+    before = logged(directory)
+    assert any(r["label"] == "FAIL:ALL_ZERO" for r in before), "the first run found the bug before the kill"
+    assert not list((directory / "corpus").glob("*.json")), "killed before the round could save it"
+    time.sleep(1)
+    lanes = subprocess.run(["pgrep", "-f", f"fuzz.lane {directory}"], capture_output=True, text=True).stdout
+    assert not lanes.strip(), f"lanes outlived the killed campaign: {lanes}"
+
+    resumed = run_campaign(directory, "--hours", "0.006")
+    assert resumed.returncode == 1, resumed.stderr
+    assert "resuming" in resumed.stderr
+    assert ("tests.misbehaving:zero_when_causal", "FAIL:ALL_ZERO") in saved_labels(directory)
+    after = logged(directory)
+    keys = Counter((r["backend"], json.dumps(r["case"], sort_keys=True)) for r in after)
+    repeated = [k for k, n in keys.items() if n > 1]
+    assert not repeated, f"{len(repeated)} case(s) ran twice, e.g. {repeated[:1]}"
+    assert len(after) > len(before), "the resumed campaign went on drawing new cases"
+
+
+def test_resuming_with_other_options_is_refused_with_the_fix(tmp_path):
+    directory = tmp_path / "c"
+    assert run_campaign(directory, "--backends", "sdpa-math", "--hours", "0.0003").returncode == 0
+    other = run_campaign(directory, "--backends", "sdpa-flash")
+    assert other.returncode == 2
+    assert "--backends=['sdpa-flash']" in other.stderr and "give a new --dir" in other.stderr
+    fresh = run_campaign(tmp_path / "empty")
+    assert fresh.returncode == 2 and "--backends: name the backends" in fresh.stderr
+
+
+def test_a_logged_case_is_answered_from_the_log_not_run_again(tmp_path):
+    calls = []
+
+    def run(case):
+        calls.append(case)
+        return V.Verdict(V.PASS, ratio=0.5)
+
+    case = Case(sq=4, skv=4)
+    with (tmp_path / "lane0.jsonl").open("a") as log:
+        first = Resumable("b", run, log, tmp_path / ".inflight", {}, deadline=time.perf_counter() + 60, lane=0)
+        first.run(case)
+    with (tmp_path / "lane0.jsonl").open("a") as log:
+        log.write('{"backend": "b", "label": "PA')  # a line cut short by a kill
+    done = load_log(tmp_path / "lane0.jsonl")
+    with (tmp_path / "lane0.jsonl").open("a") as log:
+        again = Resumable("b", run, log, tmp_path / ".inflight", done, deadline=time.perf_counter() + 60, lane=0)
+        assert again.run(case).status == V.PASS
+        again.run(case.replace(seed=1))
+    assert calls == [case, case.replace(seed=1)], "the logged case was not run again; a new one was"
+    assert not (tmp_path / ".inflight").exists()
+
+
+def test_lanes_share_out_backends_without_idling():
+    assert lane_backends(["a", "b", "c"], 2, 0) == ["a", "c"] and lane_backends(["a", "b", "c"], 2, 1) == ["b"]
+    assert [lane_backends(["a"], 3, i) for i in range(3)] == [["a"], ["a"], ["a"]]

@@ -42,3 +42,12 @@ def zero_when_causal(q, k, v, *, causal, window, bottom_right, scale):
 
 
 zero_when_causal.supports = segfault_when_causal.supports
+
+
+def nan_when_long(q, k, v, *, causal, window, bottom_right, scale):
+    """NaN in every row once a sequence is longer than 4 queries: a second, independent silent bug."""
+    out = _plain(q, k, v, scale)
+    return out * float("nan") if q.shape[1] > 4 else out
+
+
+nan_when_long.supports = segfault_when_causal.supports

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import time
 
+from pathlib import Path
+
 from fuzz.backends import get
+from fuzz.corpus import known_bugs
 from fuzz.harness import fuzz
 from fuzz.profiles import profile
 from oracles import grade as grade_module
@@ -30,36 +33,33 @@ def main() -> None:
     import torch
     torch.set_num_threads(args.threads)
     backend = get(args.backend, args.device)
-    spent = {"backend": 0.0, "oracle": 0.0}
-    run, of = backend.run, grade_module.Oracle.of
-
-    def timed_run(case, tensors):
-        start = time.perf_counter()
-        try:
-            return run(case, tensors)
-        finally:
-            spent["backend"] += time.perf_counter() - start
-
-    def timed_oracle(case, tensors, device=None):
-        start = time.perf_counter()
-        try:
-            return of(case, tensors, device=device)
-        finally:
-            spent["oracle"] += time.perf_counter() - start
-
-    backend.run = timed_run
-    grade_module.Oracle.of = timed_oracle
     import fuzz.harness as harness_module
-    harness_module.Oracle.of = timed_oracle
+    spent = {"backend": 0.0, "oracle": 0.0, "inputs": 0.0}
+    run, of, grade, materialize = backend.run, grade_module.Oracle.of, harness_module.grade, harness_module.materialize
+
+    def timed(fn, key):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - start
+        return wrapper
+
+    backend.run = timed(run, "backend")
+    grade_module.Oracle.of = harness_module.Oracle.of = timed(of, "oracle")
+    harness_module.grade = timed(grade, "oracle")  # grading is the oracle's work: references, bounds, diagnosis
+    harness_module.materialize = timed(materialize, "inputs")
     fuzz(backend, device=args.device, space=SMALL, settings=profile("ci", max_examples=20))  # warm-up
-    spent.update(backend=0.0, oracle=0.0)
-    tally, findings = fuzz(backend, device=args.device, space=SMALL,
+    spent.update(backend=0.0, oracle=0.0, inputs=0.0)
+    tally, findings = fuzz(backend, device=args.device, space=SMALL, known=known_bugs(Path("corpus")),
                            settings=profile("ci", max_examples=args.examples, derandomize=False))
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
-    other = tally.seconds - spent["backend"] - spent["oracle"]
+    other = tally.seconds - spent["backend"] - spent["oracle"] - spent["inputs"]
     print(f"{args.backend} on {args.device}: {tally.examples} examples ({graded} graded) in {tally.seconds:.2f}s = "
           f"{graded / tally.seconds:.1f} graded cases/s; labels {dict(tally.labels)}")
-    print(f"  time: backend {spent['backend']:.2f}s, oracle+grade {spent['oracle']:.2f}s, fuzzer and the rest "
+    print(f"  time: backend {spent['backend']:.2f}s, oracle+grade {spent['oracle']:.2f}s, inputs (materialize) "
+          f"{spent['inputs']:.2f}s, fuzzer and the rest "
           f"{other:.2f}s; ratio fuzzer total / (backend + oracle) = "
           f"{tally.seconds / max(spent['backend'] + spent['oracle'], 1e-9):.2f}; findings {len(findings)}")
     for f in findings:

@@ -8,6 +8,7 @@ shortest lengths, float16, vanilla softmax, no mask, contiguous bshd).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from hypothesis import strategies as st
 
@@ -24,17 +25,32 @@ def _tile_edges(max_len: int) -> list[int]:
     return edges or [1]
 
 
+# Strategies are built once per argument and reused: Hypothesis computes properties of every new strategy object,
+# which cost more than the draws themselves (about 3 ms a case before this cache).
+@lru_cache(maxsize=None)
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    return st.integers(lo, hi)
+
+
+@lru_cache(maxsize=None)
+def _one_of(options: tuple) -> st.SearchStrategy:
+    return st.sampled_from(options)
+
+
+@lru_cache(maxsize=None)
 def lengths(max_len: int) -> st.SearchStrategy[int]:
     """Sequence lengths: uniform, 1, and multiples of the usual tile sizes +-1 (shrinks toward 1)."""
     return st.one_of(st.integers(1, max_len), st.just(1), st.sampled_from(_tile_edges(max_len)))
 
 
+@lru_cache(maxsize=None)
 def _head_dims(space: Space) -> st.SearchStrategy[int]:
     usual = [d for d in HEAD_DIMS if d <= space.max_head_dim] or [space.max_head_dim]
     odd = [d for d in ODD_HEAD_DIMS if d <= space.max_head_dim] or usual
     return st.one_of(st.sampled_from(usual), st.sampled_from(odd))
 
 
+@lru_cache(maxsize=None)
 def _bound(seq: int) -> st.SearchStrategy[int | None]:
     """A window bound: unbounded, 0, small, or at / past the sequence length."""
     return st.one_of(st.none(), st.just(0), st.integers(1, 8), st.sampled_from([max(seq - 1, 0), seq, seq + 7]))
@@ -42,12 +58,22 @@ def _bound(seq: int) -> st.SearchStrategy[int | None]:
 
 def _sometimes(draw, one_in: int) -> bool:
     """True once in `one_in` draws; shrinks to False, so a shrunk case keeps only the features it needs."""
-    return draw(st.integers(0, one_in - 1)) == one_in - 1
+    return draw(_ints(0, one_in - 1)) == one_in - 1
 
 
 def _seqlens(draw, b: int, full: int) -> tuple[int, ...]:
     """Per-sequence valid lengths: full, or anything down to 0 (an empty sequence)."""
-    return tuple(draw(st.one_of(st.just(full), st.integers(0, full))) for _ in range(b))
+    return tuple(draw(_full_or_less(full)) for _ in range(b))
+
+
+@lru_cache(maxsize=None)
+def _full_or_less(full: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.just(full), st.integers(0, full))
+
+
+@lru_cache(maxsize=None)
+def _same_or_other_head_dim(d_qk: int, space: Space) -> st.SearchStrategy[int]:
+    return st.one_of(st.just(d_qk), _head_dims(space))
 
 
 @st.composite
@@ -57,20 +83,20 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     dtypes, causal masks at both alignments, sliding windows (0, small, larger than the sequence), padding and
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
-    b = draw(st.integers(1, space.max_batch))
+    b = draw(_ints(1, space.max_batch))
     sq = draw(lengths(space.max_len))
     # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
     skv = sq if _sometimes(draw, 2) else draw(lengths(space.max_len))
     if space.gqa:
-        hk = draw(st.integers(1, max(1, space.max_heads // 2)))
-        group = draw(st.sampled_from([g for g in (1, 2, 3, 4, 8) if hk * g <= space.max_heads] or [1]))
+        hk = draw(_ints(1, max(1, space.max_heads // 2)))
+        group = draw(_one_of(tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= space.max_heads) or (1,)))
         h = hk * group
     else:
-        h = hk = draw(st.integers(1, space.max_heads))
+        h = hk = draw(_ints(1, space.max_heads))
     d_qk = draw(_head_dims(space))
-    d_v = draw(st.one_of(st.just(d_qk), _head_dims(space))) if space.split_head_dims else d_qk
-    dtype = draw(st.sampled_from(space.dtypes))
-    layout = draw(st.sampled_from(space.layouts))
+    d_v = draw(_same_or_other_head_dim(d_qk, space)) if space.split_head_dims else d_qk
+    dtype = draw(_one_of(tuple(space.dtypes)))
+    layout = draw(_one_of(tuple(space.layouts)))
 
     if layout == "thd" or (space.padding and _sometimes(draw, 4)):
         seqlens_q = _seqlens(draw, b, sq)
@@ -83,28 +109,28 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     if space.windows and _sometimes(draw, 4):
         left = draw(_bound(skv))
         window = (left, None if causal else draw(_bound(skv)))
-    alignment = draw(st.sampled_from(space.alignments))
+    alignment = draw(_one_of(tuple(space.alignments)))
     mask_density = None
     if space.explicit_mask and _sometimes(draw, 8):
-        mask_density = draw(st.sampled_from([0.5, 0.9, 0.1, 0.0, 1.0]))
+        mask_density = draw(_one_of((0.5, 0.9, 0.1, 0.0, 1.0)))
 
     scale = None
     if space.custom_scale and _sometimes(draw, 6):
-        scale = draw(st.sampled_from([1.0, 0.5 / math.sqrt(d_qk), 2.0 / math.sqrt(d_qk), 0.01]))
-    softcap = draw(st.sampled_from([5.0, 30.0, 0.5])) if space.softcap and _sometimes(draw, 6) else None
+        scale = draw(_one_of((1.0, 0.5 / math.sqrt(d_qk), 2.0 / math.sqrt(d_qk), 0.01)))
+    softcap = draw(_one_of((5.0, 30.0, 0.5))) if space.softcap and _sometimes(draw, 6) else None
     alibi = None
     if space.alibi and _sometimes(draw, 6):
         alibi = tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
-    softmax = draw(st.sampled_from(space.softmaxes))
-    memory = draw(st.sampled_from([m for m in space.memory if m != "expanded_kv" or hk > 1] or ["contiguous"]))
+    softmax = draw(_one_of(tuple(space.softmaxes)))
+    memory = draw(_one_of(tuple(m for m in space.memory if m != "expanded_kv" or hk > 1) or ("contiguous",)))
 
     mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
     if space.extreme_logits and _sometimes(draw, 5):
-        qk_std = draw(st.sampled_from([0.01, 4.0, 10.0]))
-        std = (qk_std, qk_std, draw(st.sampled_from([1.0, 0.001, 100.0])))
-        mean = (0.0, draw(st.sampled_from([0.0, 3.0])), 0.0)
+        qk_std = draw(_one_of((0.01, 4.0, 10.0)))
+        std = (qk_std, qk_std, draw(_one_of((1.0, 0.001, 100.0))))
+        mean = (0.0, draw(_one_of((0.0, 3.0))), 0.0)
     grads = space.grads and _sometimes(draw, 4)
-    seed = draw(st.integers(0, 2**32 - 1))
+    seed = draw(_ints(0, 2**32 - 1))
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,

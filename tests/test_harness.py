@@ -102,3 +102,16 @@ def test_correct_custom_kernel_never_fails_over_2000_examples():
     tally, findings = fuzz(backend, space=SPACE, settings=profile("ci", max_examples=2000))
     assert not findings, [f"{f.verdict.label} {f.verdict.message} {f.case!r}" for f in findings]
     assert tally.labels["PASS"] >= 1500, tally.to_dict()
+
+
+def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs():
+    from fuzz.harness import ORACLE_ON_CPU_UP_TO, oracle_inputs
+    from strategies.materialize import materialize
+    small = Case(b=2, sq=16, skv=16, h=2, hk=2, d_qk=8, d_v=8)
+    given = materialize(small, "cpu")
+    tensors, device = oracle_inputs(small, given, "cuda:1")
+    assert device == "cpu" and torch.equal(tensors.q, given.q) and torch.equal(tensors.v, given.v)
+    big = small.replace(sq=256, skv=512)
+    assert big.b * big.h * big.sq * big.skv > ORACLE_ON_CPU_UP_TO
+    assert oracle_inputs(big, given, "cuda") == (given, "cuda")
+    assert oracle_inputs(small, given, "cpu") == (given, "cpu")

@@ -100,6 +100,7 @@ class SdpaBackend(Backend):
     def __init__(self, name: str, device: str):
         self.name, self.device, self.kernel = name, str(device), KERNELS[name]
         self.deterministic = self.kernel == "MATH"  # plain aten ops, no atomics: the same bits on every run
+        self._probed: dict[tuple, str | None] = {}
 
     def _sdp(self):
         from torch.nn.attention import SDPBackend
@@ -157,9 +158,21 @@ class SdpaBackend(Backend):
     def _probe(self, case: Case, spelling: Spelling) -> str | None:
         """Ask torch's dispatcher, on empty tensors of the case's shapes and strides, whether the kernel takes this
         spelling; torch's reason when it does not. causal_lower_right (sq != skv) is taken when either route
-        CausalBias dispatches to is: the kernel unmasked, or the kernel given the materialized mask."""
+        CausalBias dispatches to is: the kernel unmasked, or the kernel given the materialized mask. Answers are
+        cached per shape: probing costs more than running a small case."""
+        if self.kernel == "MATH" or self.available() is not None:
+            return None
+        key = (spelling, case.b, case.sq, case.skv, case.h, case.hk, case.d_qk, case.d_v, case.dtype, case.memory,
+               case.grads, case.scale)
+        if key not in self._probed:
+            if len(self._probed) > 100_000:
+                self._probed.clear()
+            self._probed[key] = self._ask_dispatcher(case, spelling)
+        return self._probed[key]
+
+    def _ask_dispatcher(self, case: Case, spelling: Spelling) -> str | None:
         choose = getattr(torch, "_fused_sdp_choice", None)
-        if choose is None or self.kernel == "MATH" or self.available() is not None:
+        if choose is None:
             return None
         q, k, v = _skeleton(case, self.device)
         _, (qh, kh, vh) = _inputs(case, q, k, v, spelling, grads=case.grads)

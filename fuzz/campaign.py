@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from fuzz import corpus as corpus_io
+from fuzz.coverage import Coverage
+from fuzz.report import build_report
 
 RESTARTS = 3  # a lane that dies is restarted this many times (it resumes from its log)
 
@@ -37,7 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--hours", type=float, help="time budget in hours, over all resumes (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     p.add_argument("--gpus", help="cuda: 'all' (default) or N: one lane per GPU")
-    p.add_argument("--workers", type=int, help="cpu: lanes to run (default 1)")
+    p.add_argument("--workers", type=int, help="cpu: lanes to run (default 1); cuda: lanes per GPU (default 1: "
+                   "small cases are bound by the host's CPU, so more lanes per GPU use more of its cores)")
     p.add_argument("--db", help="example database: a directory (default db, inside --dir) or a redis:// URL")
     p.add_argument("--round-examples", type=int, help="examples per backend per round (default 200)")
     p.add_argument("--round-seconds", type=float, help="seconds per backend per round, shrinking included "
@@ -61,14 +64,13 @@ def new_config(args) -> dict:
         raise CampaignError(f"--backends: name the backends to fuzz, e.g. --backends sdpa-math,flex-eager "
                             f"(`attnfuzz backends` lists them); {args.dir} holds no campaign to resume")
     device = args.device or "cpu"
+    gpus = 0
     if device == "cuda":
-        if args.workers:
-            raise CampaignError("--workers is for --device cpu; on cuda give --gpus all|N")
         have = _gpu_count()
         gpus = have if args.gpus in (None, "all") else _positive("--gpus", args.gpus)
         if have == 0 or gpus > have:
             raise CampaignError(f"--gpus={args.gpus or 'all'}: this machine has {have} GPU(s) visible to torch")
-        lanes = gpus
+        lanes = gpus * (args.workers or 1)
     else:
         if args.gpus:
             raise CampaignError("--gpus needs --device cuda; on cpu give --workers N")
@@ -89,16 +91,28 @@ def new_config(args) -> dict:
     if not versions:
         raise CampaignError(f"--backends: none can run here: {skipped}")
     if lanes > 1 and any(n.startswith(("ring-", "te-cp-")) for n in versions):
-        raise CampaignError("context-parallel backends use every GPU themselves: run them in a campaign of one lane "
-                            "(--gpus 1 is not enough, it hides the others; give them their own campaign with a "
-                            "single lane on a machine whose GPUs they may all use)")
-    return {"backends": list(versions), "skipped": skipped, "device": device, "lanes": lanes,
+        raise CampaignError("context-parallel backends spread over every GPU themselves: give them a campaign of one "
+                            "lane (--gpus 1; a single lane still sees all the GPUs)")
+    if args.db and args.db.startswith(("redis://", "rediss://", "unix://")):
+        _check_redis(args.db)
+    return {"backends": list(versions), "skipped": skipped, "device": device, "lanes": lanes, "gpus": gpus,
             "hours": 1.0 if args.hours is None else args.hours,
             "db": args.db or "db", "round_examples": args.round_examples or 200,
             "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
             "case_timeout": args.case_timeout or 120.0, "max_len": args.max_len, "replay_only": args.replay_only,
             "known": str(args.known.resolve()), "versions": versions,
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _check_redis(url: str) -> None:
+    try:
+        import redis
+    except ImportError:
+        raise CampaignError(f"--db={url}: the redis client is not installed; pip install 'attnfuzz[redis]'") from None
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError as e:
+        raise CampaignError(f"--db={url}: no Redis answers there ({e}); start redis-server or fix the URL") from None
 
 
 def _positive(option: str, value: str) -> int:
@@ -135,7 +149,9 @@ def _die_with_parent() -> None:
 def start_lane(campaign: Path, index: int, config: dict) -> subprocess.Popen:
     env = dict(os.environ)
     if config["device"] == "cuda" and config["lanes"] > 1:
-        env["CUDA_VISIBLE_DEVICES"] = str(index)
+        gpus = config.get("gpus") or config["lanes"]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
+        env["CUDA_VISIBLE_DEVICES"] = visible[index % gpus]  # lane i on GPU i mod gpus
     log = (campaign / "state" / f"lane{index}.stderr").open("a")
     return subprocess.Popen([sys.executable, "-m", "fuzz.lane", str(campaign), str(index)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
@@ -147,7 +163,7 @@ class Watch:
     def __init__(self, campaign: Path):
         self.dir, self.offsets, self.labels = campaign, {}, Counter()
         self.examples, self.recent, self.start = 0, [], time.perf_counter()
-        self.backends = Counter()
+        self.coverage = Coverage()
 
     def poll(self) -> None:
         for path in sorted((self.dir / "cases").glob("lane*.jsonl")):
@@ -163,7 +179,7 @@ class Watch:
 
     def add(self, row: dict) -> None:
         self.examples += 1
-        self.backends[row["backend"]] += 1
+        self.coverage.add(row["backend"], row["case"], row["label"])
         if row["label"] != "PASS" and row["label"] != "UNSUPPORTED":
             self.labels[row["label"]] += 1
         self.recent.append(time.perf_counter())
@@ -173,7 +189,7 @@ class Watch:
         self.recent = [t for t in self.recent if now - t < 60]
         rate = len(self.recent) / min(60.0, max(now - self.start, 1e-9))
         found = ", ".join(f"{k} {v}" for k, v in self.labels.most_common(6)) or "none"
-        return f"{self.examples} cases, {rate:.1f}/s; not passing: {found}"
+        return f"{self.examples} cases, {rate:.1f}/s; {self.coverage.summary()}; not passing: {found}"
 
 
 def run_campaign(args) -> int:
@@ -194,7 +210,7 @@ def run_campaign(args) -> int:
     restarts = Counter()
     watch = Watch(campaign)
     watch.poll()
-    watch.examples, watch.labels = 0, Counter()  # the display counts this session; the report counts everything
+    watch.examples, watch.labels = 0, Counter()  # the rate and failures count this session; coverage counts all
     tty = sys.stderr.isatty()
     last_print = 0.0
     try:
@@ -226,6 +242,10 @@ def run_campaign(args) -> int:
     found = corpus_io.entry_paths(campaign / "corpus")
     for path in found:
         print(f"  finding{'' if path.name in before else ' (new)'}: {path}", file=sys.stderr)
+    try:
+        print(f"report: {build_report(campaign)}", file=sys.stderr)
+    except ImportError as e:
+        print(f"no report: {e}; pip install matplotlib, then `attnfuzz report {campaign}`", file=sys.stderr)
     return 1 if found else 0
 
 

@@ -1,4 +1,6 @@
-"""attnfuzz command line: run, campaign, replay, known, backends. Exit codes: 0 nothing found, 1 a failure found, 2 bad usage."""
+"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, backends.
+
+Exit codes: 0 nothing found, 1 a failure found, 2 bad usage."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import campaign
+from fuzz import campaign, versiondiff
 from fuzz import corpus as corpus_io
 from fuzz import report
 from fuzz.backends import factories, get
@@ -59,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
                       help="count it only for cases with this field value, e.g. dtype='\"float64\"' (repeatable)")
     campaign.add_parser(sub)
+    versiondiff.add_parsers(sub)
     report.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     backends.add_argument("--device", default="cpu")
@@ -289,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse exits 2 on bad usage, 0 on --help
         return int(e.code or 0)
     commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
-                "campaign": campaign.cmd_campaign, "report": report.cmd_report}
+                "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
+                "diff": versiondiff.cmd_diff}
     try:
         return commands[args.command](args)
     except UsageError as e:

@@ -7,10 +7,16 @@ import time
 import torch
 
 
-def _plain(q, k, v, scale):
-    """Unmasked attention, right for cases without a mask (the only ones these tests give it)."""
+def _plain(q, k, v, scale, causal=False, bottom_right=False):
+    """Attention without windows, padding or masks other than causal (the only cases these kernels take)."""
     k, v = (x.repeat_interleave(q.shape[2] // x.shape[2], dim=2) for x in (k, v))
-    weights = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale, dim=-1)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    if causal:
+        sq, skv = q.shape[1], k.shape[1]
+        shift = skv - sq if bottom_right else 0
+        hidden = torch.arange(skv)[None, :] > torch.arange(sq)[:, None] + shift
+        scores = scores.masked_fill(hidden.to(scores.device), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row that sees no key gives 0
     return torch.einsum("bhqk,bkhd->bqhd", weights, v.float()).to(q.dtype)
 
 
@@ -51,3 +57,15 @@ def nan_when_long(q, k, v, *, causal, window, bottom_right, scale):
 
 
 nan_when_long.supports = segfault_when_causal.supports
+
+
+def versioned(q, k, v, *, causal, window, bottom_right, scale):
+    """Two releases of one kernel, picked by ATTNFUZZ_TEST_STACK: "old" gives NaN past 4 queries, "new" fixed that
+    and returns zeros under causal. The version-diff test replays the same cases on both."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    if os.environ.get("ATTNFUZZ_TEST_STACK") == "new":
+        return out * 0 if causal else out
+    return out * float("nan") if q.shape[1] > 4 else out
+
+
+versioned.supports = segfault_when_causal.supports

@@ -11,6 +11,7 @@ import pytest
 from fuzz import corpus as corpus_io
 from fuzz.backends import get
 from fuzz.harness import fuzz
+from fuzz.isolate import Worker
 from fuzz.profiles import for_backend, profile
 
 
@@ -21,8 +22,13 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
-    tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
-                           known=corpus_io.known_bugs(attnfuzz.corpus))
+    worker = Worker(fuzz_backend, attnfuzz.device, timeout_s=attnfuzz.case_timeout) if attnfuzz.isolate else None
+    try:
+        tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
+                               known=corpus_io.known_bugs(attnfuzz.corpus), worker=worker)
+    finally:
+        if worker is not None:
+            worker.close()
     print(f"{fuzz_backend}: {tally.to_dict()}")
     saved = [corpus_io.save(attnfuzz.corpus, corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict,
                                                              device=attnfuzz.device,

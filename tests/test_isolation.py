@@ -46,3 +46,27 @@ def test_a_segfault_is_shrunk_each_attempt_in_a_fresh_worker():
     assert [f.verdict.label for f in findings] == ["CRASH:SIGSEGV"]
     shrunk = findings[0].case
     assert shrunk.causal and (shrunk.b, shrunk.sq, shrunk.skv, shrunk.h) == (1, 1, 1, 1), shrunk
+
+
+def _pytest_fuzz(tmp_path, *options):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "pytest", str(root / "fuzz"), "-q", "-p", "no:cacheprovider",
+                           "--backend", "tests.misbehaving:segfault_when_causal", "--fuzz-profile", "ci",
+                           "--max-examples", "40", "--corpus", str(tmp_path), *options],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+
+
+def test_pytest_fuzz_isolate_turns_a_segfault_into_a_failed_test(tmp_path):
+    isolated = _pytest_fuzz(tmp_path, "--isolate", "--case-timeout", "20")
+    assert isolated.returncode == 1, isolated.stdout + isolated.stderr   # a failed test, not a dead session
+    assert "CRASH:SIGSEGV" in isolated.stdout and "1 failed" in isolated.stdout
+    assert list(tmp_path.glob("*CRASH-SIGSEGV*.json")), "the crash was saved to the corpus"
+
+
+def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
+    """Control: the kernel really segfaults; only the worker process stands between it and the session."""
+    bare = _pytest_fuzz(tmp_path)
+    assert bare.returncode < 0 or "Segmentation fault" in bare.stderr, (bare.returncode, bare.stdout[-500:])

@@ -33,7 +33,7 @@ def _serve(conn, spec: str, device: str, threads: int) -> None:
         case = conn.recv()
         if case is None:
             return
-        conn.send(run_case(backend, Case.from_dict(case), device=device).to_dict())
+        conn.send(run_case(backend, case, device=device))
 
 
 def _death(exitcode: int | None) -> str:
@@ -88,10 +88,10 @@ class Worker:
             self._start()
         answered = False  # the pipe closed (the worker died) rather than staying silent (a hang)
         try:
-            self._conn.send(case.to_dict())
+            self._conn.send(case)  # Case and Verdict are frozen dataclasses: pickled as they are
             if self._conn.poll(self.timeout_s):
                 answered = True
-                return V.Verdict.from_dict(self._conn.recv())
+                return self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             answered = True  # the worker died: its exit code says how
         process = self._process

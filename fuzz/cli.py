@@ -176,7 +176,8 @@ def cmd_run(args) -> int:
             progress.update(seen)
             log.write(case, verdict)
 
-        worker = Worker(name, args.device, timeout_s=args.case_timeout) if args.isolate else None
+        worker = (Worker(name, args.device, timeout_s=args.case_timeout)
+                  if args.isolate and not backend.own_processes else None)
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,

@@ -190,8 +190,8 @@ class Lane:
         done = load_log(self.log_path)
         space = Space(max_len=cfg["max_len"]) if cfg.get("max_len") else Space()
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
-        workers = {b.name: Worker(b.name, self.device, timeout_s=cfg["case_timeout"]) if cfg["isolate"] else None
-                   for b in backends}
+        workers = {b.name: Worker(b.name, self.device, timeout_s=cfg["case_timeout"])
+                   if cfg["isolate"] and not b.own_processes else None for b in backends}
         with self.log_path.open("a") as log:
             runners = {}
             for b in backends:

@@ -22,7 +22,8 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
-    worker = Worker(fuzz_backend, attnfuzz.device, timeout_s=attnfuzz.case_timeout) if attnfuzz.isolate else None
+    worker = (Worker(fuzz_backend, attnfuzz.device, timeout_s=attnfuzz.case_timeout)
+              if attnfuzz.isolate and not backend.own_processes else None)
     try:
         tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
                                known=corpus_io.known_bugs(attnfuzz.corpus), worker=worker)

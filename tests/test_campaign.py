@@ -118,3 +118,10 @@ def test_a_logged_case_is_answered_from_the_log_not_run_again(tmp_path):
 def test_lanes_share_out_backends_without_idling():
     assert lane_backends(["a", "b", "c"], 2, 0) == ["a", "c"] and lane_backends(["a", "b", "c"], 2, 1) == ["b"]
     assert [lane_backends(["a"], 3, i) for i in range(3)] == [["a"], ["a"], ["a"]]
+
+
+def test_a_context_parallel_backend_runs_in_a_campaign_without_a_worker_around_its_ranks(tmp_path):
+    """CP ranks are processes of their own (a worker process could not start them: daemons have no children)."""
+    result = run_campaign(tmp_path / "c", "--backends", "ring-allgather", "--hours", "0.002", "--round-examples", "20")
+    assert result.returncode in (0, 1), result.stderr
+    assert Counter(r["label"] for r in logged(tmp_path / "c"))["PASS"] > 0, result.stderr

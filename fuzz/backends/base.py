@@ -40,6 +40,7 @@ class Backend:
     device: str = "cpu"
     cost: float = 1.0           # relative cost of an example: a profile's example budget is divided by it
     deterministic: bool = False  # claims bitwise-reproducible results: each case runs twice and the bits must agree
+    own_processes: bool = False  # runs its kernel in processes of its own already: no isolation worker around it
 
     def available(self) -> str | None:
         return None

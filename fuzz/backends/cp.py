@@ -29,6 +29,7 @@ class CPBackend(Backend):
     device; without one, the backend starts its own on first use (close() stops it)."""
 
     family = "default"
+    own_processes = True  # the kernel already runs in rank processes (fuzz/cp/pool.py): a crash costs one case
 
     def __init__(self, engine: CPEngine, device: str = "cpu", *, pool: CPPool | None = None, compare: bool = True,
                  timeout_s: float = 120.0):
@@ -93,6 +94,12 @@ class CPBackend(Backend):
             self.last_agreement = cp_vs_nocp(case, output, result.whole)
             output.ran = f"{output.ran}; {self.last_agreement.describe()}"
         return output
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` spawning the ranks and running the engine on each, for standalone repro
+        scripts (fuzz/repro.py); None for a case the engine does not take."""
+        from fuzz.backends.cp_repro import cp_source
+        return cp_source(self, case)
 
     def version(self) -> str:
         import torch

@@ -1,9 +1,20 @@
 """Standalone repro scripts for corpus entries: torch and the backend are all they need.
 
-The script embeds the inputs exactly as the fuzzer drew them (for cases up to INLINE elements; larger ones are
-regenerated from the seed, which needs attnfuzz importable) and the float64 oracle's output, so it checks the backend
-without the oracle. The backend call is the adapter's own `repro_source(case)` when it has one: source defining
-`attention(q, k, v)` in the backend's API; otherwise the script calls the adapter through attnfuzz.
+The script embeds the inputs exactly as the fuzzer drew them, in the memory format the backend saw (for cases up to
+INLINE elements; larger ones are regenerated from the seed, which needs attnfuzz importable) and the float64
+oracle's output, so it checks the backend without the oracle. The backend call is the adapter's own
+`repro_source(case)`: source defining `attention(q, k, v)` (logical [b, s, heads, d] in, the output out) in the
+backend's API, with the masks, sinks and layouts spelled out as run() makes them. Adapters that write their call out:
+  sdpa-*            bshd cases spelled no_mask / is_causal / bool_mask (fuzz/backends/sdpa.py)
+  flex-eager, flex-compiled      every case (fuzz/backends/flex_repro.py)
+  fa2, fa3, fa4                  every case they take (fuzz/backends/flash_repro.py)
+  te-flash, te-fused, te-unfused every case they take (fuzz/backends/te_repro.py)
+  ring-*, te-cp-*                every case they take: the script spawns the ranks itself (fuzz/backends/cp_repro.py)
+Everything else, and any case an adapter refuses, falls back to calling the adapter through attnfuzz (the script then
+needs attnfuzz importable): sdpa-* cases spelled causal_upper_left / causal_lower_right / float_mask, or laid out
+sbhd, and bring-your-own kernels (`package.module:function`).
+
+The script checks the forward output only: for a GRADIENT finding it reruns the forward and passes.
 """
 
 from __future__ import annotations
@@ -11,17 +22,18 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import torch
-
+from fuzz.backends.source import literal
 from oracles.grade import Oracle, valid_rows
 from oracles.tolerance import check
+from strategies.case import Case
 from strategies.materialize import materialize
 
 INLINE = 1 << 16
 
 _ADAPTER_CALL = '''
+
 def attention(q, k, v):
-    """No standalone spelling for this backend yet: call it through attnfuzz's adapter."""
+    """No standalone spelling for this backend or case: call it through attnfuzz's adapter."""
     from fuzz.backends import get
     from strategies import Case, materialize
     case = Case.from_dict(CASE)
@@ -30,16 +42,26 @@ def attention(q, k, v):
     return get(BACKEND, DEVICE).run(case, t).out
 '''
 
+# How materialize() lays the drawn values out in memory, rebuilt from the contiguous literals.
+_MEMORY = {
+    "transposed": "q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))  # head-major buffers",
+    "expanded_kv": "k, v = (x[:, :, :1].expand(x.shape) for x in (k, v))  # one KV head seen hk times, stride 0",
+}
 
-def _literal(x: torch.Tensor) -> str:
-    """A tensor as source: exact values (float64 holds every fp16/bf16/fp32 value), its dtype and shape."""
-    values = repr(x.detach().cpu().to(torch.float64).flatten().tolist())
-    return f"torch.tensor({values}, dtype=torch.float64).reshape({tuple(x.shape)}).to({x.dtype})"
+
+def _inputs(case: Case, t) -> str:
+    """Source binding q, k, v on DEVICE: exact literals in the case's memory format (requiring grad when the fuzzer
+    checked gradients, as the backend saw them)."""
+    lines = [f"{name} = {literal(x)}.to(DEVICE)" for name, x in (("q", t.q), ("k", t.k), ("v", t.v))]
+    if case.memory in _MEMORY:
+        lines.append(_MEMORY[case.memory])
+    if case.grads:
+        lines.append("q, k, v = (x.requires_grad_() for x in (q, k, v))  # leaves, as the fuzzer's backward needs")
+    return "\n".join(lines)
 
 
 def script(entry) -> str:
     """The repro script's source for one corpus entry."""
-    from fuzz.backends import get
     case, device = entry.case, "cpu"
     t = materialize(case, device)
     oracle = Oracle.of(case, t)
@@ -48,17 +70,13 @@ def script(entry) -> str:
               quantity="out", dtype=case.dtype, logit_max=oracle.ref.logit_max)
     small = sum(x.numel() for x in (t.q, t.k, t.v, oracle.ref.out)) <= INLINE
     if small:
-        inputs = "\n".join(f"{name} = {_literal(x)}.to(DEVICE)" for name, x in (("q", t.q), ("k", t.k), ("v", t.v)))
-        expected = f"EXPECTED = {_literal(oracle.ref.out)}"
+        inputs, expected = _inputs(case, t), f"EXPECTED = {literal(oracle.ref.out)}"
     else:
         inputs = ("from strategies import Case, materialize  # too large to inline: regenerated from the seed\n"
                   "_t = materialize(Case.from_dict(CASE), DEVICE)\nq, k, v = _t.q, _t.k, _t.v")
         expected = ("from oracles.reference import reference\n"
                     "EXPECTED = reference(Case.from_dict(CASE), _t).out")
-    try:
-        call = get(entry.backend, entry.device).repro_source(case)  # type: ignore[attr-defined]
-    except AttributeError:
-        call = None
+    call = written_call(entry)
     rows_list = list(case.lens_q)
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
 {textwrap.fill(entry.verdict.message, 110)}
@@ -74,26 +92,43 @@ DEVICE = {entry.device!r}
 CASE = {case.to_dict()!r}
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
 BOUND = {c.bound!r}  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
-{call or _ADAPTER_CALL}
-{inputs}
-{expected}
+{(call or _ADAPTER_CALL).rstrip()}
 
-out = attention(q, k, v)
-out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
-want = EXPECTED.to("cpu", torch.float64)
-rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
-got, want = out[rows], want[rows]
-err = (got - want).abs().max().item() if got.numel() else 0.0
-problems = []
-if not torch.isfinite(got).all():
-    problems.append("non-finite output")
-if got.numel() and (got == 0).all() and (want != 0).any():
-    problems.append("all-zero output")
-if not err <= BOUND:
-    problems.append(f"max |out - float64| = {{err:.4g}} > bound {{BOUND:.4g}}")
-print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}, bound {{BOUND:.4g}}", *problems, sep="\\n  ")
-sys.exit(1 if problems else 0)
+
+def main():
+{textwrap.indent(inputs, "    ")}
+{textwrap.indent(expected, "    ")}
+
+    out = attention(q, k, v)
+    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    want = EXPECTED.to("cpu", torch.float64)
+    rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    got, want = out[rows], want[rows]
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    problems = []
+    if not torch.isfinite(got).all():
+        problems.append("non-finite output")
+    if got.numel() and (got == 0).all() and (want != 0).any():
+        problems.append("all-zero output")
+    if not err <= BOUND:
+        problems.append(f"max |out - float64| = {{err:.4g}} > bound {{BOUND:.4g}}")
+    print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}, bound {{BOUND:.4g}}", *problems, sep="\\n  ")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+    sys.exit(main())
 '''
+
+
+def written_call(entry) -> str | None:
+    """The adapter's own source for `attention(q, k, v)`, or None where it has no writer for the case."""
+    from fuzz.backends import get
+    try:
+        writer = get(entry.backend, entry.device).repro_source  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return None
+    return writer(entry.case)
 
 
 def get_family(entry) -> str:

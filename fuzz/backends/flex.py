@@ -242,6 +242,13 @@ class FlexBackend(Backend):
                                                    (case.sq, case.skv, case.skv)))
         return result
 
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` as run() calls flex, for standalone repro scripts (fuzz/repro.py); None
+        for a case flex cannot express (a sink, an unknown spelling)."""
+        from fuzz.backends.flex_repro import flex_source
+        expressible = case.softmax == "vanilla" and case.spelling in self.spellings(case)
+        return flex_source(case, self.compiled) if expressible else None
+
     def _call(self, case: Case, args):
         """(out, lse, what ran). Compiled: raise the recompile limit for the call and tell a cached graph from a new
         one and a compiled run from an eager fallback."""

@@ -122,27 +122,37 @@ class FlashAttn4(Backend):
         return {"softmax_scale": case.scale, "causal": causal, "window_size": window, "learnable_sink": t.sink,
                 "softcap": case.softcap or 0.0, "return_lse": True}
 
+    def route(self, case: Case) -> str:
+        """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,
+        spelling "seqused") or BATCHED."""
+        seqused, _ = split_spelling(case.spelling)
+        if case.layout == "thd" or (case.padded and not seqused):
+            return fc.VARLEN
+        return fc.SEQUSED if seqused else fc.BATCHED
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/repro.py); None
+        for a case the adapter cannot spell."""
+        from fuzz.backends.flash_repro import flash_source
+        return flash_source(self, case, module=MODULE, library=LIBRARY, positional_varlen=False)
+
     def run(self, case: Case, tensors: Tensors) -> Output:
         reason = self.unsupported(case)
         if reason:
             raise Unsupported(reason)
         api = importlib.import_module(MODULE)
         kwargs = self.call_kwargs(case, tensors)
-        seqused, _ = split_spelling(case.spelling)
-        packed = case.layout == "thd" or (case.padded and not seqused)
-        x = fc.flash_inputs(case, tensors, packed=packed)
+        fn = self.route(case)
+        x = fc.flash_inputs(case, tensors, packed=fn == fc.VARLEN)
         try:  # the library's own input checks (forward or backward) are refusals; anything else is a crash
-            if packed:
-                fn = "flash_attn_varlen_func"
+            if fn == fc.VARLEN:
                 out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
                                                       max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
-            elif seqused:
-                fn = "flash_attn_varlen_func[seqused]"
+            elif fn == fc.SEQUSED:
                 used_q, used_k = (cu_seqlens(lens, x.q.device).diff() for lens in (case.lens_q, case.lens_kv))
                 out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, seqused_q=used_q, seqused_k=used_k,
                                                       max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
             else:
-                fn = "flash_attn_func"
                 out, lse = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
             out = fc.logical_out(case, x, out)
             dq, dk, dv = fc.gradients(case, x, out, tensors)

@@ -23,6 +23,8 @@ from strategies.materialize import Tensors
 
 Bounds = tuple  # (left, right): int >= 0, or None for unbounded
 
+BATCHED, VARLEN, SEQUSED = "flash_attn_func", "flash_attn_varlen_func", "flash_attn_varlen_func[seqused]"
+
 # Words in a library's own refusal message (TORCH_CHECK / assert) that mark a clean refusal, not a crash.
 REFUSAL_WORDS = ("not supported", "does not support", "only supports", "only support", "should be a multiple",
                  "not yet supported")
@@ -214,20 +216,28 @@ class NegativeUnboundedBand(Backend):
         band, _ = bottom_right_band(case)
         return mask_spellings(band, with_negative=False) if band is not None else ("",)
 
+    def route(self, case: Case) -> str:
+        """Which call takes the case: VARLEN (packed through cu_seqlens: thd, or padding) or BATCHED."""
+        return VARLEN if case.layout == "thd" or case.padded else BATCHED
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/repro.py); None
+        for a case the adapter cannot spell."""
+        from fuzz.backends.flash_repro import flash_source
+        return flash_source(self, case, module=self.api, library=self.library, positional_varlen=True)
+
     def run(self, case: Case, tensors: Tensors) -> Output:
         reason = self.unsupported(case)
         if reason:
             raise Unsupported(reason)
         api = importlib.import_module(self.api)
         kwargs = self.call_kwargs(case, tensors)
-        packed = case.layout == "thd" or case.padded
-        x = flash_inputs(case, tensors, packed=packed)
+        fn = self.route(case)
+        x = flash_inputs(case, tensors, packed=fn == VARLEN)
         try:
-            if packed:
-                fn = "flash_attn_varlen_func"
+            if fn == VARLEN:
                 result = api.flash_attn_varlen_func(x.q, x.k, x.v, x.cu_q, x.cu_k, case.sq, case.skv, **kwargs)
             else:
-                fn = "flash_attn_func"
                 result = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
         except Exception as e:  # the library's own input checks are refusals; anything else is a crash
             refused = refusal(e, self.library)

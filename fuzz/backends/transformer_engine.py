@@ -140,6 +140,11 @@ def te_mask(case: Case) -> tuple[str, tuple[int, int] | None]:
     return mask_type, window
 
 
+def padding_mask(lens, s: int, device) -> torch.Tensor:
+    """bool [b, 1, 1, s], True at the padding positions past each length (TE's attention_mask: True = masked out)."""
+    return (torch.arange(s, device=device)[None] >= torch.tensor(lens, device=device)[:, None])[:, None, None, :]
+
+
 def te_call(case: Case, t: Tensors, backend: str) -> tuple[dict, tuple, dict]:
     """(DotProductAttention kwargs, forward args, forward kwargs) for the case and its spelling."""
     spelling = case.spelling
@@ -160,10 +165,7 @@ def te_call(case: Case, t: Tensors, backend: str) -> tuple[dict, tuple, dict]:
         kwargs.update(cu_seqlens_q=cu_seqlens(case.lens_q, t.q.device), cu_seqlens_kv=cu_seqlens(case.lens_kv,
                       t.q.device), max_seqlen_q=case.sq, max_seqlen_kv=case.skv)
     if spelling == "attention_mask":
-        pad_q = torch.arange(case.sq, device=t.q.device)[None] >= torch.tensor(case.lens_q, device=t.q.device)[:, None]
-        pad_k = (torch.arange(case.skv, device=t.q.device)[None]
-                 >= torch.tensor(case.lens_kv, device=t.q.device)[:, None])
-        masks = (pad_q[:, None, None, :], pad_k[:, None, None, :])
+        masks = (padding_mask(case.lens_q, case.sq, t.q.device), padding_mask(case.lens_kv, case.skv, t.q.device))
         kwargs["attention_mask"] = masks if cross else masks[0]
     if mask_type == "arbitrary":
         kwargs["attention_mask"] = ~visibility_mask(case, t, t.q.device)
@@ -259,6 +261,13 @@ class TransformerEngineAttention(Backend):
             grads = (torch.autograd.grad(out, leaves, tensors.dout.to(out.dtype)) if case.grads
                      else (None, None, None))
         return Output(out=out.detach(), lse=None, dq=grads[0], dk=grads[1], dv=grads[2], ran=ran)
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` making run()'s construction and call with only this backend enabled, for
+        standalone repro scripts (fuzz/repro.py); None for a spelling this backend does not take."""
+        from fuzz.backends.te_repro import te_source
+        known = applicable_spellings(case, self.te_backend)
+        return te_source(self, case) if case.spelling in known else None
 
     def version(self) -> str:
         try:

@@ -14,32 +14,51 @@ CASE = {'b': 1, 'sq': 1, 'skv': 1, 'h': 1, 'hk': 1, 'd_qk': 8, 'd_v': 8, 'dtype'
 VALID_ROWS = [1]  # graded query rows per sequence (rows past them are padding)
 BOUND = 1e-07  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 
+
+NVTE = {'NVTE_FLASH_ATTN': '0', 'NVTE_FUSED_ATTN': '0', 'NVTE_UNFUSED_ATTN': '1'}  # only UnfusedDotProductAttention eligible
+ATTENTION_MASK = torch.tensor([True]).reshape((1, 1, 1, 1))  # the arbitrary mask, True = masked out (TE's convention)
+
+
 def attention(q, k, v):
-    """No standalone spelling for this backend yet: call it through attnfuzz's adapter."""
-    from fuzz.backends import get
-    from strategies import Case, materialize
-    case = Case.from_dict(CASE)
-    t = materialize(case, DEVICE)
-    t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
-    return get(BACKEND, DEVICE).run(case, t).out
+    """TransformerEngine DotProductAttention with only UnfusedDotProductAttention enabled (NVTE_*), as
+    attnfuzz's te-unfused adapter builds and calls it for spelling ''."""
+    import os
 
-q = torch.tensor([1.541015625, -0.29345703125, -2.1796875, 0.568359375, -1.0849609375, -1.3984375, 0.4033203125, 0.837890625], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
-k = torch.tensor([-0.71923828125, -0.4033203125, -0.5966796875, 0.1820068359375, -0.8564453125, 1.1005859375, -1.0712890625, 0.1226806640625], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
-v = torch.tensor([-0.56640625, 0.373046875, -0.89208984375, -1.5087890625, 0.370361328125, 1.4560546875, 0.93994140625, 0.77490234375], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
-EXPECTED = torch.tensor([-0.0, 0.0, -0.0, -0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float64)
+    os.environ.update(NVTE)  # before TE is imported: only one backend eligible
+    import transformer_engine.pytorch as te
 
-out = attention(q, k, v)
-out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
-want = EXPECTED.to("cpu", torch.float64)
-rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
-got, want = out[rows], want[rows]
-err = (got - want).abs().max().item() if got.numel() else 0.0
-problems = []
-if not torch.isfinite(got).all():
-    problems.append("non-finite output")
-if got.numel() and (got == 0).all() and (want != 0).any():
-    problems.append("all-zero output")
-if not err <= BOUND:
-    problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
-print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
-sys.exit(1 if problems else 0)
+    dpa = te.DotProductAttention(
+        num_attention_heads=1, kv_channels=8, num_gqa_groups=1, attention_dropout=0.0, qkv_format='bshd',
+        attn_mask_type='arbitrary', window_size=None, bottom_right_diagonal=True, softcap=0.0,
+        attention_type='self', softmax_scale=None, softmax_type='vanilla')
+    dpa.train(False)
+    out = dpa(q, k, v, attention_mask=ATTENTION_MASK.to(q.device))
+    out = out.reshape(*out.shape[:2], 1, 8)  # heads split out of h * d_v
+    return out
+
+
+def main():
+    q = torch.tensor([1.541015625, -0.29345703125, -2.1796875, 0.568359375, -1.0849609375, -1.3984375, 0.4033203125, 0.837890625], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
+    k = torch.tensor([-0.71923828125, -0.4033203125, -0.5966796875, 0.1820068359375, -0.8564453125, 1.1005859375, -1.0712890625, 0.1226806640625], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
+    v = torch.tensor([-0.56640625, 0.373046875, -0.89208984375, -1.5087890625, 0.370361328125, 1.4560546875, 0.93994140625, 0.77490234375], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
+    EXPECTED = torch.tensor([-0.0, 0.0, -0.0, -0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float64)
+
+    out = attention(q, k, v)
+    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    want = EXPECTED.to("cpu", torch.float64)
+    rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    got, want = out[rows], want[rows]
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    problems = []
+    if not torch.isfinite(got).all():
+        problems.append("non-finite output")
+    if got.numel() and (got == 0).all() and (want != 0).any():
+        problems.append("all-zero output")
+    if not err <= BOUND:
+        problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+    sys.exit(main())

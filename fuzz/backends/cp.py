@@ -105,11 +105,8 @@ class CPBackend(Backend):
         import torch
 
         if isinstance(self.engine, TEEngine):
-            try:
-                import transformer_engine
-                return f"transformer_engine {transformer_engine.__version__}, torch {torch.__version__}"
-            except ImportError:
-                return f"transformer_engine not installed, torch {torch.__version__}"
+            from fuzz.backends.transformer_engine import te_version
+            return f"transformer_engine {te_version() or 'not installed'}, torch {torch.__version__}"
         return f"torch {torch.__version__}"
 
     def close(self) -> None:

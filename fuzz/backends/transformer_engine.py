@@ -32,6 +32,30 @@ from strategies.case import Case
 from strategies.materialize import Tensors
 
 LIBRARY = "transformer_engine"
+
+
+def import_te():
+    """transformer_engine.pytorch, imported after torch has loaded its own cuDNN: imported first, TE's loader can
+    resolve cuDNN from the system's libraries and fail on a mixed set (`libcudnn_heuristic.so.9: undefined symbol`,
+    seen on the H200 runner, whose system cuDNN differs from torch's wheel)."""
+    import torch
+    if torch.cuda.is_available():
+        torch.backends.cudnn.version()
+    return importlib.import_module(f"{LIBRARY}.pytorch")
+
+
+def te_version() -> str:
+    """TE's version: the imported module's, else its package metadata's (without loading its libraries)."""
+    import sys
+    from importlib import metadata
+    if LIBRARY in sys.modules:
+        return str(getattr(sys.modules[LIBRARY], "__version__", ""))
+    for dist in ("transformer_engine", "transformer-engine"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
 DTYPES = {sel.FLASH: ("float16", "bfloat16"), sel.FUSED: ("float16", "bfloat16"),
           sel.UNFUSED: ("float16", "bfloat16", "float32")}
 SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off-by-one", "learnable": "learnable"}
@@ -194,7 +218,7 @@ class TransformerEngineAttention(Backend):
         self.name, self.te_backend, self.device = name, te_backend, device
 
     def _te(self):
-        return importlib.import_module(f"{LIBRARY}.pytorch")
+        return import_te()
 
     def available(self) -> str | None:
         try:
@@ -270,10 +294,7 @@ class TransformerEngineAttention(Backend):
         return te_source(self, case) if case.spelling in known else None
 
     def version(self) -> str:
-        try:
-            return str(importlib.import_module(LIBRARY).__version__)
-        except Exception:
-            return ""
+        return te_version()
 
 
 BACKENDS = {

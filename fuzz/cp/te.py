@@ -155,8 +155,9 @@ def refusal_reasons(records: list[str], kernel: str) -> str:
 
 def real_te_api() -> TEApi:
     try:
+        from fuzz.backends.transformer_engine import import_te
+        te = import_te()
         import transformer_engine
-        import transformer_engine.pytorch as te
         from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention as dpa_mod
     except ImportError as e:
         raise Unsupported(f"TransformerEngine is not importable here ({e}); see shared/gpu/README.md") from None

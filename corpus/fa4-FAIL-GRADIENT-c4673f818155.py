@@ -1,0 +1,81 @@
+"""attnfuzz repro: fa4 FAIL:GRADIENT
+dq: diff_max=4.695e-01 baseline_max=5.035e-04 k=4 floor=9.406e-04 (ratio 158.90) worst at [1, 0, 0, 7]: got=0
+expected=-0.469498
+
+Run with: python3 fa4-FAIL-GRADIENT-c4673f818155.py   (exits 1 while the bug is there)
+"""
+import sys
+
+import torch
+
+BACKEND = 'fa4'
+DEVICE = 'cuda'
+CASE = {'b': 2, 'sq': 1, 'skv': 1, 'h': 1, 'hk': 1, 'd_qk': 8, 'd_v': 8, 'dtype': 'float16', 'seqlens_q': [1, 1], 'seqlens_kv': [1, 1], 'causal': False, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': None, 'softmax': 'learnable', 'layout': 'thd', 'memory': 'transposed', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 168, 'grads': True, 'spelling': 'neg'}
+VALID_ROWS = [1, 1]  # graded query rows per sequence (rows past them are padding)
+BOUND = 0.0026721091712380092  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+
+
+def pack(x: torch.Tensor, lens: tuple[int, ...]) -> torch.Tensor:
+    """[b, s, heads, d] -> [sum(lens), heads, d]: the valid tokens of every sequence, back to back."""
+    return torch.cat([x[n, :length] for n, length in enumerate(lens)], dim=0)
+
+
+def unpack(x: torch.Tensor, lens: tuple[int, ...], s: int) -> torch.Tensor:
+    """[sum(lens), heads, d] -> [b, s, heads, d], zeros past each length."""
+    out = x.new_zeros(len(lens), s, *x.shape[1:])
+    start = 0
+    for n, length in enumerate(lens):
+        out[n, :length] = x[start:start + length]
+        start += length
+    return out
+
+
+def cu_seqlens(lens: tuple[int, ...], device) -> torch.Tensor:
+    """Cumulative sequence starts, int32, length b + 1 (the varlen convention of FA and TE)."""
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+LEARNABLE_SINK = torch.tensor([0.41338393092155457], dtype=torch.float64).reshape((1,)).to(torch.float32)  # learnable_sink, as the adapter passes it
+
+
+def attention(q, k, v):
+    """flash-attn-4 (flash_attn.cute.flash_attn_varlen_func) as attnfuzz's fa4 adapter calls it for spelling
+    'neg'."""
+    from flash_attn.cute import flash_attn_varlen_func
+
+    lens_q, lens_kv = [1, 1], [1, 1]  # valid tokens per sequence
+    q, k, v = pack(q, lens_q), pack(k, lens_kv), pack(v, lens_kv)  # varlen: [total, heads, d]
+    out = flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu_seqlens(lens_q, q.device), cu_seqlens_k=cu_seqlens(lens_kv, q.device),
+        max_seqlen_q=1, max_seqlen_k=1, softmax_scale=None, causal=False, window_size=(-1, -1),
+        learnable_sink=LEARNABLE_SINK.to(q.device), softcap=0.0, return_lse=True)[0]
+    return unpack(out, lens_q, 1)
+
+
+def main():
+    q = torch.tensor([-0.10028076171875, 0.28076171875, 0.0921630859375, -1.8291015625, 0.003993988037109375, 0.05743408203125, 1.00390625, 1.3037109375, -0.25341796875, 1.53125, -0.9013671875, 0.5107421875, -0.6474609375, -0.1865234375, 0.1009521484375, -1.2236328125], dtype=torch.float64).reshape((2, 1, 1, 8)).to(torch.float16).to(DEVICE)
+    k = torch.tensor([0.60498046875, 0.39794921875, -1.1376953125, -0.0670166015625, -0.059051513671875, 0.50048828125, -0.51123046875, -2.58984375, -0.9931640625, -0.441162109375, -0.19580078125, -0.59130859375, -1.416015625, -0.97021484375, 0.1634521484375, 1.595703125], dtype=torch.float64).reshape((2, 1, 1, 8)).to(torch.float16).to(DEVICE)
+    v = torch.tensor([-1.5322265625, -0.153564453125, -0.67041015625, -1.4755859375, -0.451904296875, -0.049102783203125, 0.93359375, 1.818359375, 1.16015625, -0.408935546875, -0.8828125, -1.0546875, -0.329345703125, 2.359375, -1.8125, -0.1400146484375], dtype=torch.float64).reshape((2, 1, 1, 8)).to(torch.float16).to(DEVICE)
+    q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))  # head-major buffers
+    q, k, v = (x.requires_grad_() for x in (q, k, v))  # leaves, as the fuzzer's backward needs
+    EXPECTED = torch.tensor([-0.22603561040348844, -0.0226539832606428, -0.09889958351943583, -0.21767992818334672, -0.0666653784029409, -0.007243692183301722, 0.1377246931457839, 0.26824621196385945, 0.33439416541702427, -0.11786831377809673, -0.25445481947558074, -0.3039946958336584, -0.09492797330546417, 0.6800473936427025, -0.5224205143215463, -0.040356703254769234], dtype=torch.float64).reshape((2, 1, 1, 8)).to(torch.float64)
+
+    out = attention(q, k, v)
+    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    want = EXPECTED.to("cpu", torch.float64)
+    rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    got, want = out[rows], want[rows]
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    problems = []
+    if not torch.isfinite(got).all():
+        problems.append("non-finite output")
+    if got.numel() and (got == 0).all() and (want != 0).any():
+        problems.append("all-zero output")
+    if not err <= BOUND:
+        problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+    sys.exit(main())

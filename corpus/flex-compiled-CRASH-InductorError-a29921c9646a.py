@@ -1,0 +1,89 @@
+"""attnfuzz repro: flex-compiled CRASH:InductorError
+InductorError: LoweringException: NoValidChoicesError: No choices to select. Provided reason: No choices exist
+for backend. please consider adding ATEN into max_autotune_gemm_backends config (defined in
+torch/_inductor/config.py) to allow at least one choice.    target: flex_attention   args[0]:
+TensorBox(StorageBox(     InputBuffer(name='arg1_1', layout=FixedLayout('cuda:0', torch.float16, size=[1, 6,
+s0, 72], stride=[432*s0, 72*s0, 72, 1]))   ))   args[1]: TensorBox(StorageBox(     InputBuffer(name='arg3_1',
+(at select_algorithm.py:2914)
+
+Run with: python3 flex-compiled-CRASH-InductorError-a29921c9646a.py   (exits 1 while the bug is there)
+"""
+import sys
+
+import torch
+
+BACKEND = 'flex-compiled'
+DEVICE = 'cuda'
+CASE = {'b': 1, 'sq': 86, 'skv': 86, 'h': 6, 'hk': 3, 'd_qk': 72, 'd_v': 128, 'dtype': 'float16', 'seqlens_q': None, 'seqlens_kv': None, 'causal': True, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': None, 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'transposed', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 630, 'grads': False, 'spelling': ''}
+VALID_ROWS = [86]  # graded query rows per sequence (rows past them are padding)
+BOUND = 0.013665498481464172  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+
+
+# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex.py)
+
+def _named(fn, name: str):
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def band_right(right: torch.Tensor, off: torch.Tensor):
+    """Query i sees key j iff j <= i + off[b] + right."""
+    return _named(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + off[b] + right, f"band_right({int(right)})")
+
+
+def all_of(*mods):
+    """Query i sees key j iff every mask_mod says so."""
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = mods[0](b, h, q_idx, kv_idx)
+        for mod in mods[1:]:
+            keep = keep & mod(b, h, q_idx, kv_idx)
+        return keep
+    return _named(mask_mod, " & ".join(m.__name__ for m in mods))
+
+
+LENS_Q = [86]  # valid queries per sequence
+LENS_KV = [86]  # valid keys per sequence
+
+
+def attention(q, k, v):
+    """torch flex_attention, compiled (a fresh graph of this one call), as attnfuzz's flex adapter ran it:
+    spelling '' (block mask, enable_gqa), layout bshd."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    device = q.device
+    lens_q, lens_kv = torch.tensor(LENS_Q, device=device), torch.tensor(LENS_KV, device=device)
+    off = torch.zeros_like(lens_q)  # top-left diagonal
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views
+    mask_mod = all_of(band_right(torch.tensor(0, device=device), off))
+    block_mask = create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2], device=device)
+    compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    out = compiled(q, k, v, score_mod=None, block_mask=block_mask, scale=None, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def main():
+    from strategies import Case, materialize  # too large to inline: regenerated from the seed
+    _t = materialize(Case.from_dict(CASE), DEVICE)
+    q, k, v = _t.q, _t.k, _t.v
+    from oracles.reference import reference
+    EXPECTED = reference(Case.from_dict(CASE), _t).out
+
+    out = attention(q, k, v)
+    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    want = EXPECTED.to("cpu", torch.float64)
+    rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    got, want = out[rows], want[rows]
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    problems = []
+    if not torch.isfinite(got).all():
+        problems.append("non-finite output")
+    if got.numel() and (got == 0).all() and (want != 0).any():
+        problems.append("all-zero output")
+    if not err <= BOUND:
+        problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""attnfuzz repro: te-unfused FAIL:MASK_ALIGNMENT
+matches alignment='top_left'; out: diff_max=6.125e-02 baseline_max=6.780e-04 k=3 floor=3.024e-03 (ratio 12.11)
+worst at [1, 0, 0, 2]: got=0.765137 expected=0.826387
+
+Run with: python3 te-unfused-FAIL-MASK_ALIGNMENT-6b393369df6f.py   (exits 1 while the bug is there)
+"""
+import sys
+
+import torch
+
+BACKEND = 'te-unfused'
+DEVICE = 'cuda'
+CASE = {'b': 2, 'sq': 2, 'skv': 2, 'h': 2, 'hk': 1, 'd_qk': 8, 'd_v': 8, 'dtype': 'float16', 'seqlens_q': [2, 1], 'seqlens_kv': [2, 2], 'causal': False, 'window': [None, None], 'alignment': 'bottom_right', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': [0.0625, 0.00390625], 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 0, 'grads': False, 'spelling': 'wide'}
+VALID_ROWS = [2, 1]  # graded query rows per sequence (rows past them are padding)
+BOUND = 0.005057761341311244  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+
+
+def cu_seqlens(lens: tuple[int, ...], device) -> torch.Tensor:
+    """Cumulative sequence starts, int32, length b + 1 (the varlen convention of FA and TE)."""
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+NVTE = {'NVTE_FLASH_ATTN': '0', 'NVTE_FUSED_ATTN': '0', 'NVTE_UNFUSED_ATTN': '1'}  # only UnfusedDotProductAttention eligible
+ALIBI_SLOPES = torch.tensor([0.0625, 0.00390625], dtype=torch.float64).reshape((2,)).to(torch.float32)  # ALiBi slopes, one per query head
+
+
+def attention(q, k, v):
+    """TransformerEngine DotProductAttention with only UnfusedDotProductAttention enabled (NVTE_*), as
+    attnfuzz's te-unfused adapter builds and calls it for spelling 'wide'."""
+    import os
+
+    os.environ.update(NVTE)  # before TE is imported: only one backend eligible
+    import transformer_engine.pytorch as te
+
+    dpa = te.DotProductAttention(
+        num_attention_heads=2, kv_channels=8, num_gqa_groups=1, attention_dropout=0.0, qkv_format='bshd',
+        attn_mask_type='padding', window_size=(2, 2), bottom_right_diagonal=True, softcap=0.0,
+        attention_type='cross', softmax_scale=None, softmax_type='vanilla')
+    dpa.train(False)
+    lens_q, lens_kv = [2, 1], [2, 2]  # valid tokens per sequence
+    out = dpa(
+        q, k, v, cu_seqlens_q=cu_seqlens(lens_q, q.device), cu_seqlens_kv=cu_seqlens(lens_kv, q.device),
+        max_seqlen_q=2, max_seqlen_kv=2, core_attention_bias_type='alibi',
+        alibi_slopes=ALIBI_SLOPES.to(q.device))
+    out = out.reshape(*out.shape[:2], 2, 8)  # heads split out of h * d_v
+    return out
+
+
+def main():
+    q = torch.tensor([-1.1259765625, -1.15234375, -0.25048828125, -0.433837890625, 0.8486328125, 0.69189453125, -0.31591796875, -2.115234375, 0.322265625, -1.263671875, 0.35009765625, 0.30810546875, 0.11981201171875, 1.2373046875, 1.1171875, -0.247314453125, -1.3525390625, -1.6962890625, 0.56689453125, 0.79345703125, 0.5986328125, -1.5546875, -0.34130859375, 1.8525390625, 0.75, -0.58544921875, -0.17333984375, 0.1834716796875, 1.3896484375, 1.5859375, 0.9462890625, -0.84375, -0.61376953125, 0.031585693359375, -0.49267578125, 0.2484130859375, 0.439697265625, 0.1124267578125, 0.640625, 0.441162109375, -0.102294921875, 0.79248046875, -0.28955078125, 0.052520751953125, 0.52294921875, 2.302734375, -1.46875, -1.5869140625, -0.6728515625, 0.873046875, 1.0556640625, 0.1778564453125, -0.2303466796875, -0.391845703125, 0.54345703125, -0.395263671875, -0.4462890625, 0.744140625, 1.5205078125, 3.41015625, -1.53125, -1.234375, 1.8193359375, -0.5517578125], dtype=torch.float64).reshape((2, 2, 2, 8)).to(torch.float16).to(DEVICE)
+    k = torch.tensor([-0.5693359375, 0.919921875, 1.1103515625, 1.2900390625, -1.478515625, 2.56640625, -0.47314453125, 0.33544921875, -1.62890625, -0.5498046875, -0.479736328125, -0.499755859375, -1.0673828125, 1.115234375, -0.140625, 0.8056640625, -0.09332275390625, 0.68701171875, -0.83837890625, 0.0008916854858398438, 0.841796875, -0.400146484375, 1.0390625, 0.358154296875, -0.2459716796875, 2.302734375, -1.8818359375, -0.049713134765625, -1.044921875, -0.95654296875, 0.033538818359375, 0.7099609375], dtype=torch.float64).reshape((2, 2, 1, 8)).to(torch.float16).to(DEVICE)
+    v = torch.tensor([1.6455078125, -1.3603515625, 0.344482421875, 0.52001953125, -2.61328125, -1.6962890625, -0.228271484375, 0.280029296875, 0.2469482421875, 0.076904296875, 0.337890625, 0.454345703125, 0.45703125, -0.865234375, 0.78125, -0.9267578125, -0.2188720703125, -2.435546875, -0.07293701171875, -0.03399658203125, 0.96240234375, 0.34912109375, -0.92138671875, -0.056182861328125, -0.62255859375, -0.463623046875, 1.921875, -0.402587890625, 0.1239013671875, 1.1650390625, 0.92333984375, 1.3876953125], dtype=torch.float64).reshape((2, 2, 1, 8)).to(torch.float16).to(DEVICE)
+    EXPECTED = torch.tensor([0.694715987118631, -0.3832525878958071, 0.34000107784335176, 0.47537206663839343, -0.5259707854811737, -1.1313077631025696, 0.45803805528668473, -0.5403886123263804, 1.079860181502136, -0.7790532115033297, 0.34181636862599196, 0.49345774147284616, -1.3714928922398293, -1.3601688676991393, 0.1800296335749288, -0.2080559331193163, 0.44835809745116373, -0.1300783020491841, 0.3388399251819183, 0.4638035456781859, 0.014868320822058856, -0.9849165164536984, 0.6358664351025137, -0.7529655606769591, 1.1601933367971504, -0.8616090786974905, 0.34219500093688754, 0.49723004116288005, -1.547851408603642, -1.407904585709828, 0.12204279633221532, -0.13873817338757927, -0.40086665917516673, -1.5465415564370966, 0.8263870203040107, -0.20016914358880136, 0.5843797157192594, 0.7169625911670138, -0.08972593045468052, 0.5947628585735498, -0.4298881010482742, -1.4047779120409143, 0.9697961199016473, -0.22666755415301296, 0.5240990128990677, 0.7756197781884381, 0.04289337090195633, 0.6985647545020597, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((2, 2, 2, 8)).to(torch.float64)
+
+    out = attention(q, k, v)
+    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    want = EXPECTED.to("cpu", torch.float64)
+    rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    got, want = out[rows], want[rows]
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    problems = []
+    if not torch.isfinite(got).all():
+        problems.append("non-finite output")
+    if got.numel() and (got == 0).all() and (want != 0).any():
+        problems.append("all-zero output")
+    if not err <= BOUND:
+        problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+    sys.exit(main())

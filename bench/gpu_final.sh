@@ -17,7 +17,7 @@ for b in fa4 te-flash; do
     2> "$out/$b.err" &
   gpu=$((1 - gpu))
 done
-timeout -k 10 "$secs" python3 -m pytest corpus -p fuzz.plugin --device cuda -q -p no:cacheprovider -rfEX \
+timeout -k 10 "$secs" python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate -q -p no:cacheprovider -rfEX \
   > "$out/corpus_replay.txt" 2>&1 &
 wait
 python3 bench/summarize.py "$out"/*.jsonl > "$out/summary.txt" 2>&1

@@ -2,7 +2,8 @@
 
 An entry passes when its backend now passes the case. An entry marked as a known bug (`known_bug: {"link": ...}`) is
 an expected failure, and fails loudly once it starts passing, so it gets marked fixed. An entry whose backend cannot
-run here is skipped with the reason; an unreadable file fails alone, naming the file and the field.
+run here is skipped with the reason; an unreadable file fails alone, naming the file and the field. With
+`--isolate` each entry runs in a worker process: a crash that poisons CUDA costs that entry, not the ones after it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from fuzz import corpus as corpus_io
 from fuzz.cli import replay_outcome
 
 
-def test_entry(corpus_entry, attnfuzz) -> None:
+def test_entry(corpus_entry, attnfuzz, attnfuzz_workers) -> None:
     entry = corpus_io.load(corpus_entry)  # CorpusError names the file and the field
     # an entry replays on its own device; --device picks which GPU a CUDA entry runs on (cuda:1, ...)
     device = attnfuzz.device if entry.device.startswith("cuda") and attnfuzz.device.startswith("cuda") \
         else entry.device
-    verdict = corpus_io.replay(entry, device)
+    verdict = corpus_io.replay(entry, device, worker=attnfuzz_workers(entry.backend, device))
     outcome = replay_outcome(entry, verdict)
     if outcome == "skip":
         pytest.skip(verdict.message)

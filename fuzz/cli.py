@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
     replay.add_argument("paths", nargs="*", type=Path, default=[Path("corpus")], help="entry files or folders")
     replay.add_argument("--device", help="run on this device instead of the entry's own")
+    replay.add_argument("--isolate", action="store_true", help="each backend in a worker process: an entry that "
+                        "crashes or poisons CUDA costs itself only")
     replay.add_argument("--json", action="store_true")
     mark = sub.add_parser("known", help="mark a corpus entry as a known bug (an expected failure) with its link")
     mark.add_argument("entry", type=Path, help="the corpus entry's JSON file")
@@ -222,7 +224,7 @@ def cmd_replay(args) -> int:
             raise UsageError(f"replay: {path} does not exist; give corpus entry files or folders")
     if args.device:
         _check_device(args.device)
-    rows, bad = [], 0
+    rows, bad, workers = [], 0, {}
     for path in paths:
         try:
             entry = corpus_io.load(path)
@@ -230,14 +232,19 @@ def cmd_replay(args) -> int:
             rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
             bad += 1
             continue
+        device = args.device or entry.device
+        if args.isolate and (entry.backend, device) not in workers:
+            workers[entry.backend, device] = Worker(entry.backend, device)
         try:
-            verdict = corpus_io.replay(entry, args.device)
+            verdict = corpus_io.replay(entry, device, worker=workers.get((entry.backend, device)))
         except ValueError as e:  # a backend name this attnfuzz does not know
             verdict = Verdict(V.UNSUPPORTED, None, str(e))
         outcome = replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "message": verdict.message,
                      "known_bug": entry.known_bug})
+    for worker in workers.values():
+        worker.close()
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -277,6 +284,8 @@ def cmd_backends(args) -> int:
         why = backend.available()
         rows.append({"name": name, "device": args.device, "available": why is None, "why_not": why,
                      "version": backend.version() if why is None else ""})
+    for worker in workers.values():
+        worker.close()
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

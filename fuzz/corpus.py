@@ -166,8 +166,9 @@ def known_bugs(directory: Path):
     return known
 
 
-def replay(entry: Entry, device: str | None = None) -> Verdict:
-    """Run the entry's case through its backend again; UNSUPPORTED (with why) when the backend is unavailable."""
+def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
+    """Run the entry's case through its backend again (in `worker`, a fuzz.isolate.Worker for that backend, when
+    given); UNSUPPORTED (with why) when the backend is unavailable."""
     from fuzz.backends import get
     from fuzz.harness import run_case
     from oracles.verdict import UNSUPPORTED
@@ -176,4 +177,6 @@ def replay(entry: Entry, device: str | None = None) -> Verdict:
     why = backend.available()
     if why is not None:
         return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
+    if worker is not None and not backend.own_processes:
+        return worker.run(entry.case)
     return run_case(backend, entry.case, device=device)

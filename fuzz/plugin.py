@@ -84,3 +84,24 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def attnfuzz(request: pytest.FixtureRequest) -> Options:
     return request.config.stash[_OPTIONS]
+
+
+@pytest.fixture(scope="session")
+def attnfuzz_workers(request: pytest.FixtureRequest):
+    """With --isolate: workers(backend, device) -> a fuzz.isolate.Worker kept for the session (a crash replaces its
+    process, so an entry that poisons CUDA costs that entry only); None without --isolate."""
+    options = request.config.stash[_OPTIONS]
+    if not options.isolate:
+        yield lambda backend, device: None
+        return
+    from fuzz.isolate import Worker
+    workers = {}
+
+    def worker(backend: str, device: str):
+        if (backend, device) not in workers:
+            workers[backend, device] = Worker(backend, device, timeout_s=options.case_timeout)
+        return workers[backend, device]
+
+    yield worker
+    for w in workers.values():
+        w.close()

@@ -70,3 +70,37 @@ def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
     """Control: the kernel really segfaults; only the worker process stands between it and the session."""
     bare = _pytest_fuzz(tmp_path)
     assert bare.returncode < 0 or "Segmentation fault" in bare.stderr, (bare.returncode, bare.stdout[-500:])
+
+
+def _corpus_with_a_segfault_first(directory):
+    from fuzz import corpus as corpus_io
+    from oracles.verdict import Verdict
+    spec = "tests.misbehaving:segfault_when_causal"
+    crash = corpus_io.Entry(spec, PLAIN.replace(causal=True), Verdict(V.CRASH, "SIGSEGV"),
+                            known_bug={"link": "tests/misbehaving.py", "note": "segfaults under causal"})
+    fine = corpus_io.Entry(spec, PLAIN, Verdict(V.FAIL, V.TOLERANCE))  # fixed since: replays as a pass
+    for entry in (crash, fine):
+        corpus_io.save(directory, entry, repro=False)
+
+
+def _pytest_corpus(directory, *options):
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "pytest", str(root / "corpus"), "-q", "-p", "no:cacheprovider",
+                           "--corpus", str(directory), "-rxX", *options], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_pytest_corpus_isolate_replays_past_an_entry_that_crashes(tmp_path):
+    _corpus_with_a_segfault_first(tmp_path)
+    isolated = _pytest_corpus(tmp_path, "--isolate", "--case-timeout", "20")
+    assert isolated.returncode == 0, isolated.stdout + isolated.stderr
+    assert "1 passed, 1 xfailed" in isolated.stdout and "SIGSEGV" in isolated.stdout
+
+
+def test_without_isolate_the_crashing_entry_takes_the_replay_session_down(tmp_path):
+    _corpus_with_a_segfault_first(tmp_path)
+    bare = _pytest_corpus(tmp_path)
+    assert bare.returncode < 0 or "Segmentation fault" in bare.stderr, (bare.returncode, bare.stdout[-400:])

@@ -35,13 +35,16 @@ LIBRARY = "transformer_engine"
 
 
 def import_te():
-    """transformer_engine.pytorch, imported after torch has loaded its own cuDNN: imported first, TE's loader can
-    resolve cuDNN from the system's libraries and fail on a mixed set (`libcudnn_heuristic.so.9: undefined symbol`,
-    seen on the H200 runner, whose system cuDNN differs from torch's wheel)."""
-    import torch
-    if torch.cuda.is_available():
-        torch.backends.cudnn.version()
-    return importlib.import_module(f"{LIBRARY}.pytorch")
+    """transformer_engine.pytorch. On the H200 runner TE loads the system's cuDNN: imported in a process where torch
+    has already loaded its own cuDNN (torch.backends.cudnn, an SDPA cuDNN call), the mix fails with `undefined symbol`
+    in libcudnn_heuristic. The error then says to give TE a process of its own."""
+    try:
+        return importlib.import_module(f"{LIBRARY}.pytorch")
+    except OSError as e:
+        if "libcudnn" not in str(e):
+            raise
+        raise ImportError(f"{e}: TE's cuDNN clashes with the one torch loaded earlier in this process; run TE "
+                          f"backends in a process of their own (--isolate, or an `attnfuzz run` of their own)") from None
 
 
 def te_version() -> str:

@@ -50,13 +50,10 @@ _MEMORY = {
 
 
 def _inputs(case: Case, t) -> str:
-    """Source binding q, k, v on DEVICE: exact literals in the case's memory format (requiring grad when the fuzzer
-    checked gradients, as the backend saw them)."""
+    """Source binding q, k, v on DEVICE: exact literals in the case's memory format."""
     lines = [f"{name} = {literal(x)}.to(DEVICE)" for name, x in (("q", t.q), ("k", t.k), ("v", t.v))]
     if case.memory in _MEMORY:
         lines.append(_MEMORY[case.memory])
-    if case.grads:
-        lines.append("q, k, v = (x.requires_grad_() for x in (q, k, v))  # leaves, as the fuzzer's backward needs")
     return "\n".join(lines)
 
 
@@ -76,6 +73,8 @@ def script(entry) -> str:
                   "_t = materialize(Case.from_dict(CASE), DEVICE)\nq, k, v = _t.q, _t.k, _t.v")
         expected = ("from oracles.reference import reference\n"
                     "EXPECTED = reference(Case.from_dict(CASE), _t).out")
+    if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
+        inputs += "\nq, k, v = (x.detach().requires_grad_() for x in (q, k, v))"
     call = written_call(entry)
     rows_list = list(case.lens_q)
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}

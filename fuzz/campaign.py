@@ -90,7 +90,7 @@ def new_config(args) -> dict:
             skipped[name] = why
     if not versions:
         raise CampaignError(f"--backends: none can run here: {skipped}")
-    if lanes > 1 and any(n.startswith(("ring-", "te-cp-")) for n in versions):
+    if device == "cuda" and lanes > 1 and any(n.startswith(("ring-", "te-cp-")) for n in versions):
         raise CampaignError("context-parallel backends spread over every GPU themselves: give them a campaign of one "
                             "lane (--gpus 1; a single lane still sees all the GPUs)")
     if args.db and args.db.startswith(("redis://", "rediss://", "unix://")):

@@ -14,6 +14,8 @@ DEVICE = 'cuda'
 CASE = {'b': 1, 'sq': 1, 'skv': 1, 'h': 1, 'hk': 1, 'd_qk': 32, 'd_v': 8, 'dtype': 'float16', 'seqlens_q': None, 'seqlens_kv': None, 'causal': False, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': None, 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 0, 'grads': True, 'spelling': ''}
 VALID_ROWS = [1]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.004333788246914601  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+VALID_KEYS = [1]  # graded keys per sequence (dK, dV)
+GRAD_BOUNDS = {'dq': 4.851173793052096e-06, 'dk': 3.0470339163089464e-06, 'dv': 0.002126888026104656}
 
 
 def attention(q, k, v):
@@ -32,9 +34,12 @@ def main():
     v = torch.tensor([0.1920166015625, 0.54296875, -2.21875, 0.259033203125, -1.029296875, -0.5009765625, 0.2734375, -0.91796875], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16).to(DEVICE)
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     EXPECTED = torch.tensor([0.1920166015625, 0.54296875, -2.21875, 0.259033203125, -1.029296875, -0.5009765625, 0.2734375, -0.91796875], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float64)
+    DOUT = torch.tensor([-0.040435791015625, 0.2880859375, -0.007537841796875, -0.91455078125, -1.0888671875, -0.2666015625, 0.189453125, -0.218994140625], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16)
+    EXPECTED_GRADS = {'dq': torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 1, 1, 32)).to(torch.float64), 'dk': torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 1, 1, 32)).to(torch.float64), 'dv': torch.tensor([-0.040435791015625, 0.2880859375, -0.007537841796875, -0.91455078125, -1.0888671875, -0.2666015625, 0.189453125, -0.218994140625], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float64)}
 
-    out = attention(q, k, v)
-    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    raw = attention(q, k, v)
+    raw = raw[0] if isinstance(raw, tuple) else raw
+    out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
@@ -46,8 +51,33 @@ def main():
         problems.append("all-zero output")
     if not err <= BOUND:
         problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
-    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}")
+    if True:
+        problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
+    if problems:
+        print("  " + "\n  ".join(problems))
     return 1 if problems else 0
+
+
+
+def check_grads(out, q, k, v, dout, expected):
+    """dQ, dK, dV by autograd through the call, each against its float64 answer on the graded rows / keys."""
+    if not out.requires_grad:
+        print("  gradients not checked: this call's output is not differentiable here")
+        return []
+    grads = torch.autograd.grad(out, (q, k, v), dout.to(out.device, out.dtype))
+    rows = torch.arange(q.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    keys = torch.arange(k.shape[1])[None, :] < torch.tensor(VALID_KEYS)[:, None]
+    problems = []
+    for name, got, where in zip(("dq", "dk", "dv"), grads, (rows, keys, keys)):
+        got, want = got.detach().to("cpu", torch.float64)[where], expected[name].to(torch.float64)[where]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        print(f"{BACKEND}: max |{name} - float64| = {err:.4g}, bound {GRAD_BOUNDS[name]:.4g}")
+        if not torch.isfinite(got).all():
+            problems.append(f"non-finite {name}")
+        elif not err <= GRAD_BOUNDS[name]:
+            problems.append(f"max |{name} - float64| = {err:.4g} > bound {GRAD_BOUNDS[name]:.4g}")
+    return problems
 
 
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file

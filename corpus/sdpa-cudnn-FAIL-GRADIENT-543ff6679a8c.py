@@ -13,6 +13,8 @@ DEVICE = 'cuda'
 CASE = {'b': 1, 'sq': 1, 'skv': 2, 'h': 1, 'hk': 1, 'd_qk': 8, 'd_v': 8, 'dtype': 'float16', 'seqlens_q': [1], 'seqlens_kv': [0], 'causal': False, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': [0.00390625], 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 0, 'grads': True, 'spelling': ''}
 VALID_ROWS = [1]  # graded query rows per sequence (rows past them are padding)
 BOUND = 1e-07  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+VALID_KEYS = [0]  # graded keys per sequence (dK, dV)
+GRAD_BOUNDS = {'dq': 1.0596476034269496e-05, 'dk': 1e-07, 'dv': 1e-07}
 
 
 def attention(q, k, v):
@@ -31,9 +33,12 @@ def main():
     v = torch.tensor([-0.61376953125, 0.031585693359375, -0.49267578125, 0.2484130859375, 0.439697265625, 0.1124267578125, 0.640625, 0.441162109375, -0.102294921875, 0.79248046875, -0.28955078125, 0.052520751953125, 0.52294921875, 2.302734375, -1.46875, -1.5869140625], dtype=torch.float64).reshape((1, 2, 1, 8)).to(torch.float16).to(DEVICE)
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     EXPECTED = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float64)
+    DOUT = torch.tensor([0.19189453125, 1.263671875, -1.2900390625, -0.791015625, -0.0208740234375, -0.71826171875, 0.5185546875, -1.3125], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float16)
+    EXPECTED_GRADS = {'dq': torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 1, 1, 8)).to(torch.float64), 'dk': torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 2, 1, 8)).to(torch.float64), 'dv': torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64).reshape((1, 2, 1, 8)).to(torch.float64)}
 
-    out = attention(q, k, v)
-    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    raw = attention(q, k, v)
+    raw = raw[0] if isinstance(raw, tuple) else raw
+    out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
@@ -45,8 +50,33 @@ def main():
         problems.append("all-zero output")
     if not err <= BOUND:
         problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
-    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}")
+    if True:
+        problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
+    if problems:
+        print("  " + "\n  ".join(problems))
     return 1 if problems else 0
+
+
+
+def check_grads(out, q, k, v, dout, expected):
+    """dQ, dK, dV by autograd through the call, each against its float64 answer on the graded rows / keys."""
+    if not out.requires_grad:
+        print("  gradients not checked: this call's output is not differentiable here")
+        return []
+    grads = torch.autograd.grad(out, (q, k, v), dout.to(out.device, out.dtype))
+    rows = torch.arange(q.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    keys = torch.arange(k.shape[1])[None, :] < torch.tensor(VALID_KEYS)[:, None]
+    problems = []
+    for name, got, where in zip(("dq", "dk", "dv"), grads, (rows, keys, keys)):
+        got, want = got.detach().to("cpu", torch.float64)[where], expected[name].to(torch.float64)[where]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        print(f"{BACKEND}: max |{name} - float64| = {err:.4g}, bound {GRAD_BOUNDS[name]:.4g}")
+        if not torch.isfinite(got).all():
+            problems.append(f"non-finite {name}")
+        elif not err <= GRAD_BOUNDS[name]:
+            problems.append(f"max |{name} - float64| = {err:.4g} > bound {GRAD_BOUNDS[name]:.4g}")
+    return problems
 
 
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file

@@ -12,6 +12,8 @@ DEVICE = 'cuda'
 CASE = {'b': 3, 'sq': 104, 'skv': 104, 'h': 8, 'hk': 4, 'd_qk': 80, 'd_v': 64, 'dtype': 'float16', 'seqlens_q': [104, 104, 104], 'seqlens_kv': [104, 104, 0], 'causal': False, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625], 'softmax': 'learnable', 'layout': 'sbhd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 8683, 'grads': True, 'spelling': 'wide'}
 VALID_ROWS = [104, 104, 104]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.01434307601570788  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+VALID_KEYS = [104, 104, 0]  # graded keys per sequence (dK, dV)
+GRAD_BOUNDS = {'dq': 0.016796978509515816, 'dk': 0.016514349944138924, 'dv': 0.01822341827199522}
 
 
 def cu_seqlens(lens: tuple[int, ...], device) -> torch.Tensor:
@@ -56,9 +58,13 @@ def main():
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     from oracles.reference import reference
     EXPECTED = reference(Case.from_dict(CASE), _t).out
+    DOUT = _t.dout
+    _ref = reference(Case.from_dict(CASE), _t)
+    EXPECTED_GRADS = {'dq': _ref.dq, 'dk': _ref.dk, 'dv': _ref.dv}
 
-    out = attention(q, k, v)
-    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    raw = attention(q, k, v)
+    raw = raw[0] if isinstance(raw, tuple) else raw
+    out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
@@ -70,8 +76,33 @@ def main():
         problems.append("all-zero output")
     if not err <= BOUND:
         problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
-    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}", *problems, sep="\n  ")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}")
+    if True:
+        problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
+    if problems:
+        print("  " + "\n  ".join(problems))
     return 1 if problems else 0
+
+
+
+def check_grads(out, q, k, v, dout, expected):
+    """dQ, dK, dV by autograd through the call, each against its float64 answer on the graded rows / keys."""
+    if not out.requires_grad:
+        print("  gradients not checked: this call's output is not differentiable here")
+        return []
+    grads = torch.autograd.grad(out, (q, k, v), dout.to(out.device, out.dtype))
+    rows = torch.arange(q.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    keys = torch.arange(k.shape[1])[None, :] < torch.tensor(VALID_KEYS)[:, None]
+    problems = []
+    for name, got, where in zip(("dq", "dk", "dv"), grads, (rows, keys, keys)):
+        got, want = got.detach().to("cpu", torch.float64)[where], expected[name].to(torch.float64)[where]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        print(f"{BACKEND}: max |{name} - float64| = {err:.4g}, bound {GRAD_BOUNDS[name]:.4g}")
+        if not torch.isfinite(got).all():
+            problems.append(f"non-finite {name}")
+        elif not err <= GRAD_BOUNDS[name]:
+            problems.append(f"max |{name} - float64| = {err:.4g} > bound {GRAD_BOUNDS[name]:.4g}")
+    return problems
 
 
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file

@@ -14,7 +14,10 @@ Everything else falls back to calling the adapter through attnfuzz (the script t
 sdpa-* cases spelled causal_upper_left / causal_lower_right / float_mask (ALiBi) or laid out sbhd, cases an adapter
 refuses, and bring-your-own kernels (`package.module:function`).
 
-The script checks the forward output only: for a GRADIENT or LSE finding it reruns the forward and passes.
+The script checks the output and, for cases with gradients, dQ / dK / dV (autograd through the written call, with the
+embedded output gradient and float64 answers). It does not check the LSE, whose spelling is each backend's own: an
+LSE finding's script reruns the call and passes. CP scripts gather the output across ranks, so no gradient flows back
+through them; they say so and check the output only.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import textwrap
 from pathlib import Path
 
 from fuzz.backends.source import literal
-from oracles.grade import Oracle, valid_rows
+from oracles.grade import Oracle, _gradient_terms, valid_keys, valid_rows
 from oracles.tolerance import check
 from strategies.case import Case
 from strategies.materialize import materialize
@@ -75,8 +78,12 @@ def script(entry) -> str:
                     "EXPECTED = reference(Case.from_dict(CASE), _t).out")
     if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
         inputs += "\nq, k, v = (x.detach().requires_grad_() for x in (q, k, v))"
+        constants, body = _expected_grads(entry, oracle, t, small)
+        expected += "\n" + body
     call = written_call(entry)
     rows_list = list(case.lens_q)
+    if not case.grads:
+        constants = ""
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
 {textwrap.fill(entry.verdict.message, 110)}
 
@@ -91,15 +98,16 @@ DEVICE = {entry.device!r}
 CASE = {case.to_dict()!r}
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
 BOUND = {c.bound!r}  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
-{(call or _ADAPTER_CALL).rstrip()}
+{constants}{(call or _ADAPTER_CALL).rstrip()}
 
 
 def main():
 {textwrap.indent(inputs, "    ")}
 {textwrap.indent(expected, "    ")}
 
-    out = attention(q, k, v)
-    out = (out[0] if isinstance(out, tuple) else out).detach().to("cpu", torch.float64)
+    raw = attention(q, k, v)
+    raw = raw[0] if isinstance(raw, tuple) else raw
+    out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
@@ -111,13 +119,62 @@ def main():
         problems.append("all-zero output")
     if not err <= BOUND:
         problems.append(f"max |out - float64| = {{err:.4g}} > bound {{BOUND:.4g}}")
-    print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}, bound {{BOUND:.4g}}", *problems, sep="\\n  ")
+    print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}, bound {{BOUND:.4g}}")
+    if {case.grads!r}:
+        problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
+    if problems:
+        print("  " + "\\n  ".join(problems))
     return 1 if problems else 0
 
 
+{_CHECK_GRADS if case.grads else ""}
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
     sys.exit(main())
 '''
+
+
+_CHECK_GRADS = '''
+def check_grads(out, q, k, v, dout, expected):
+    """dQ, dK, dV by autograd through the call, each against its float64 answer on the graded rows / keys."""
+    if not out.requires_grad:
+        print("  gradients not checked: this call's output is not differentiable here")
+        return []
+    grads = torch.autograd.grad(out, (q, k, v), dout.to(out.device, out.dtype))
+    rows = torch.arange(q.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    keys = torch.arange(k.shape[1])[None, :] < torch.tensor(VALID_KEYS)[:, None]
+    problems = []
+    for name, got, where in zip(("dq", "dk", "dv"), grads, (rows, keys, keys)):
+        got, want = got.detach().to("cpu", torch.float64)[where], expected[name].to(torch.float64)[where]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        print(f"{BACKEND}: max |{name} - float64| = {err:.4g}, bound {GRAD_BOUNDS[name]:.4g}")
+        if not torch.isfinite(got).all():
+            problems.append(f"non-finite {name}")
+        elif not err <= GRAD_BOUNDS[name]:
+            problems.append(f"max |{name} - float64| = {err:.4g} > bound {GRAD_BOUNDS[name]:.4g}")
+    return problems
+
+'''
+
+
+def _expected_grads(entry, oracle: Oracle, t, small: bool) -> tuple[str, str]:
+    """Source of the constants (graded keys, the bounds the fuzzer graded dQ / dK / dV with) and of main()'s lines
+    binding DOUT and EXPECTED_GRADS."""
+    case = entry.case
+    rows = valid_rows(case, "cpu")[:, :, None, None]
+    keys = valid_keys(case, "cpu")[:, :, None, None]
+    terms = _gradient_terms(oracle)
+    bounds = {name: check(name, getattr(oracle.ref, name), getattr(oracle.ref, name), getattr(oracle.naive, name),
+                          where, family=get_family(entry), quantity="grad", dtype=case.dtype,
+                          logit_max=oracle.ref.logit_max, scale_of_terms=terms[name],
+                          bias_max=oracle.ref.bias_max).bound
+              for name, where in (("dq", rows), ("dk", keys), ("dv", keys))}
+    constants = (f"VALID_KEYS = {list(case.lens_kv)!r}  # graded keys per sequence (dK, dV)\n"
+                 f"GRAD_BOUNDS = {bounds!r}\n")
+    if small:
+        grads = ", ".join(f"{n!r}: {literal(getattr(oracle.ref, n))}" for n in ("dq", "dk", "dv"))
+        return constants, f"DOUT = {literal(t.dout)}\nEXPECTED_GRADS = {{{grads}}}"
+    return constants, ("DOUT = _t.dout\n_ref = reference(Case.from_dict(CASE), _t)\n"
+                       "EXPECTED_GRADS = {'dq': _ref.dq, 'dk': _ref.dk, 'dv': _ref.dv}")
 
 
 def written_call(entry) -> str | None:

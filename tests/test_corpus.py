@@ -109,3 +109,21 @@ def test_known_bug_is_tallied_and_the_search_goes_on(tmp_path):
     _, findings = fuzz(ZeroCausalAndBatch(), space=Space(max_len=40), settings=profile("ci", max_examples=300),
                        known=known)
     assert [f.verdict.diagnosis for f in findings] == [V.TOLERANCE]
+
+
+def test_repro_script_checks_gradients_through_the_written_call(tmp_path):
+    """A GRADIENT finding's script reruns the backward: a call whose forward is right and whose gradients are 1.5x
+    (a planted bug) must fail it, the real call must pass it."""
+    case = Case(sq=4, skv=6, h=2, hk=1, d_qk=8, d_v=8, dtype="bfloat16", causal=True, seed=3, grads=True)
+    path = corpus_io.save(tmp_path, _entry(case=case, backend="sdpa-math"))
+    script = path.with_suffix(".py")
+    ok = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert ok.returncode == 0 and "max |dk - float64|" in ok.stdout, ok.stdout + ok.stderr
+    text = script.read_text()
+    broken = text.replace("    return out.transpose(1, 2)",
+                          "    out = out + 0.5 * (out - out.detach())  # same values, gradients x 1.5\n"
+                          "    return out.transpose(1, 2)")
+    assert broken != text
+    script.write_text(broken)
+    bad = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 1 and "max |dv - float64|" in bad.stdout and "> bound" in bad.stdout, bad.stdout

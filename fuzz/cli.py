@@ -284,8 +284,6 @@ def cmd_backends(args) -> int:
         why = backend.available()
         rows.append({"name": name, "device": args.device, "available": why is None, "why_not": why,
                      "version": backend.version() if why is None else ""})
-    for worker in workers.values():
-        worker.close()
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -127,3 +127,22 @@ def test_repro_script_checks_gradients_through_the_written_call(tmp_path):
     script.write_text(broken)
     bad = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 1 and "max |dv - float64|" in bad.stdout and "> bound" in bad.stdout, bad.stdout
+
+
+def test_cli_backends_lists_every_backend_with_why_not(capsys):
+    assert main(["backends", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["sdpa-math"]["available"] and rows["sdpa-math"]["version"]
+    assert not rows["fa4"]["available"] and rows["fa4"]["why_not"]
+
+
+def test_cli_replay_isolate_reports_a_crashing_entry_and_goes_on(tmp_path, capsys):
+    from oracles.verdict import Verdict
+    spec = "tests.misbehaving:segfault_when_causal"
+    corpus_io.save(tmp_path, corpus_io.Entry(spec, Case(sq=4, skv=4, d_qk=8, d_v=8, causal=True),
+                                             Verdict("CRASH", "SIGSEGV")), repro=False)
+    corpus_io.save(tmp_path, corpus_io.Entry(spec, Case(sq=4, skv=4, d_qk=8, d_v=8), Verdict("FAIL", "TOLERANCE")),
+                   repro=False)
+    assert main(["replay", str(tmp_path), "--isolate", "--json"]) == 1  # the crash is a regression: not a known bug
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["outcome"], r["verdict"]) for r in rows] == [("fail", "CRASH:SIGSEGV"), ("pass", "PASS")]

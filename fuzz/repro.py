@@ -5,14 +5,13 @@ INLINE elements; larger ones are regenerated from the seed, which needs attnfuzz
 oracle's output, so it checks the backend without the oracle. The backend call is the adapter's own
 `repro_source(case)`: source defining `attention(q, k, v)` (logical [b, s, heads, d] in, the output out) in the
 backend's API, with the masks, sinks and layouts spelled out as run() makes them. Adapters that write their call out:
-  sdpa-*                          bshd cases spelled no_mask / is_causal / bool_mask (fuzz/backends/sdpa.py)
+  sdpa-*                          every spelling and layout SDPA takes (fuzz/backends/sdpa.py)
   flex-eager, flex-compiled       every case they take (fuzz/backends/flex_repro.py)
   fa2, fa3, fa4                   every case they take (fuzz/backends/flash_repro.py)
   te-flash, te-fused, te-unfused  every case they take (fuzz/backends/te_repro.py)
   ring-*, te-cp-*                 every case they take; the script spawns the ranks itself (fuzz/backends/cp_repro.py)
 Everything else falls back to calling the adapter through attnfuzz (the script then needs attnfuzz importable):
-sdpa-* cases spelled causal_upper_left / causal_lower_right / float_mask (ALiBi) or laid out sbhd, cases an adapter
-refuses, and bring-your-own kernels (`package.module:function`).
+cases an adapter refuses, and bring-your-own kernels (`package.module:function`).
 
 The script checks the output and, for cases with gradients, dQ / dK / dV (autograd through the written call, with the
 embedded output gradient and float64 answers). It does not check the LSE, whose spelling is each backend's own: an

@@ -232,27 +232,35 @@ class SdpaBackend(Backend):
         return result
 
     def repro_source(self, case: Case) -> str | None:
-        """Source of `attention(q, k, v)` calling SDPA as run() does, for standalone repro scripts (fuzz/repro.py);
-        None for the spellings it does not write out (the script then calls this adapter through attnfuzz)."""
+        """Source of `attention(q, k, v)` calling SDPA as run() does, for standalone repro scripts (fuzz/repro.py),
+        in every spelling and layout SDPA takes; None for a case it refuses."""
         spelling = self._resolve(case)
-        if spelling is None or case.layout != "bshd" or spelling.mask not in ("no_mask", "is_causal", "bool_mask"):
+        if spelling is None or self._static_refusal(case) is not None:
             return None
-        mask = "None"
+        from fuzz.backends.source import literal
+        from strategies.materialize import materialize, torch_dtype
+        t = materialize(case, "cpu")
+        masks = {"no_mask": "None", "is_causal": "None",
+                 "causal_upper_left": f"torch.nn.attention.bias.causal_upper_left({case.sq}, {case.skv})",
+                 "causal_lower_right": f"torch.nn.attention.bias.causal_lower_right({case.sq}, {case.skv})"}
         if spelling.mask == "bool_mask":
-            from strategies.materialize import materialize
-            keep = layout.visibility_mask(case, materialize(case, "cpu"), "cpu")
-            mask = f"torch.tensor({keep.flatten().tolist()!r}).reshape({tuple(keep.shape)})"
-        return (f"\nMASK = {mask}  # True = query i may see key j\n\n\n"
+            masks["bool_mask"] = literal(layout.visibility_mask(case, t, "cpu"))
+        if spelling.mask == "float_mask":
+            masks["float_mask"] = literal(_additive(case, t, torch_dtype(case), "cpu"))
+        view = ("x.transpose(0, 1).contiguous().permute(1, 2, 0, 3)" if case.layout == "sbhd"  # seq-major buffers
+                else "x.transpose(1, 2)")
+        bias_import = "import torch.nn.attention.bias\n\n" if spelling.mask.startswith("causal_") else ""
+        return (f"\n{bias_import}MASK = {masks[spelling.mask]}  # attn_mask: True / 0 = query i may see key j\n\n\n"
                 f"def attention(q, k, v):\n"
-                f"    \"\"\"torch SDPA forced to {self.kernel}, spelled {spelling.name!r}.\"\"\"\n"
+                f"    \"\"\"torch SDPA forced to {self.kernel}, spelled {spelling.name!r}, layout {case.layout}.\"\"\"\n"
                 "    from torch.nn.attention import SDPBackend, sdpa_kernel\n"
-                "    q, k, v = (x.transpose(1, 2) for x in (q, k, v))\n"
+                f"    q, k, v = ({view} for x in (q, k, v))\n"
                 + ("    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))\n"
                    if spelling.heads == "repeat_kv" else "")
-                + f"    with sdpa_kernel([SDPBackend.{self.kernel}]):\n"
+                + "    mask = MASK.to(q.device) if isinstance(MASK, torch.Tensor) else MASK\n"
+                f"    with sdpa_kernel([SDPBackend.{self.kernel}]):\n"
                 "        out = torch.nn.functional.scaled_dot_product_attention(\n"
-                f"            q, k, v, attn_mask=None if MASK is None else MASK.to(q.device),\n"
-                f"            is_causal={spelling.mask == 'is_causal'}, scale={case.scale!r}, "
+                f"            q, k, v, attn_mask=mask, is_causal={spelling.mask == 'is_causal'}, scale={case.scale!r}, "
                 f"enable_gqa={spelling.heads == 'enable_gqa'})\n"
                 f"    return out.transpose(1, 2)\n")
 

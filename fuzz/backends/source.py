@@ -9,6 +9,7 @@ then runs the very code the adapter ran, and imports no attnfuzz module.
 from __future__ import annotations
 
 import inspect
+import re
 import textwrap
 
 import torch
@@ -21,6 +22,7 @@ def literal(x: torch.Tensor) -> str:
     if x.dtype == torch.bool:
         return f"torch.tensor({x.detach().cpu().flatten().tolist()!r}).reshape({tuple(x.shape)})"
     values = repr(x.detach().cpu().to(torch.float64).flatten().tolist())
+    values = re.sub(r"\b(inf|nan)\b", r"float('\1')", values)  # -inf in masks, NaN in a broken output
     return f"torch.tensor({values}, dtype=torch.float64).reshape({tuple(x.shape)}).to({x.dtype})"
 
 

@@ -235,7 +235,9 @@ class SdpaBackend(Backend):
         """Source of `attention(q, k, v)` calling SDPA as run() does, for standalone repro scripts (fuzz/repro.py),
         in every spelling and layout SDPA takes; None for a case it refuses."""
         spelling = self._resolve(case)
-        if spelling is None or self._static_refusal(case) is not None:
+        unavailable = self.available()  # a CUDA entry's script is written on any machine
+        refused = self._static_refusal(case)
+        if spelling is None or (refused is not None and refused != unavailable):
             return None
         from fuzz.backends.source import literal
         from strategies.materialize import materialize, torch_dtype

@@ -88,11 +88,11 @@ class Resumable:
         return self._run(case)
 
     def run(self, case: Case) -> V.Verdict:
+        if time.perf_counter() > self.deadline:  # cached cases too: Hypothesis can spin on them (target phase)
+            raise TimeUp()
         key = case_key(self.backend, case)
         if key in self.done:
             return self._mark(case, self.done[key])
-        if time.perf_counter() > self.deadline:
-            raise TimeUp()
         self.inflight.write_text(json.dumps({"backend": self.backend, "case": case.to_dict()}))
         start = time.perf_counter()
         verdict = self._mark(case, self._run(case))

@@ -210,7 +210,7 @@ def run_campaign(args) -> int:
     restarts = Counter()
     watch = Watch(campaign)
     watch.poll()
-    watch.examples, watch.labels = 0, Counter()  # the rate and failures count this session; coverage counts all
+    watch.examples, watch.labels, watch.recent = 0, Counter(), []  # rate and failures: this session; coverage: all
     tty = sys.stderr.isatty()
     last_print = 0.0
     try:

@@ -172,7 +172,8 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
 def _gradient_terms(o: Oracle) -> dict[str, float]:
     """Bounds on the products that sum to each gradient, where they can cancel. |dP_ij| = |dO_i . V_j| is at most
     the product of the largest row norms; dQ = scale * dS K averages rows of K with weights of total mass <= 2 |dP|;
-    dK = scale * dS^T Q sums over queries with the mass dV = P^T dO shows, max|dV| / max|dO| of it; dV needs none."""
+    dK = scale * dS^T Q sums over queries with the mass dV = P^T dO shows, max|dV| / max|dO| of it; dV = P^T dO sums
+    P_ij dO_i, at most P^T |dO| (the reference computes it)."""
     t = o.tensors
 
     def row_norm(x: torch.Tensor) -> float:
@@ -184,7 +185,7 @@ def _gradient_terms(o: Oracle) -> dict[str, float]:
     dp = row_norm(t.dout) * row_norm(t.v)
     mass = biggest(o.ref.dv) / max(biggest(t.dout), 1e-30)
     scale = o.case.softmax_scale
-    return {"dq": 2 * scale * dp * biggest(t.k), "dk": 2 * scale * dp * biggest(t.q) * mass, "dv": 0.0}
+    return {"dq": 2 * scale * dp * biggest(t.k), "dk": 2 * scale * dp * biggest(t.q) * mass, "dv": o.ref.dv_terms}
 
 
 def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:

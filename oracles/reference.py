@@ -32,6 +32,7 @@ class Reference:
     logit_max: float = 0.0
     empty: torch.Tensor | None = None  # [b, sq] True where a valid query row sees no key at all
     bias_max: float = 0.0              # the largest |ALiBi bias| at a visible position
+    dv_terms: float = 0.0              # max over keys of sum_i P_ij |dO_i|: the terms dV sums, where they can cancel
 
 
 def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -117,6 +118,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
     maxima = torch.zeros(2, dtype=dtype, device=device)  # largest visible |logit|, largest |ALiBi bias|
     empty = torch.zeros(case.b, case.sq, dtype=torch.bool, device=device)
+    dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if grads else None
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
             continue
@@ -143,9 +145,11 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             lse[n, :, rows] = l_c.detach()
             if grads:
                 d_c = t.dout[n, rows].to(device, dtype)
+                dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T |dO|
                 g_q, g_k, g_v = torch.autograd.grad(o_c, (q_c, k_n, v_n), d_c)
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
     return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(maxima[0]), empty=empty,
-                     bias_max=float(maxima[1]))
+                     bias_max=float(maxima[1]),
+                     dv_terms=float(dv_terms.abs().max()) if grads and dv_terms.numel() else 0.0)

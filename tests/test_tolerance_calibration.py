@@ -76,3 +76,30 @@ def test_torch_cpu_kernels_pass_2000_random_cases():
         for dtype in ("float16", "bfloat16", "float32"):
             assert seen[(name, dtype, "PASS")] >= 200, seen
     assert sum(seen.values()) >= 3000
+
+
+# Found by the CPU campaign (bench/campaign_cpu.sh): torch's CPU flash kernel failed dV by up to 1.7x on fp32 cases
+# with logits in the hundreds, where dV = P^T dO cancels and each P_ij carries its logit's fp32 rounding.
+LARGE_LOGITS = [dict(b=2, sq=sq, skv=skv, d_qk=96, d_v=96, dtype="float32", std=(qk, qk, 1.0), grads=True)
+                for sq, skv, qk in ((4, 32, 10.0), (4, 32, 4.0), (4, 31, 4.0), (33, 33, 10.0), (5, 33, 10.0))]
+
+
+def test_fp32_dv_with_large_logits_is_graded_on_the_terms_it_sums():
+    from fuzz.backends import get
+    from fuzz.harness import run_case
+    from strategies.case import Case
+    for fields in LARGE_LOGITS:
+        verdict = run_case(get("sdpa-flash"), Case(**fields))
+        assert verdict.status == "PASS", (fields, verdict.message)
+
+
+def test_the_dv_terms_bound_still_fails_a_wrong_dv():
+    """Control: the looser dV floor is the size of a logit's rounding, far below a real error (dV scaled by 1.01)."""
+    from strategies.case import Case
+    case = Case(**LARGE_LOGITS[0])
+    t = materialize(case, "cpu")
+    oracle = Oracle.of(case, t)
+    ref = oracle.ref
+    wrong = Output(out=ref.out.float(), lse=None, dq=ref.dq.float(), dk=ref.dk.float(), dv=(ref.dv * 1.01).float())
+    verdict = grade(case, t, wrong, oracle=oracle)
+    assert verdict.status == "FAIL" and verdict.diagnosis == "GRADIENT" and "dv" in verdict.message, verdict

@@ -14,7 +14,7 @@ CASE = {'b': 2, 'sq': 1, 'skv': 1, 'h': 1, 'hk': 1, 'd_qk': 8, 'd_v': 8, 'dtype'
 VALID_ROWS = [1, 1]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.0026721091712380092  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 VALID_KEYS = [1, 1]  # graded keys per sequence (dK, dV)
-GRAD_BOUNDS = {'dq': 0.002954723133538872, 'dk': 0.002506519197498709, 'dv': 0.003186235725909342}
+GRAD_BOUNDS = {'dq': 0.0029625417035387203, 'dk': 0.0025076976384251653, 'dv': 0.003187135351698161}
 
 
 def pack(x: torch.Tensor, lens: tuple[int, ...]) -> torch.Tensor:

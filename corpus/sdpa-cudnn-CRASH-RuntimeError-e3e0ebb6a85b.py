@@ -12,7 +12,7 @@ BACKEND = 'sdpa-cudnn'
 DEVICE = 'cuda'
 CASE = {'b': 1, 'sq': 2, 'skv': 2, 'h': 2, 'hk': 2, 'd_qk': 8, 'd_v': 8, 'dtype': 'float16', 'seqlens_q': None, 'seqlens_kv': None, 'causal': False, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': [0.0625, 0.00390625], 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 0, 'grads': False, 'spelling': ''}
 VALID_ROWS = [2]  # graded query rows per sequence (rows past them are padding)
-BOUND = 0.005014500351613507  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+BOUND = 0.005196068456174286  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 
 MASK = torch.tensor([-0.0, -0.0625, -0.0625, -0.0, -0.0, -0.00390625, -0.00390625, -0.0], dtype=torch.float64).reshape((1, 2, 2, 2)).to(torch.float16)  # attn_mask: True / 0 = query i may see key j
 

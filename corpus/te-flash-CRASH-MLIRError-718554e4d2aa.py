@@ -15,7 +15,7 @@ CASE = {'b': 3, 'sq': 10, 'skv': 10, 'h': 1, 'hk': 1, 'd_qk': 96, 'd_v': 8, 'dty
 VALID_ROWS = [10, 10, 10]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.007831488998042665  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 VALID_KEYS = [10, 10, 10]  # graded keys per sequence (dK, dV)
-GRAD_BOUNDS = {'dq': 0.004449662933683482, 'dk': 0.0036206275467853396, 'dv': 0.010586037339387244}
+GRAD_BOUNDS = {'dq': 0.004462903585640743, 'dk': 0.003625543753967405, 'dv': 0.01058984086880409}
 
 
 NVTE = {'NVTE_FLASH_ATTN': '1', 'NVTE_FUSED_ATTN': '0', 'NVTE_UNFUSED_ATTN': '0'}  # only FlashAttention eligible

@@ -13,7 +13,7 @@ CASE = {'b': 3, 'sq': 104, 'skv': 104, 'h': 8, 'hk': 4, 'd_qk': 80, 'd_v': 64, '
 VALID_ROWS = [104, 104, 104]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.01434307601570788  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 VALID_KEYS = [104, 104, 0]  # graded keys per sequence (dK, dV)
-GRAD_BOUNDS = {'dq': 0.016796978509515816, 'dk': 0.016514349944138924, 'dv': 0.01822341827199522}
+GRAD_BOUNDS = {'dq': 0.018205009068247922, 'dk': 0.017400083476173802, 'dv': 0.01828158811061997}
 
 
 def cu_seqlens(lens: tuple[int, ...], device) -> torch.Tensor:

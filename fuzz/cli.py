@@ -10,12 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import campaign, versiondiff
+from fuzz import campaign, caselog, report, versiondiff
 from fuzz import corpus as corpus_io
-from fuzz import report
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
-from fuzz.isolate import Worker
+from fuzz.isolate import Workers, isolated
 from fuzz.profiles import PROFILES, for_backend, profile
 from oracles import verdict as V
 from oracles.verdict import Verdict
@@ -113,19 +112,13 @@ class CaseLog:
         if self.file is None:
             return
         now = time.perf_counter()
-        self.file.write(json.dumps({"backend": self.backend, "label": verdict.label, "ratio": _finite(verdict.ratio),
-                                    "message": verdict.message[:300], "seconds": round(now - self.last, 4),
-                                    "case": case.to_dict()}) + "\n")
+        self.file.write(caselog.record(self.backend, case, verdict, now - self.last))
         self.file.flush()
         self.last = now
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
-
-
-def _finite(x: float):
-    return x if x == x and abs(x) != float("inf") else str(x)
 
 
 def _inflight_path(directory: Path, backend: str) -> Path:
@@ -156,7 +149,7 @@ def cmd_run(args) -> int:
     settings = profile(args.profile, max_examples=args.max_examples)
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space(max_len=args.max_len) if args.max_len else Space()
-    report, found = {}, 0
+    summary, found = {}, 0
     for name in names:
         try:
             backend = get(name, args.device)
@@ -165,7 +158,7 @@ def cmd_run(args) -> int:
         why = backend.available()
         if why is not None:
             print(f"[{name}] skipped: {why}", file=sys.stderr)
-            report[name] = {"skipped": why}
+            summary[name] = {"skipped": why}
             continue
         args.corpus.mkdir(parents=True, exist_ok=True)
         saved = _recover_inflight(args.corpus, backend)
@@ -178,8 +171,7 @@ def cmd_run(args) -> int:
             progress.update(seen)
             log.write(case, verdict)
 
-        worker = (Worker(name, args.device, timeout_s=args.case_timeout)
-                  if args.isolate and not backend.own_processes else None)
+        worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,
@@ -195,11 +187,11 @@ def cmd_run(args) -> int:
             saved.append(corpus_io.save(args.corpus, entry))
             print(f"[{name}] {f.verdict.label}: {f.verdict.message}\n    {f.case!r}", file=sys.stderr)
         found += len(saved)
-        report[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
+        summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
         print(f"[{name}] {tally.examples} examples in {tally.seconds:.1f}s; "
               f"{len(saved)} finding(s) saved to {args.corpus}", file=sys.stderr)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(summary, indent=2))
     return 1 if found else 0
 
 
@@ -224,7 +216,8 @@ def cmd_replay(args) -> int:
             raise UsageError(f"replay: {path} does not exist; give corpus entry files or folders")
     if args.device:
         _check_device(args.device)
-    rows, bad, workers = [], 0, {}
+    rows, bad = [], 0
+    workers = Workers() if args.isolate else (lambda backend, device: None)
     for path in paths:
         try:
             entry = corpus_io.load(path)
@@ -233,18 +226,16 @@ def cmd_replay(args) -> int:
             bad += 1
             continue
         device = args.device or entry.device
-        if args.isolate and (entry.backend, device) not in workers:
-            workers[entry.backend, device] = Worker(entry.backend, device)
         try:
-            verdict = corpus_io.replay(entry, device, worker=workers.get((entry.backend, device)))
+            verdict = corpus_io.replay(entry, device, worker=workers(entry.backend, device))
         except ValueError as e:  # a backend name this attnfuzz does not know
             verdict = Verdict(V.UNSUPPORTED, None, str(e))
         outcome = replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "message": verdict.message,
                      "known_bug": entry.known_bug})
-    for worker in workers.values():
-        worker.close()
+    if args.isolate:
+        workers.close()
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

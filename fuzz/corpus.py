@@ -155,9 +155,9 @@ def known_bugs(directory: Path):
     entries = [e for _, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
 
     def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
+        fields = case.to_dict()
         for e in entries:
             bug = e.known_bug
-            fields = case.to_dict()
             if (e.backend == backend and e.verdict.label == verdict.label and bug.get("match", "") in verdict.message
                     and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
                 return bug

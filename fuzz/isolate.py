@@ -117,3 +117,28 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Worker | None:
+    """A Worker for `backend` (an adapter), or None when isolation is off or the backend already runs its kernel in
+    processes of its own (context parallelism: a worker, being a daemon, could not start its ranks)."""
+    if not enabled or backend.own_processes:
+        return None
+    return Worker(backend.name, device, timeout_s=timeout_s)
+
+
+class Workers:
+    """Workers by (backend name, device), each started on first use and kept: for replaying many corpus entries."""
+
+    def __init__(self, timeout_s: float = 300.0):
+        self.timeout_s, self._workers = timeout_s, {}
+
+    def __call__(self, backend: str, device: str) -> Worker:
+        if (backend, device) not in self._workers:
+            self._workers[backend, device] = Worker(backend, device, timeout_s=self.timeout_s)
+        return self._workers[backend, device]
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.close()
+

@@ -15,7 +15,6 @@ seeded: Hypothesis ignores the example database in a seeded run, and the databas
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -24,10 +23,11 @@ from pathlib import Path
 from hypothesis import Phase
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
+from fuzz import caselog
 from fuzz import corpus as corpus_io
 from fuzz.backends import get
-from fuzz.harness import Tally, fuzz, run_case
-from fuzz.isolate import Worker
+from fuzz.harness import Tally, fuzz, mark_known, run_case
+from fuzz.isolate import isolated
 from fuzz.profiles import for_backend, profile
 from oracles import verdict as V
 from strategies.case import Case
@@ -97,36 +97,25 @@ class Resumable:
         start = time.perf_counter()
         verdict = self._mark(case, self._run(case))
         self.done[key] = verdict
-        self.log.write(json.dumps({
-            "backend": self.backend, "label": verdict.label, "ratio": _json_number(verdict.ratio),
-            "message": verdict.message[:300], "seconds": round(time.perf_counter() - start, 4),
-            "case": case.to_dict(), "lane": self.lane, "time": round(time.time(), 3), "verdict": verdict.to_dict()})
-            + "\n")
+        self.log.write(caselog.record(self.backend, case, verdict, time.perf_counter() - start, lane=self.lane,
+                                      time=round(time.time(), 3), verdict=verdict.to_dict()))
         self.log.flush()
         self.inflight.unlink(missing_ok=True)
         return verdict
 
     def _mark(self, case: Case, verdict: V.Verdict) -> V.Verdict:
         """KNOWN when `known` recognises the failure now (a cached one too: the corpus grows as the campaign runs)."""
-        if verdict.failed and self.known is not None and self.known(self.backend, case, verdict) is not None:
-            return dataclasses.replace(verdict, status=V.KNOWN)
-        return verdict
-
-
-def _json_number(x: float):
-    return x if x == x and abs(x) != float("inf") else str(x)
+        return mark_known(self.known, self.backend, case, verdict)
 
 
 def load_log(path: Path) -> dict:
     """case key -> Verdict for every complete line of a lane's log (a line cut by a kill is ignored)."""
     done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-                done[case_key(row["backend"], Case.from_dict(row["case"]))] = V.Verdict.from_dict(row["verdict"])
-            except (json.JSONDecodeError, KeyError, ValueError):
-                continue
+    for row in caselog.rows(path) if path.exists() else ():
+        try:
+            done[case_key(row["backend"], Case.from_dict(row["case"]))] = V.Verdict.from_dict(row["verdict"])
+        except (KeyError, ValueError):
+            continue
     return done
 
 
@@ -190,8 +179,7 @@ class Lane:
         done = load_log(self.log_path)
         space = Space(max_len=cfg["max_len"]) if cfg.get("max_len") else Space()
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
-        workers = {b.name: Worker(b.name, self.device, timeout_s=cfg["case_timeout"])
-                   if cfg["isolate"] and not b.own_processes else None for b in backends}
+        workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
         with self.log_path.open("a") as log:
             runners = {}
             for b in backends:

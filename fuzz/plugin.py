@@ -94,14 +94,7 @@ def attnfuzz_workers(request: pytest.FixtureRequest):
     if not options.isolate:
         yield lambda backend, device: None
         return
-    from fuzz.isolate import Worker
-    workers = {}
-
-    def worker(backend: str, device: str):
-        if (backend, device) not in workers:
-            workers[backend, device] = Worker(backend, device, timeout_s=options.case_timeout)
-        return workers[backend, device]
-
-    yield worker
-    for w in workers.values():
-        w.close()
+    from fuzz.isolate import Workers
+    workers = Workers(options.case_timeout)
+    yield workers
+    workers.close()

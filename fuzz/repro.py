@@ -25,8 +25,7 @@ import textwrap
 from pathlib import Path
 
 from fuzz.backends.source import literal
-from oracles.grade import Oracle, _gradient_terms, valid_keys, valid_rows
-from oracles.tolerance import check
+from oracles.grade import Oracle, check_out, gradient_check
 from strategies.case import Case
 from strategies.materialize import materialize
 
@@ -64,9 +63,7 @@ def script(entry) -> str:
     case, device = entry.case, "cpu"
     t = materialize(case, device)
     oracle = Oracle.of(case, t)
-    rows = valid_rows(case, device)[:, :, None, None]
-    c = check("out", oracle.ref.out, oracle.ref.out, oracle.naive.out, rows, family=get_family(entry),
-              quantity="out", dtype=case.dtype, logit_max=oracle.ref.logit_max)
+    c = check_out(oracle, oracle.ref.out, oracle.ref.out, get_family(entry))
     small = sum(x.numel() for x in (t.q, t.k, t.v, oracle.ref.out)) <= INLINE
     if small:
         inputs, expected = _inputs(case, t), f"EXPECTED = {literal(oracle.ref.out)}"
@@ -159,14 +156,8 @@ def _expected_grads(entry, oracle: Oracle, t, small: bool) -> tuple[str, str]:
     """Source of the constants (graded keys, the bounds the fuzzer graded dQ / dK / dV with) and of main()'s lines
     binding DOUT and EXPECTED_GRADS."""
     case = entry.case
-    rows = valid_rows(case, "cpu")[:, :, None, None]
-    keys = valid_keys(case, "cpu")[:, :, None, None]
-    terms = _gradient_terms(oracle)
-    bounds = {name: check(name, getattr(oracle.ref, name), getattr(oracle.ref, name), getattr(oracle.naive, name),
-                          where, family=get_family(entry), quantity="grad", dtype=case.dtype,
-                          logit_max=oracle.ref.logit_max, scale_of_terms=terms[name],
-                          bias_max=oracle.ref.bias_max).bound
-              for name, where in (("dq", rows), ("dk", keys), ("dv", keys))}
+    bounds = {name: gradient_check(oracle, name, getattr(oracle.ref, name), get_family(entry)).bound
+              for name in ("dq", "dk", "dv")}
     constants = (f"VALID_KEYS = {list(case.lens_kv)!r}  # graded keys per sequence (dK, dV)\n"
                  f"GRAD_BOUNDS = {bounds!r}\n")
     if small:

@@ -11,7 +11,7 @@ import pytest
 from fuzz import corpus as corpus_io
 from fuzz.backends import get
 from fuzz.harness import fuzz
-from fuzz.isolate import Worker
+from fuzz.isolate import isolated
 from fuzz.profiles import for_backend, profile
 
 
@@ -22,8 +22,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
-    worker = (Worker(fuzz_backend, attnfuzz.device, timeout_s=attnfuzz.case_timeout)
-              if attnfuzz.isolate and not backend.own_processes else None)
+    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     try:
         tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
                                known=corpus_io.known_bugs(attnfuzz.corpus), worker=worker)

@@ -17,8 +17,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from fuzz import caselog
 from fuzz import corpus as corpus_io
-from fuzz.isolate import Worker
+from fuzz.isolate import isolated
 from strategies.case import Case
 
 FAILED = ("FAIL", "CRASH", "HANG", "FLAKY", "KNOWN")
@@ -52,7 +53,7 @@ def gather(sources: list[Path], max_cases: int) -> dict[tuple[str, str], tuple[s
         logs = sorted((source / "cases").glob("*.jsonl")) if source.is_dir() else []
         if logs:
             device = json.loads((source / "campaign.json").read_text()).get("device", "cpu")
-            rows = [json.loads(line) for log in logs for line in log.read_text().splitlines() if line.endswith("}")]
+            rows = [row for log in logs for row in caselog.rows(log)]
             rows.sort(key=lambda r: not _is_failure(r["label"]))
             per_backend: dict[str, int] = defaultdict(int)
             for row in rows:
@@ -75,26 +76,29 @@ def snapshot(sources: list[Path], *, label: str = "", device: str | None = None,
     """Run every gathered case on this stack; the stack's versions and one result per case."""
     import torch
     from fuzz.backends import get
+    from fuzz.harness import run_case
     cases = gather(sources, max_cases)
-    results, versions, workers = [], {}, {}
+    results, versions, adapters, workers = [], {}, {}, {}
     try:
         for (backend, case_json), (own_device, case) in sorted(cases.items()):
             where = device or own_device
-            adapter = get(backend, where)
-            versions[backend] = adapter.version()
+            if (backend, where) not in adapters:
+                adapter = adapters[backend, where] = get(backend, where)
+                versions[backend] = adapter.version()
+                workers[backend, where] = isolated(adapter, where, case_timeout)
+            adapter, worker = adapters[backend, where], workers[backend, where]
             why = adapter.available()
             if why is not None:
                 results.append({"backend": backend, "case": json.loads(case_json), "label": "UNAVAILABLE",
                                 "message": why})
                 continue
-            if (backend, where) not in workers:
-                workers[backend, where] = Worker(backend, where, timeout_s=case_timeout)
-            verdict = workers[backend, where].run(case)
+            verdict = worker.run(case) if worker is not None else run_case(adapter, case, device=where)
             results.append({"backend": backend, "case": json.loads(case_json), "label": verdict.label,
                             "message": verdict.message[:300]})
     finally:
         for worker in workers.values():
-            worker.close()
+            if worker is not None:
+                worker.close()
     return {"label": label, "stack": {"torch": torch.__version__, "python": platform.python_version(),
                                       "backends": versions}, "results": results}
 

@@ -58,7 +58,7 @@ def _fail(diagnosis: str, message: str, c: Check | None = None, ratio: float = m
     return V.Verdict(V.FAIL, diagnosis, message, worst, ratio, tuple(checks))
 
 
-def _check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out") -> Check:
+def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out") -> Check:
     rows = valid_rows(o.case, ref_out.device)[:, :, None, None]
     return check(name, out.to(ref_out.device), ref_out, o.naive.out, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_max=o.ref.logit_max, bias_max=o.ref.bias_max)
@@ -107,7 +107,7 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
     for diagnosis, description, overrides in alternatives(o.case):
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)
-        c = _check_out(o, out, alt.out, family)
+        c = check_out(o, out, alt.out, family)
         if c.diff_max <= failed.bound:
             return _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
     return _fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
@@ -124,9 +124,9 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
     rows = valid_rows(case, device)
     graded = out[rows]
     if graded.numel() and not bool(torch.isfinite(graded).all()):
-        c = _check_out(o, out, o.ref.out, family)
+        c = check_out(o, out, o.ref.out, family)
         return _fail(V.NONFINITE, f"non-finite output, first at {list(c.index)}: {c.got}", c)
-    checks = [_check_out(o, out, o.ref.out, family)]
+    checks = [check_out(o, out, o.ref.out, family)]
     if not checks[0].ok:
         if graded.numel() and bool((graded == 0).all()):  # zeros that the bound does not excuse (underflow does)
             return _fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
@@ -188,20 +188,23 @@ def _gradient_terms(o: Oracle) -> dict[str, float]:
     return {"dq": 2 * scale * dp * biggest(t.k), "dk": 2 * scale * dp * biggest(t.q) * mass, "dv": o.ref.dv_terms}
 
 
+def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Check:
+    """dq, dk or dv graded on the rows (dq) or keys (dk, dv) that count, with the terms the gradient sums."""
+    rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
+    return check(name, got, getattr(o.ref, name), getattr(o.naive, name), rows[:, :, None, None], family=family,
+                 quantity="grad", dtype=o.case.dtype, logit_max=o.ref.logit_max,
+                 scale_of_terms=_gradient_terms(o)[name], bias_max=o.ref.bias_max)
+
+
 def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:
-    rows = valid_rows(o.case, o.ref.out.device)[:, :, None, None]
-    keys = valid_keys(o.case, o.ref.out.device)[:, :, None, None]
-    terms = _gradient_terms(o)
-    for name, where in (("dq", rows), ("dk", keys), ("dv", keys)):
-        got, ref, naive = getattr(output, name), getattr(o.ref, name), getattr(o.naive, name)
+    for name in ("dq", "dk", "dv"):
+        got, ref = getattr(output, name), getattr(o.ref, name)
         if got is None:
             return _fail(V.GRADIENT, f"the case checks gradients but the backend returned no {name}")
         got = got.to(ref.device)
         if tuple(got.shape) != tuple(ref.shape):
             return _fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
-        c = check(name, got, ref, naive, where, family=family, quantity="grad", dtype=o.case.dtype,
-                  logit_max=o.ref.logit_max, scale_of_terms=terms[name],
-                  bias_max=o.ref.bias_max)
+        c = gradient_check(o, name, got, family)
         checks.append(c)
         if not c.ok:
             return _fail(V.GRADIENT, c.describe(), c, c.ratio, [x.describe() for x in checks])

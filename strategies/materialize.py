@@ -27,6 +27,23 @@ class Tensors:
     alibi: torch.Tensor | None
     dout: torch.Tensor | None
 
+    def to(self, device: str | torch.device) -> Tensors:
+        """The same values on `device`, in the same memory format (a stride-0 dimension stays stride 0)."""
+        if torch.device(device) == self.q.device:
+            return self
+        moved = {name: _moved(getattr(self, name), device) for name in self.__dataclass_fields__}
+        return Tensors(**moved)
+
+
+def _moved(x: torch.Tensor | None, device) -> torch.Tensor | None:
+    """x on `device` with its strides: `.to` keeps a dense permuted layout but would fill in an expanded one."""
+    if x is None:
+        return None
+    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
+        if stride == 0 and size > 1:
+            return _moved(x.narrow(dim, 0, 1), device).expand(x.shape)
+    return x.to(device)
+
 
 def torch_dtype(case: Case) -> torch.dtype:
     return TORCH_DTYPES[case.dtype]
@@ -35,6 +52,11 @@ def torch_dtype(case: Case) -> torch.dtype:
 def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
     """Draw the case's tensors from `case.seed` on the CPU, then move them to `device` (so every device sees the
     same values)."""
+    return _draw(case).to(device)
+
+
+def _draw(case: Case) -> Tensors:
+    """The case's tensors on the CPU, in its memory format."""
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
     dtype = torch_dtype(case)
     draw_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -47,8 +69,8 @@ def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
 
     def qkv(s: int, heads: int, d: int, mean: float, std: float) -> torch.Tensor:
         if head_major:
-            return normal((case.b, heads, s, d), mean, std).to(device).transpose(1, 2)
-        return normal((case.b, s, heads, d), mean, std).to(device)
+            return normal((case.b, heads, s, d), mean, std).transpose(1, 2)
+        return normal((case.b, s, heads, d), mean, std)
 
     q = qkv(case.sq, case.h, case.d_qk, case.mean[0], case.std[0])
     k = qkv(case.skv, hk_drawn, case.d_qk, case.mean[1], case.std[1])
@@ -58,19 +80,18 @@ def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
         v = v.expand(case.b, case.skv, case.hk, case.d_v)
     mask = None
     if case.mask_density is not None:
-        mask = (torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density).to(device)
+        mask = torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density
     sink = None
     if case.softmax == "off_by_one":
-        sink = torch.zeros(case.h, dtype=torch.float32, device=device)
+        sink = torch.zeros(case.h, dtype=torch.float32)
     elif case.softmax == "learnable":
-        sink = torch.randn(case.h, generator=gen, dtype=torch.float32).to(device)
+        sink = torch.randn(case.h, generator=gen, dtype=torch.float32)
     alibi = None
     if case.alibi_slopes is not None:
-        alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32, device=device)
+        alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32)
     dout = None
     if case.grads:  # zero on padding rows, so what a backend leaves there cannot leak into dK / dV
         dout = normal((case.b, case.sq, case.h, case.d_v), 0.0, 1.0)
         for n, sq_n in enumerate(case.lens_q):
             dout[n, sq_n:] = 0
-        dout = dout.to(device)
     return Tensors(q=q, k=k, v=v, mask=mask, sink=sink, alibi=alibi, dout=dout)

@@ -115,3 +115,17 @@ def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs
     assert big.b * big.h * big.sq * big.skv > ORACLE_ON_CPU_UP_TO
     assert oracle_inputs(big, given, "cuda") == (given, "cuda")
     assert oracle_inputs(small, given, "cpu") == (given, "cpu")
+
+
+def test_tensors_move_between_devices_in_their_memory_format():
+    """Tensors.to keeps a head-major layout and a stride-0 KV head (it is how GPU inputs are made from the CPU draw,
+    and how a small GPU case's inputs come back to the CPU oracle); "meta" stands in for a second device here."""
+    from strategies.materialize import materialize
+    for memory in ("contiguous", "transposed", "expanded_kv"):
+        case = Case(b=2, sq=5, skv=7, h=4, hk=2, d_qk=8, d_v=8, memory=memory, grads=True, mask_density=0.5)
+        here = materialize(case, "cpu")
+        there = here.to("meta")
+        assert there.k.device.type == "meta"
+        for name in ("q", "k", "v", "dout", "mask"):
+            assert getattr(there, name).stride() == getattr(here, name).stride(), (memory, name)
+    assert here.to("cpu") is here

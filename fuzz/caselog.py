@@ -1,0 +1,31 @@
+"""The per-case log: one JSON line per case run (`attnfuzz run --log`, a campaign's cases/lane<i>.jsonl), appended
+and flushed as it goes so a killed run keeps its record; and reading it back, past a line a kill cut short."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+from oracles.verdict import Verdict
+from strategies.case import Case
+
+
+def record(backend: str, case: Case, verdict: Verdict, seconds: float, **extra) -> str:
+    """One log line: backend, verdict label, error ratio, message, seconds, the case, and any `extra` fields."""
+    ratio = verdict.ratio if verdict.ratio == verdict.ratio and abs(verdict.ratio) != float("inf") \
+        else str(verdict.ratio)  # JSON has no inf / nan
+    return json.dumps({"backend": backend, "label": verdict.label, "ratio": ratio, "message": verdict.message[:300],
+                       "seconds": round(seconds, 4), "case": case.to_dict(), **extra}) + "\n"
+
+
+def rows(path: Path) -> Iterator[dict]:
+    """Every complete line of a log as a dict; a line that does not parse (cut by a kill) is skipped."""
+    with Path(path).open(errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                yield row

@@ -11,11 +11,12 @@ from oracles.verdict import Verdict
 from strategies.case import Case
 
 
-def record(backend: str, case: Case, verdict: Verdict, seconds: float, **extra) -> str:
-    """One log line: backend, verdict label, error ratio, message, seconds, the case, and any `extra` fields."""
-    ratio = verdict.ratio if verdict.ratio == verdict.ratio and abs(verdict.ratio) != float("inf") \
-        else str(verdict.ratio)  # JSON has no inf / nan
-    return json.dumps({"backend": backend, "label": verdict.label, "ratio": ratio, "message": verdict.message[:300],
+def record(backend: str, case: Case, graded: Verdict, seconds: float, **extra) -> str:
+    """One log line: backend, verdict label, error ratio, message, seconds, the case, and any `extra` fields (a
+    campaign adds lane, time and the whole verdict)."""
+    ratio = graded.ratio if graded.ratio == graded.ratio and abs(graded.ratio) != float("inf") \
+        else str(graded.ratio)  # JSON has no inf / nan
+    return json.dumps({"backend": backend, "label": graded.label, "ratio": ratio, "message": graded.message[:300],
                        "seconds": round(seconds, 4), "case": case.to_dict(), **extra}) + "\n"
 
 

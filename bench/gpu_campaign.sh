@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU campaigns on a 2-GPU runner, after the stack is unpacked: every single-GPU backend (2 lanes per GPU) and
-# the context-parallel flash backends (one lane that sees both GPUs), at once. Run it again to resume both; each call
-# stops after SECONDS (the campaigns resume where they were killed) and leaves reports and corpora in OUT.
-#   bash bench/gpu_campaign.sh OUT SECONDS HOURS
+# the context-parallel flash backends (one lane that sees both GPUs; CP_BACKENDS overrides which), at once. Run it
+# again to resume both; each call stops after SECONDS (the campaigns resume where they were killed) and leaves
+# reports and corpora in OUT.
+#   [CP_BACKENDS=te-cp-p2p-flash] bash bench/gpu_campaign.sh OUT SECONDS HOURS
 set -u
 out=$1; secs=$2; hours=$3
 export PYTHONWARNINGS=ignore PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
 single=sdpa-math,sdpa-flash,sdpa-efficient,sdpa-cudnn,flex-compiled,fa4,te-flash,te-fused,te-unfused
-cp=te-cp-all_gather-flash,te-cp-p2p-flash
+cp=${CP_BACKENDS:-te-cp-all_gather-flash,te-cp-p2p-flash}
 timeout -k 5 "$secs" python3 -m fuzz campaign --dir /tmp/camp-gpu --backends "$single" --device cuda --gpus all \
   --workers 2 --hours "$hours" --round-examples 100 --round-seconds 120 --case-timeout 120 >> "$out/camp-gpu.out" 2>&1 &
 timeout -k 5 "$secs" python3 -m fuzz campaign --dir /tmp/camp-cp --backends "$cp" --device cuda --gpus 1 \

@@ -1,26 +1,104 @@
 """Graded cases per second through the whole fuzz loop (Hypothesis draw, materialize, backend, oracle, grade).
 
-    python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu]
+    python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu] [--lanes 1]
 
-Small shapes (b <= 2, s <= 64, h <= 4, d <= 64): the issue's target is >= 100 graded cases/s on a 2-core CPU.
-It also splits the time: fuzzer (draw + bookkeeping) vs backend vs oracle + grade.
+Small shapes (b <= 2, s <= 64, h <= 4, d <= 64). It splits one process's time: backend (until its results are
+ready: the GPU is synchronized before the clock stops), oracle + grade (float64 references, bounds, diagnosis),
+inputs (drawing and moving the tensors) and the fuzzer (Hypothesis, bookkeeping). `--lanes N` runs N such processes
+at once on the same device, each with its own Hypothesis stream, as `attnfuzz campaign --workers N` would, started
+together after their warm-up; the aggregate is their graded cases over the common wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
-
 from pathlib import Path
 
-from fuzz.backends import get
-from fuzz.corpus import known_bugs
-from fuzz.harness import fuzz
-from fuzz.profiles import profile
-from oracles import grade as grade_module
 from strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
+
+
+def measure(backend_name: str, device: str, examples: int, go: Path | None = None) -> dict:
+    """One process's run: warm up, (wait for `go` to exist,) fuzz `examples` cases, and split the time."""
+    import torch
+
+    import fuzz.harness as harness_module
+    from fuzz.backends import get
+    from fuzz.corpus import known_bugs
+    from fuzz.harness import fuzz
+    from fuzz.profiles import profile
+    from oracles import grade as grade_module
+
+    backend = get(backend_name, device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    spent = {"backend": 0.0, "oracle": 0.0, "inputs": 0.0}
+
+    def timed(fn, key):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sync()
+                spent[key] += time.perf_counter() - start
+        return wrapper
+
+    backend.run = timed(backend.run, "backend")
+    grade_module.Oracle.of = harness_module.Oracle.of = timed(grade_module.Oracle.of, "oracle")
+    harness_module.grade = timed(harness_module.grade, "oracle")
+    harness_module.draw_on_cpu = timed(harness_module.draw_on_cpu, "inputs")
+    harness_module.Tensors.to = timed(harness_module.Tensors.to, "inputs")
+    known = known_bugs(Path("corpus"))
+    fuzz(backend, device=device, space=SMALL, known=known, settings=profile("ci", max_examples=20))  # warm-up
+    spent.update(backend=0.0, oracle=0.0, inputs=0.0)
+    if go is not None:
+        Path(f"{go}.ready.{id(spent)}").touch()
+        while not go.exists():
+            time.sleep(0.01)
+    began = time.time()
+    tally, findings = fuzz(backend, device=device, space=SMALL, known=known,
+                           settings=profile("ci", max_examples=examples, derandomize=False))
+    graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
+    return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
+            "began": began, "ended": time.time(), "labels": dict(tally.labels), **{f"{k}_s": v for k, v in spent.items()},
+            "findings": [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}" for f in findings]}
+
+
+def describe(r: dict) -> str:
+    work = r["backend_s"] + r["oracle_s"]
+    other = r["seconds"] - work - r["inputs_s"]
+    return (f"{r['backend']}: {r['examples']} examples ({r['graded']} graded) in {r['seconds']:.2f}s = "
+            f"{r['graded'] / r['seconds']:.1f} graded cases/s; labels {r['labels']}\n"
+            f"  per case: backend {1e3 * r['backend_s'] / r['examples']:.2f} ms, oracle+grade "
+            f"{1e3 * r['oracle_s'] / r['examples']:.2f} ms, inputs {1e3 * r['inputs_s'] / r['examples']:.2f} ms, "
+            f"fuzzer and the rest {1e3 * other / r['examples']:.2f} ms; ratio fuzzer total / (backend + oracle) = "
+            f"{r['seconds'] / max(work, 1e-9):.2f}; findings {len(r['findings'])}"
+            + "".join(f"\n  {f}" for f in r["findings"]))
+
+
+def lanes(args) -> None:
+    """`args.lanes` processes of `measure`, released together; their aggregate rate."""
+    with tempfile.TemporaryDirectory() as tmp:
+        go = Path(tmp) / "go"
+        cmd = [sys.executable, __file__, "--backend", args.backend, "--device", args.device, "--examples",
+               str(args.examples), "--json", "--go", str(go)]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(args.lanes)]
+        while len(list(Path(tmp).glob("go.ready.*"))) < args.lanes and all(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        go.touch()
+        results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    for r in results:
+        print(describe(r))
+    wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
+    graded = sum(r["graded"] for r in results)
+    print(f"{args.backend} on {args.device}, {args.lanes} lanes: {graded} graded cases in {wall:.2f}s of wall time = "
+          f"{graded / wall:.1f} graded cases/s in aggregate")
 
 
 def main() -> None:
@@ -29,41 +107,16 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=500)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads, as the CLI's --threads")
+    p.add_argument("--lanes", type=int, default=1, help="processes fuzzing the backend at once")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.lanes > 1:
+        return lanes(args)
     import torch
     torch.set_num_threads(args.threads)
-    backend = get(args.backend, args.device)
-    import fuzz.harness as harness_module
-    spent = {"backend": 0.0, "oracle": 0.0, "inputs": 0.0}
-    run, of, grade, materialize = backend.run, grade_module.Oracle.of, harness_module.grade, harness_module.materialize
-
-    def timed(fn, key):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[key] += time.perf_counter() - start
-        return wrapper
-
-    backend.run = timed(run, "backend")
-    grade_module.Oracle.of = harness_module.Oracle.of = timed(of, "oracle")
-    harness_module.grade = timed(grade, "oracle")  # grading is the oracle's work: references, bounds, diagnosis
-    harness_module.materialize = timed(materialize, "inputs")
-    fuzz(backend, device=args.device, space=SMALL, settings=profile("ci", max_examples=20))  # warm-up
-    spent.update(backend=0.0, oracle=0.0, inputs=0.0)
-    tally, findings = fuzz(backend, device=args.device, space=SMALL, known=known_bugs(Path("corpus")),
-                           settings=profile("ci", max_examples=args.examples, derandomize=False))
-    graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
-    other = tally.seconds - spent["backend"] - spent["oracle"] - spent["inputs"]
-    print(f"{args.backend} on {args.device}: {tally.examples} examples ({graded} graded) in {tally.seconds:.2f}s = "
-          f"{graded / tally.seconds:.1f} graded cases/s; labels {dict(tally.labels)}")
-    print(f"  time: backend {spent['backend']:.2f}s, oracle+grade {spent['oracle']:.2f}s, inputs (materialize) "
-          f"{spent['inputs']:.2f}s, fuzzer and the rest "
-          f"{other:.2f}s; ratio fuzzer total / (backend + oracle) = "
-          f"{tally.seconds / max(spent['backend'] + spent['oracle'], 1e-9):.2f}; findings {len(findings)}")
-    for f in findings:
-        print(f"  {f.verdict.label}: {f.verdict.message}\n    {f.case!r}")
+    result = measure(args.backend, args.device, args.examples, args.go)
+    print(json.dumps(result) if args.json else describe(result))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from fuzz.backends.base import Backend, Hang, Unsupported
 from oracles import verdict as V
 from oracles.grade import Oracle, grade
 from strategies.case import Case
-from strategies.cases import attention_cases
-from strategies.materialize import materialize
+from strategies.cases import attention_cases, pick
+from strategies.materialize import Tensors, draw_on_cpu
 from strategies.space import Space, narrow_to
 
 
@@ -73,14 +73,16 @@ class Tally:
 
 # Score elements (b * h * sq * skv) up to which a GPU case's oracle runs on the CPU: a small float64 reference is a
 # few hundred tiny kernels, and launching them costs more than the CPU's arithmetic (4.7 ms vs about 1 ms per case
-# on the H200 runner). The inputs are copied back, in their memory format, so both sides see the same values.
+# on the H200 runner). That oracle reads the CPU draw the device tensors were copied from: the same values, and no
+# copy back from the device.
 ORACLE_ON_CPU_UP_TO = 1 << 16
 
 
-def oracle_inputs(case: Case, tensors, device: str):
-    """The tensors and the device the float64 oracle of a case runs on: the CPU for small GPU cases."""
+def oracle_inputs(case: Case, drawn: Tensors, tensors: Tensors, device: str) -> tuple[Tensors, str]:
+    """The tensors and the device the float64 oracle of a case runs on: the CPU draw for small GPU cases, else the
+    backend's inputs on their device."""
     if torch.device(device).type != "cpu" and case.b * case.h * case.sq * case.skv <= ORACLE_ON_CPU_UP_TO:
-        return tensors.to("cpu"), "cpu"
+        return drawn, "cpu"
     return tensors, device
 
 
@@ -93,7 +95,8 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
     if inflight is not None:
         inflight.write_text(json.dumps({"backend": backend.name, "device": device, "case": case.to_dict()}))
     try:
-        tensors = materialize(case, device)
+        drawn = draw_on_cpu(case)
+        tensors = drawn.to(device)
         try:
             output = backend.run(case, tensors)
         except Unsupported as e:
@@ -104,7 +107,7 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
             where = traceback.extract_tb(e.__traceback__)[-1]
             return V.Verdict(V.CRASH, type(e).__name__,
                              f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
-        oracle_tensors, oracle_device = oracle_inputs(case, tensors, device)
+        oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
         oracle = Oracle.of(case, oracle_tensors, device=oracle_device)
         verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
         if backend.deterministic:
@@ -142,13 +145,15 @@ def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdi
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
     """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
     with one of the spellings the backend lists."""
-
-    def spell(case: Case) -> st.SearchStrategy[Case]:
-        return st.sampled_from(backend.spellings(case)).map(lambda s: case.replace(spelling=s))
-
     own = backend.cases()
     drawn = own if own is not None else attention_cases(narrow_to(space, backend.unsupported))
-    return drawn.flatmap(spell)
+
+    @st.composite
+    def spelled(draw) -> Case:  # a flatmap would build a strategy per case, which costs more than drawing it
+        case = draw(drawn)
+        return case.replace(spelling=pick(draw, tuple(backend.spellings(case))))
+
+    return spelled()
 
 
 KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]

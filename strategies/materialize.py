@@ -52,11 +52,11 @@ def torch_dtype(case: Case) -> torch.dtype:
 def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
     """Draw the case's tensors from `case.seed` on the CPU, then move them to `device` (so every device sees the
     same values)."""
-    return _draw(case).to(device)
+    return draw_on_cpu(case).to(device)
 
 
-def _draw(case: Case) -> Tensors:
-    """The case's tensors on the CPU, in its memory format."""
+def draw_on_cpu(case: Case) -> Tensors:
+    """The case's tensors on the CPU, in its memory format (what materialize moves to the device)."""
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
     dtype = torch_dtype(case)
     draw_dtype = torch.float64 if dtype == torch.float64 else torch.float32

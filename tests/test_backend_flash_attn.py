@@ -3,6 +3,8 @@ translation per spelling, end-to-end grading, the capability tables, and the FA4
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 
 import pytest
@@ -315,3 +317,20 @@ def test_wide_bound_hides_no_key():
         for i in range(sq):
             for off in (0, skv - sq):
                 assert i + off - wide <= 0 and i + off + wide >= skv - 1
+
+
+def test_fa4_turns_its_disk_cache_on_before_import_unless_the_user_chose(monkeypatch, calls):
+    """FA4 reads FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED once, at import: attnfuzz sets it first (every fresh worker
+    would otherwise recompile each kernel), and a user's "0" stays."""
+    from fuzz.backends.flash_attn4 import DISK_CACHE
+    seen = []
+    fakes.install(monkeypatch, fakes.make_fa4(calls))
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: seen.append((name, os.environ.get(DISK_CACHE))) or real_import(name, *a))
+    monkeypatch.delenv(DISK_CACHE, raising=False)
+    FlashAttn4("cuda").available()
+    assert seen[0] == ("flash_attn.cute", "1")
+    monkeypatch.setenv(DISK_CACHE, "0")
+    FlashAttn4("cuda").available()
+    assert seen[-1] == ("flash_attn.cute", "0")

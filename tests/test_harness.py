@@ -108,13 +108,13 @@ def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs
     from fuzz.harness import ORACLE_ON_CPU_UP_TO, oracle_inputs
     from strategies.materialize import materialize
     small = Case(b=2, sq=16, skv=16, h=2, hk=2, d_qk=8, d_v=8)
-    given = materialize(small, "cpu")
-    tensors, device = oracle_inputs(small, given, "cuda:1")
-    assert device == "cpu" and torch.equal(tensors.q, given.q) and torch.equal(tensors.v, given.v)
+    drawn = materialize(small, "cpu")
+    on_device = materialize(small, "meta")  # stands in for the GPU copy
+    assert oracle_inputs(small, drawn, on_device, "cuda:1") == (drawn, "cpu")
     big = small.replace(sq=256, skv=512)
     assert big.b * big.h * big.sq * big.skv > ORACLE_ON_CPU_UP_TO
-    assert oracle_inputs(big, given, "cuda") == (given, "cuda")
-    assert oracle_inputs(small, given, "cpu") == (given, "cpu")
+    assert oracle_inputs(big, drawn, on_device, "cuda") == (on_device, "cuda")
+    assert oracle_inputs(small, drawn, drawn, "cpu") == (drawn, "cpu")
 
 
 def test_tensors_move_between_devices_in_their_memory_format():

@@ -12,7 +12,8 @@ An adapter translates the one canonical Case into its backend's spelling and bac
                           general Space cannot express (context parallelism: lengths in units of 2 * world)
     version()          -> the backend library's version, recorded in corpus entries
 
-Adapters hold no module-level state and read no environment variables except where a backend demands them (TE).
+Adapters hold no module-level state and read no environment variables except where a backend demands them (TE),
+and set none except FA4's persistent JIT cache (on unless the user turned it off).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from d_qk, and a wrong dq when the kernel pads d to a multiple of 16 but interfa
 from __future__ import annotations
 
 import importlib
+import os
 from importlib import metadata
 
 from fuzz.backends import flash_common as fc
@@ -35,6 +36,17 @@ ARCHS = (80, 90, 100, 103, 110, 120, 121)   # the interface asserts arch // 10 i
 BACKWARD_MIN_ARCH = 90
 DEFAULT_ARCH = 90                           # the table applied when no CUDA device says otherwise (H100 / H200)
 SEQUSED = "seqused"
+DISK_CACHE = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+
+
+def import_fa4():
+    """flash_attn.cute, with FA4's persistent JIT cache on unless the user set DISK_CACHE: every new kernel
+    configuration costs 1.6-3 s of compilation, and without the disk cache each fresh process (an isolated worker
+    after a crash, every campaign lane, TE's FlashAttention in its own process) compiles it again. FA4 reads the
+    variable once, when flash_attn.cute is first imported; its cache lives in FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
+    (default /tmp/$USER/flash_attention_cute_dsl_cache) and is keyed by FA4's own sources."""
+    os.environ.setdefault(DISK_CACHE, "1")
+    return importlib.import_module(MODULE)
 
 
 def head_dim_reason(arch: int, d_qk: int, d_v: int) -> str | None:
@@ -91,7 +103,7 @@ class FlashAttn4(Backend):
 
     def available(self) -> str | None:
         try:
-            importlib.import_module(MODULE)
+            import_fa4()
         except ImportError as e:
             return f"{LIBRARY} is not installed or does not load ({e}); pip install flash-attn-4"
         arch = fc.cuda_arch(self.device)
@@ -140,7 +152,7 @@ class FlashAttn4(Backend):
         reason = self.unsupported(case)
         if reason:
             raise Unsupported(reason)
-        api = importlib.import_module(MODULE)
+        api = import_fa4()
         kwargs = self.call_kwargs(case, tensors)
         fn = self.route(case)
         x = fc.flash_inputs(case, tensors, packed=fn == fc.VARLEN)
@@ -170,7 +182,7 @@ class FlashAttn4(Backend):
         except metadata.PackageNotFoundError:
             pass
         try:  # the package's own __version__ reads the wrong distribution name ("fa4") and says 0.0.0
-            return str(getattr(importlib.import_module(MODULE), "__version__", "unknown"))
+            return str(getattr(import_fa4(), "__version__", "unknown"))
         except ImportError:
             return ""
 

@@ -38,13 +38,13 @@ def _one_of(options: tuple) -> st.SearchStrategy:
 
 
 @lru_cache(maxsize=None)
-def _length_branches(max_len: int) -> tuple[st.SearchStrategy[int], ...]:
-    return st.integers(1, max_len), st.just(1), st.sampled_from(_tile_edges(max_len))
-
-
 def lengths(max_len: int) -> st.SearchStrategy[int]:
-    """Sequence lengths: uniform, 1, and multiples of the usual tile sizes +-1 (shrinks toward 1)."""
-    return st.one_of(_length_branches(max_len))
+    """Sequence lengths: uniform over 1..max_len, with extra weight on 1 and on the usual tile sizes +-1 (a quarter
+    of the draws each). One choice, an index into [1..max_len, then the weighted repeats]: shrinking lowers the index,
+    so a length found in the repeats shrinks through the plain range to the smallest length that still fails."""
+    edges = _tile_edges(max_len)
+    weighted = [1] * (max_len // 2) + edges * max(1, max_len // (2 * len(edges)))
+    return st.sampled_from(list(range(1, max_len + 1)) + weighted)
 
 
 def pick(draw, options: tuple):
@@ -106,9 +106,9 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
     b = draw(_ints(1, space.max_batch))
-    sq = _either(draw, _length_branches(space.max_len))
+    sq = draw(lengths(space.max_len))
     # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
-    skv = sq if _sometimes(draw, 2) else _either(draw, _length_branches(space.max_len))
+    skv = sq if _sometimes(draw, 2) else draw(lengths(space.max_len))
     if space.gqa:
         hk = draw(_ints(1, max(1, space.max_heads // 2)))
         group = draw(_one_of(tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= space.max_heads) or (1,)))

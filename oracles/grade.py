@@ -1,7 +1,7 @@
 """Grading: a backend's Output against the float64 oracle, and a name for what went wrong.
 
 A failing output is graded again against alternative references (the other alignment, each window bound moved by
-one, the modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE when none does.
+one, no band at all, the modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE when none does.
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def alternatives(case: Case) -> list[tuple[str, str, dict]]:
             bounds = (moved, case.right) if side == "left" else (case.left, moved)
             alts.append((V.WINDOW_OFF_BY_ONE, f"matches the {side} bound {moved} instead of {bound}",
                          {"bounds": bounds}))
+    if case.left is not None or case.right is not None:
+        alts.append((V.MASK_IGNORED, "matches attention with no causal mask or window at all (the band was dropped)",
+                     {"case": case.replace(causal=False, window=(None, None))}))
     if 1 < case.hk < case.h:
         alts.append((V.GQA_MAPPING, "matches query head i reading KV head i % hk (not i // (h // hk))",
                      {"head_map": "mod"}))

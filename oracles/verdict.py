@@ -15,6 +15,7 @@ ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracl
 NONFINITE = "NONFINITE"                # NaN or inf in the output where the oracle is finite
 EMPTY_ROWS = "EMPTY_ROWS"              # wrong only on rows that see no key (they must be 0; e.g. mean(V) instead)
 MASK_ALIGNMENT = "MASK_ALIGNMENT"      # the output matches the other diagonal alignment
+MASK_IGNORED = "MASK_IGNORED"          # the output matches no causal mask / window at all: the band never applied
 WINDOW_OFF_BY_ONE = "WINDOW_OFF_BY_ONE"  # the output matches a window with one bound moved by one
 GQA_MAPPING = "GQA_MAPPING"            # the output matches query head i reading KV head i % hk
 SCALE = "SCALE"                        # the output matches another softmax scale

@@ -100,6 +100,19 @@ class TileTail(Correct):
         return Output(out + 1 if case.skv % 64 == 1 and case.skv > 64 else out)
 
 
+class DroppedBandWhenLonger(Correct):
+    """Ignores the causal mask / window when sq > skv, as SDPA's efficient kernel did on the H200 for a bottom-right
+    causal bias (a negative diagonal offset that masks nothing)."""
+
+    name = "broken-mask-dropped"
+
+    def run(self, case, t):
+        if case.sq > case.skv:
+            return Output(self.attend(case, t, mask=visibility_mask(case.replace(causal=False, window=(None, None)),
+                                                                    t, t.q.device)))
+        return Output(self.attend(case, t))
+
+
 class LaterBatches(Correct):
     name = "broken-batch"
 
@@ -141,4 +154,4 @@ class Intermittent(Correct):
 
 
 BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads, ValueDimScale,
-                                   NanOnEmptyRows, TileTail, LaterBatches, Jittery, Intermittent)}
+                                   NanOnEmptyRows, TileTail, DroppedBandWhenLonger, LaterBatches, Jittery, Intermittent)}

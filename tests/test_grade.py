@@ -41,12 +41,15 @@ def test_correct_output_passes():
     (BASE.replace(causal=False, window=(6, 2)), _ref(bounds=(7, 2)), V.WINDOW_OFF_BY_ONE),
     (BASE.replace(causal=False, window=(6, 2)), _ref(bounds=(6, 1)), V.WINDOW_OFF_BY_ONE),
     (BASE, _ref(bounds=(None, -1)), V.WINDOW_OFF_BY_ONE),        # causal with the diagonal left out
+    (BASE, lambda c, t, o: reference(c.replace(causal=False), t).out, V.MASK_IGNORED),
+    (BASE.replace(causal=False, window=(6, 2)), lambda c, t, o: reference(c.replace(window=(None, None)), t).out,
+     V.MASK_IGNORED),
     (BASE, _ref(head_map="mod"), V.GQA_MAPPING),
     (BASE, _ref(scale=1 / math.sqrt(16)), V.SCALE),               # 1/sqrt(d_v) while d_qk = 32
     (BASE.replace(scale=0.05), _ref(scale=1 / math.sqrt(32)), V.SCALE),  # the custom scale ignored
     (BASE, lambda c, t, o: o.ref.out * 1.05, V.TOLERANCE),
 ], ids=["zeros", "top-left-read-as-bottom-right", "bottom-right-read-as-top-left", "window-left+1",
-        "window-right-1", "causal-diagonal-dropped", "gqa-modulo", "scale-d_v", "scale-ignored", "tolerance"])
+        "window-right-1", "causal-diagonal-dropped", "causal-dropped", "window-dropped", "gqa-modulo", "scale-d_v", "scale-ignored", "tolerance"])
 def test_broken_output_gets_its_diagnosis(case, make_out, diagnosis):
     verdict = _graded(case, make_out)
     assert verdict.status == V.FAIL and verdict.diagnosis == diagnosis, verdict
@@ -118,7 +121,7 @@ def test_alternatives_only_where_they_differ():
     plain = Case(sq=8, skv=8)
     assert alternatives(plain) == [(V.SCALE, "matches scale 1 (no scaling) instead of 0.25", {"scale": 1.0})]
     kinds = {a[0] for a in alternatives(BASE)}
-    assert {V.MASK_ALIGNMENT, V.WINDOW_OFF_BY_ONE, V.GQA_MAPPING, V.SCALE} <= kinds
+    assert {V.MASK_ALIGNMENT, V.WINDOW_OFF_BY_ONE, V.MASK_IGNORED, V.GQA_MAPPING, V.SCALE} <= kinds
 
 
 def test_nonzero_empty_rows_are_named():

@@ -172,11 +172,14 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
     return None if c.ok else _fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
 
-def _gradient_terms(o: Oracle) -> dict[str, float]:
-    """Bounds on the products that sum to each gradient, where they can cancel. |dP_ij| = |dO_i . V_j| is at most
-    the product of the largest row norms; dQ = scale * dS K averages rows of K with weights of total mass <= 2 |dP|;
-    dK = scale * dS^T Q sums over queries with the mass dV = P^T dO shows, max|dV| / max|dO| of it; dV = P^T dO sums
-    P_ij dO_i, at most P^T |dO| (the reference computes it)."""
+def _gradient_terms(o: Oracle) -> dict[str, tuple[float, float]]:
+    """Per gradient: (a bound on the products it sums, where they can cancel; the error it inherits from D).
+    |dP_ij| = |dO_i . V_j| is at most the product of the largest row norms; dQ = scale * dS K averages rows of K with
+    weights of total mass <= 2 |dP|; dK = scale * dS^T Q sums over queries with the mass dV = P^T dO shows,
+    max|dV| / max|dO| of it; dV = P^T dO sums P_ij dO_i, at most P^T |dO| (the reference computes it). D enters
+    dS_ij = P_ij (dP_ij - D_i): a kernel that takes D from its output rounded to the dtype (FlashAttention's
+    algorithm; cuDNN's dQ on the H200 matched it to 4 digits) moves dQ_i by scale * dD_i * (P K)_i and dK_j by
+    scale * sum_i P_ij dD_i Q_i, where dD is the reference's d_rounding."""
     t = o.tensors
 
     def row_norm(x: torch.Tensor) -> float:
@@ -188,15 +191,20 @@ def _gradient_terms(o: Oracle) -> dict[str, float]:
     dp = row_norm(t.dout) * row_norm(t.v)
     mass = biggest(o.ref.dv) / max(biggest(t.dout), 1e-30)
     scale = o.case.softmax_scale
-    return {"dq": 2 * scale * dp * biggest(t.k), "dk": 2 * scale * dp * biggest(t.q) * mass, "dv": o.ref.dv_terms}
+    shifted = scale * o.ref.d_rounding
+    return {"dq": (2 * scale * dp * biggest(t.k), shifted * biggest(t.k)),
+            "dk": (2 * scale * dp * biggest(t.q) * mass, shifted * biggest(t.q) * mass),
+            "dv": (o.ref.dv_terms, 0.0)}
 
 
 def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Check:
-    """dq, dk or dv graded on the rows (dq) or keys (dk, dv) that count, with the terms the gradient sums."""
+    """dq, dk or dv graded on the rows (dq) or keys (dk, dv) that count, with the terms the gradient sums and the
+    error it inherits from D."""
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
+    terms, inherited = _gradient_terms(o)[name]
     return check(name, got, getattr(o.ref, name), getattr(o.naive, name), rows[:, :, None, None], family=family,
-                 quantity="grad", dtype=o.case.dtype, logit_max=o.ref.logit_max,
-                 scale_of_terms=_gradient_terms(o)[name], bias_max=o.ref.bias_max)
+                 quantity="grad", dtype=o.case.dtype, logit_max=o.ref.logit_max, scale_of_terms=terms,
+                 inherited=inherited, bias_max=o.ref.bias_max)
 
 
 def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:

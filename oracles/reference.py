@@ -33,6 +33,7 @@ class Reference:
     empty: torch.Tensor | None = None  # [b, sq] True where a valid query row sees no key at all
     bias_max: float = 0.0              # the largest |ALiBi bias| at a visible position
     dv_terms: float = 0.0              # max over keys of sum_i P_ij |dO_i|: the terms dV sums, where they can cancel
+    d_rounding: float = 0.0            # max over rows of |rowsum(dO * (O rounded to the inputs' dtype - O))|
 
 
 def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -150,6 +151,13 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
+    d_rounding = 0.0
+    if grads and out.numel():
+        # Backward passes of the FlashAttention kind take D = rowsum(dO * O) from the output they stored, rounded to
+        # the inputs' dtype: D moves by this much, and dQ / dK with it (oracles/grade.py, _gradient_terms).
+        shift = ((out.to(t.q.dtype).to(dtype) - out) * t.dout.to(device, dtype)).sum(-1)
+        d_rounding = float(shift.abs().max())
     return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(maxima[0]), empty=empty,
                      bias_max=float(maxima[1]),
-                     dv_terms=float(dv_terms.abs().max()) if grads and dv_terms.numel() else 0.0)
+                     dv_terms=float(dv_terms.abs().max()) if grads and dv_terms.numel() else 0.0,
+                     d_rounding=d_rounding)

@@ -32,6 +32,8 @@ kernels: both the naive and the kernel error are then rounding noise, and the na
 that cancel (dQ is exactly 0 with one key) add (8 * eps(compute) + 2 * eps(logits) * max|logit|) times a bound on
 the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij carries its logit's rounding, and the sum
 does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
+dQ and dK also add twice what they inherit from D = rowsum(dO * O) taken from the output rounded to the dtype, as
+FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without).
 """
 
 from __future__ import annotations
@@ -90,11 +92,12 @@ class Check:
 
 def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
           family: str, quantity: str, dtype: str, logit_max: float = 0.0, scale_of_terms: float = 0.0,
-          bias_max: float = 0.0) -> Check:
+          inherited: float = 0.0, bias_max: float = 0.0) -> Check:
     """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
     outside `where` are not graded. Non-finite values count as infinite error. `scale_of_terms` bounds the terms
     that sum to the value in the kernel's compute precision, where they can cancel: a gradient that is 0 in exact
-    arithmetic comes out as fp32 rounding noise of the size of its terms, not of its own size."""
+    arithmetic comes out as fp32 rounding noise of the size of its terms, not of its own size. `inherited` is an
+    absolute error a correct kernel carries in from a rounded input (a gradient's from D)."""
     got64, ref64, naive64 = got.to(torch.float64), ref.to(torch.float64), naive.to(torch.float64)
     where = where.expand_as(ref64)
     diff = torch.where(where, (got64 - ref64).abs(), torch.zeros((), dtype=torch.float64, device=ref64.device))
@@ -111,7 +114,8 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, 
         floor = (2 * (EPS[dtype] / 4 if low else 0.0)
                  + 2 * ((logit_eps if low else EPS[dtype]) + logit_err) * max(magnitude, 1.0) + 1e-7)
     else:
-        floor = 2 * (EPS[dtype] + logit_err) * magnitude + (8 * logit_eps + 2 * logit_err) * scale_of_terms + 1e-7
+        floor = (2 * (EPS[dtype] + logit_err) * magnitude + (8 * logit_eps + 2 * logit_err) * scale_of_terms
+                 + 2 * inherited + 1e-7)
     flat = int(torch.argmax(diff).item()) if diff.numel() else 0
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
     return Check(name=name, diff_max=diff.max().item() if diff.numel() else 0.0,

@@ -174,9 +174,9 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     from oracles.verdict import UNSUPPORTED
     device = device or entry.device
     backend = get(entry.backend, device)
+    if worker is not None and not backend.own_processes:
+        return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
     why = backend.available()
     if why is not None:
         return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
-    if worker is not None and not backend.own_processes:
-        return worker.run(entry.case)
     return run_case(backend, entry.case, device=device)

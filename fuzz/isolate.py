@@ -28,12 +28,17 @@ def _serve(conn, spec: str, device: str, threads: int) -> None:
     from fuzz.backends import get
     from fuzz.harness import run_case
     backend = get(spec, device)
+    # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
+    unavailable = backend.available()
     conn.send("ready")
     while True:
         case = conn.recv()
         if case is None:
             return
-        conn.send(run_case(backend, case, device=device))
+        if unavailable is not None:
+            conn.send(V.Verdict(V.UNSUPPORTED, None, f"{spec} is not available here: {unavailable}"))
+        else:
+            conn.send(run_case(backend, case, device=device))
 
 
 def _death(exitcode: int | None) -> str:

@@ -104,3 +104,21 @@ def test_without_isolate_the_crashing_entry_takes_the_replay_session_down(tmp_pa
     _corpus_with_a_segfault_first(tmp_path)
     bare = _pytest_corpus(tmp_path)
     assert bare.returncode < 0 or "Segmentation fault" in bare.stderr, (bare.returncode, bare.stdout[-400:])
+
+
+def test_an_isolated_replay_asks_the_worker_whether_the_backend_is_available(monkeypatch):
+    """TE must be imported before torch loads cuDNN: a replay process that ran cuDNN entries cannot import it, but
+    its fresh workers can. So availability is the worker's to judge, and an unavailable backend is UNSUPPORTED (a
+    skip), not a crash of the worker's import."""
+    from fuzz import corpus as corpus_io
+    from fuzz.backends.flash_attn4 import FlashAttn4
+
+    def not_here(self):
+        raise AssertionError("availability was asked in the replaying process")
+
+    monkeypatch.setattr(FlashAttn4, "available", not_here)  # the worker, forked from a clean server, has the real one
+    entry = corpus_io.Entry(backend="fa4", case=Case(dtype="float16"), verdict=V.Verdict(V.FAIL, V.TOLERANCE, "x"),
+                            device="cpu")
+    with Worker("fa4", "cpu", timeout_s=60) as worker:
+        verdict = corpus_io.replay(entry, "cpu", worker=worker)
+    assert verdict.status == V.UNSUPPORTED and "fa4 is not available here" in verdict.message, verdict

@@ -105,7 +105,7 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
             return V.Verdict(V.HANG, type(e).__name__, str(e))
         except Exception as e:  # the backend crashed on a case it said it supports: a finding
             where = traceback.extract_tb(e.__traceback__)[-1]
-            return V.Verdict(V.CRASH, type(e).__name__,
+            return V.Verdict(V.CRASH, crash_diagnosis(e),
                              f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
         oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
         oracle = Oracle.of(case, oracle_tensors, device=oracle_device)
@@ -119,6 +119,18 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
     finally:
         if inflight is not None:
             inflight.unlink(missing_ok=True)
+
+
+# CUDA errors reach Python wrapped in whatever touched the device next (AcceleratorError, CUDADialectError from FA4's
+# CuTe runtime, InternalTorchDynamoError inside torch.compile): named by the error, one crash is one label.
+CUDA_ERRORS = {V.CUDA_ILLEGAL_ADDRESS: ("an illegal memory access was encountered", "cudaErrorIllegalAddress")}
+
+
+def crash_diagnosis(error: Exception) -> str:
+    """The CUDA error a crash reports, else the exception's type name."""
+    text = str(error)
+    return next((name for name, needles in CUDA_ERRORS.items() if any(n in text for n in needles)),
+                type(error).__name__)
 
 
 def _bits(x):

@@ -1,12 +1,13 @@
-"""attnfuzz repro: te-flash FLAKY:CRASH:InternalTorchDynamoError
+"""attnfuzz repro: te-flash FLAKY:CRASH:CUDA_ILLEGAL_ADDRESS
 CRASH:InternalTorchDynamoError in 3 of 4 identical runs (CRASH:InternalTorchDynamoError x3, CRASH:EXIT_1 x1):
 InternalTorchDynamoError: AcceleratorError: CUDA error: an illegal memory access was encountered Search for
 `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more
 information. CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace
 below might be incorrect. For debugging consider passing CUDA_LAUNCH_BLOCKING=1 Compile with
-`TORCH_USE_CUDA_DSA` to enable device-side assertions.   (at random.py:74)
+`TORCH_USE_CUDA_DSA` to enable device-side assertions.   (at random.py:74) (relabelled from te-flash-FLAKY-
+CRASH-InternalTorchDynamoError-d9ca75beae22.json: crashes are named by their CUDA error)
 
-Run with: python3 te-flash-FLAKY-CRASH-InternalTorchDynamoError-d9ca75beae22.py   (exits 1 while the bug is there)
+Run with: python3 te-flash-FLAKY-CRASH-CUDA_ILLEGAL_ADDRESS-e92472efeb6f.py   (exits 1 while the bug is there)
 """
 import sys
 

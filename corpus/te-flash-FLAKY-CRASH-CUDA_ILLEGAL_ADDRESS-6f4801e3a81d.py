@@ -1,12 +1,13 @@
-"""attnfuzz repro: te-flash FLAKY:CRASH:AcceleratorError
+"""attnfuzz repro: te-flash FLAKY:CRASH:CUDA_ILLEGAL_ADDRESS
 CRASH:AcceleratorError in 2 of 4 identical runs (CRASH:AcceleratorError x2, CRASH:EXIT_1 x2):
 AcceleratorError: CUDA error: an illegal memory access was encountered Search for `cudaErrorIllegalAddress' in
 https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information. CUDA kernel
 errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
 For debugging consider passing CUDA_LAUNCH_BLOCKING=1 Compile with `TORCH_USE_CUDA_DSA` to enable device-side
-assertions.  (at layout.py:28)
+assertions.  (at layout.py:28) (relabelled from te-flash-FLAKY-CRASH-AcceleratorError-5474465f77c3.json:
+crashes are named by their CUDA error)
 
-Run with: python3 te-flash-FLAKY-CRASH-AcceleratorError-5474465f77c3.py   (exits 1 while the bug is there)
+Run with: python3 te-flash-FLAKY-CRASH-CUDA_ILLEGAL_ADDRESS-6f4801e3a81d.py   (exits 1 while the bug is there)
 """
 import sys
 

@@ -1,9 +1,10 @@
-"""attnfuzz repro: fa4 CRASH:CUDADialectError
+"""attnfuzz repro: fa4 CRASH:CUDA_ILLEGAL_ADDRESS
 CUDADialectError: cudaErrorIllegalAddress (error code: 700): FA4 forward, bf16, d_qk=16 d_v=40, learnable
 sink, stride-0 K/V; without CUDA_LAUNCH_BLOCKING it surfaces later as 'an illegal memory access was
-encountered' in the next case's tensor copy and ended the fa4 and te-flash runs after ~38 cases
+encountered' in the next case's tensor copy and ended the fa4 and te-flash runs after ~38 cases (relabelled
+from fa4-CRASH-CUDADialectError-0b3afc4bf747.json: crashes are named by their CUDA error)
 
-Run with: python3 fa4-CRASH-CUDADialectError-0b3afc4bf747.py   (exits 1 while the bug is there)
+Run with: python3 fa4-CRASH-CUDA_ILLEGAL_ADDRESS-6a5b84ecfbbd.py   (exits 1 while the bug is there)
 """
 import sys
 

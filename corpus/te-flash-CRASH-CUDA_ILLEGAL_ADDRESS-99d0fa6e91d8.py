@@ -1,11 +1,12 @@
-"""attnfuzz repro: te-flash CRASH:InternalTorchDynamoError
+"""attnfuzz repro: te-flash CRASH:CUDA_ILLEGAL_ADDRESS
 InternalTorchDynamoError: AcceleratorError: CUDA error: an illegal memory access was encountered Search for
 `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more
 information. CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace
 below might be incorrect. For debugging consider passing CUDA_LAUNCH_BLOCKING=1 Compile with
-`TORCH_USE_CUDA_DSA` to enable device-side assertions.   (at random.py:74)
+`TORCH_USE_CUDA_DSA` to enable device-side assertions.   (at random.py:74) (relabelled from te-flash-CRASH-
+InternalTorchDynamoError-3bb1d6e5da0d.json: crashes are named by their CUDA error)
 
-Run with: python3 te-flash-CRASH-InternalTorchDynamoError-3bb1d6e5da0d.py   (exits 1 while the bug is there)
+Run with: python3 te-flash-CRASH-CUDA_ILLEGAL_ADDRESS-99d0fa6e91d8.py   (exits 1 while the bug is there)
 """
 import sys
 

@@ -1,11 +1,12 @@
-"""attnfuzz repro: fa4 CRASH:AcceleratorError
+"""attnfuzz repro: fa4 CRASH:CUDA_ILLEGAL_ADDRESS
 AcceleratorError: CUDA error: an illegal memory access was encountered Search for `cudaErrorIllegalAddress' in
 https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html for more information. CUDA kernel
 errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
 For debugging consider passing CUDA_LAUNCH_BLOCKING=1 Compile with `TORCH_USE_CUDA_DSA` to enable device-side
-assertions.  (at layout.py:28)
+assertions.  (at layout.py:28) (relabelled from fa4-CRASH-AcceleratorError-20bc3639b58e.json: crashes are
+named by their CUDA error)
 
-Run with: python3 fa4-CRASH-AcceleratorError-20bc3639b58e.py   (exits 1 while the bug is there)
+Run with: python3 fa4-CRASH-CUDA_ILLEGAL_ADDRESS-041e1f02fb58.py   (exits 1 while the bug is there)
 """
 import sys
 

@@ -1,7 +1,8 @@
 """Grading: a backend's Output against the float64 oracle, and a name for what went wrong.
 
 A failing output is graded again against alternative references (the other alignment, each window bound moved by
-one, no band at all, the modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE when none does.
+one, no band at all, the modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE
+when none does.
 """
 
 from __future__ import annotations

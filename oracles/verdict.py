@@ -24,8 +24,8 @@ GRADIENT = "GRADIENT"                  # the output passes, a gradient does not
 TOLERANCE = "TOLERANCE"                # wrong beyond the bound, and no alternative reference explains it
 NONDETERMINISTIC = "NONDETERMINISTIC"  # graded fine, but a backend that claims determinism differs bitwise on a rerun
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
-DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE,
-             NONDETERMINISTIC)
+DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE,
+             GRADIENT, TOLERANCE, NONDETERMINISTIC)
 
 
 @dataclass

@@ -18,7 +18,7 @@ PLAIN = Case(sq=4, skv=4, d_qk=8, d_v=8)
 @pytest.mark.parametrize("kernel, status, diagnosis", [
     ("aborts", V.CRASH, "SIGABRT"),
     ("hangs", V.HANG, "TIMEOUT"),
-    ("raises", V.CRASH, "RuntimeError"),
+    ("raises", V.CRASH, V.CUDA_ILLEGAL_ADDRESS),  # a RuntimeError that names CUDA error 700
 ])
 def test_misbehaving_kernel_costs_one_case(kernel, status, diagnosis):
     with Worker(f"tests.misbehaving:{kernel}", timeout_s=20 if kernel != "hangs" else 3) as worker:

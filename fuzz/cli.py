@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     mark.add_argument("--note", default="", help="what the bug is, in a sentence")
     mark.add_argument("--match", default="", help="count a new failure as this bug only if its message contains this")
     mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
-                      help="count it only for cases with this field value, e.g. dtype='\"float64\"' (repeatable)")
+                      help="count it only for cases with this field or trait value, e.g. dtype='\"float64\"' or "
+                           "empty_q_sequence=true (repeatable; traits: " + ", ".join(corpus_io.TRAITS) + ")")
     campaign.add_parser(sub)
     versiondiff.add_parsers(sub)
     report.add_parser(sub)
@@ -258,8 +259,9 @@ def cmd_known(args) -> int:
             when[field] = json.loads(value)
         except json.JSONDecodeError:
             raise UsageError(f"--when {item!r}: give FIELD=JSON, e.g. dtype='\"float64\"' or causal=true") from None
-        if field not in entry.case.to_dict():
-            raise UsageError(f"--when {item!r}: {field!r} is not a Case field")
+        if field not in corpus_io.when_fields(entry.case):
+            raise UsageError(f"--when {item!r}: {field!r} is neither a Case field nor a trait "
+                             f"({', '.join(corpus_io.TRAITS)})")
     entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
     data = json.loads(args.entry.read_text())
     data["known_bug"] = entry.known_bug

@@ -3,7 +3,8 @@
 Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
 seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}}: an expected failure until the bug
 is fixed; while fuzzing, a failure of the same backend and verdict label whose message contains `match` and whose
-case has the field values in `when` (each optional) counts as this known bug, and the search goes on past it).
+case has the values in `when` (each optional) counts as this known bug, and the search goes on past it). `when` names
+Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query").
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ from oracles.verdict import Verdict
 from strategies.case import SCHEMA, Case
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
+
+# Derived facts about a case that a known bug's `when` may name beside the Case fields.
+TRAITS = {
+    "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
+    "empty_kv_sequence": lambda c: 0 in c.lens_kv,      # ... no key token
+    "split_head_dims": lambda c: c.d_qk != c.d_v,
+    "gqa": lambda c: c.h != c.hk,
+    "sq_longer": lambda c: c.sq > c.skv,
+}
+
+
+def when_fields(case: Case) -> dict:
+    """What a known bug's `when` is matched against: the case's fields and its TRAITS."""
+    return {**case.to_dict(), **{name: trait(case) for name, trait in TRAITS.items()}}
 
 
 class CorpusError(ValueError):
@@ -80,6 +95,10 @@ class Entry:
             raise CorpusError(f"{where}: field 'known_bug' must be null or an object with a 'link'")
         if known is not None and not isinstance(known.get("when", {}), dict):
             raise CorpusError(f"{where}: field 'known_bug.when' must be an object of case fields and values")
+        unknown = sorted(set((known or {}).get("when", {})) - set(when_fields(case)))
+        if unknown:
+            raise CorpusError(f"{where}: field 'known_bug.when' names {unknown}, which are neither Case fields nor "
+                              f"traits ({', '.join(TRAITS)})")
         return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
                    backend_version=data.get("backend_version", ""), environment=data.get("environment"),
                    found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
@@ -155,7 +174,7 @@ def known_bugs(directory: Path):
     entries = [e for _, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
 
     def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
-        fields = case.to_dict()
+        fields = when_fields(case)
         for e in entries:
             bug = e.known_bug
             if (e.backend == backend and e.verdict.label == verdict.label and bug.get("match", "") in verdict.message

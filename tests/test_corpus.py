@@ -146,3 +146,30 @@ def test_cli_replay_isolate_reports_a_crashing_entry_and_goes_on(tmp_path, capsy
     assert main(["replay", str(tmp_path), "--isolate", "--json"]) == 1  # the crash is a regression: not a known bug
     rows = json.loads(capsys.readouterr().out)
     assert [(r["outcome"], r["verdict"]) for r in rows] == [("fail", "CRASH:SIGSEGV"), ("pass", "PASS")]
+
+
+def test_a_known_bug_can_be_narrowed_by_a_trait_field_equality_cannot_say(tmp_path):
+    """TE fused's garbage dK for a sequence with no query: `when` names the trait, so the same label on a batch
+    whose sequences all have queries is not swallowed as known."""
+    empty_q = Case(b=2, sq=2, skv=2, d_qk=8, d_v=8, seqlens_q=(2, 0), seqlens_kv=(2, 2), grads=True)
+    grads_fail = V.Verdict(V.FAIL, V.GRADIENT, "dk: diff_max=8.464e+03")
+    corpus_io.save(tmp_path, _entry(case=empty_q, backend="te-fused", verdict=grads_fail,
+                                    known_bug={"link": "https://example.org/te", "when": {"empty_q_sequence": True}}),
+                   repro=False)
+    known = corpus_io.known_bugs(tmp_path)
+    assert known("te-fused", empty_q.replace(seqlens_q=(0, 1), seed=3), grads_fail) is not None
+    assert known("te-fused", empty_q.replace(seqlens_q=(2, 1)), grads_fail) is None
+
+
+def test_a_when_naming_neither_a_field_nor_a_trait_is_a_named_error(tmp_path):
+    path = corpus_io.save(tmp_path, _entry(), repro=False)
+    data = json.loads(path.read_text())
+    data["known_bug"] = {"link": "https://example.org", "when": {"empty_queries": True}}
+    path.write_text(json.dumps(data))
+    with pytest.raises(corpus_io.CorpusError, match="empty_queries.*neither Case fields nor traits"):
+        corpus_io.load(path)
+    data["known_bug"] = None
+    path.write_text(json.dumps(data))
+    assert main(["known", str(path), "--link", "https://example.org", "--when", "empty_queries=true"]) == 2
+    assert main(["known", str(path), "--link", "https://example.org", "--when", "empty_q_sequence=true"]) == 0
+    assert corpus_io.load(path).known_bug["when"] == {"empty_q_sequence": True}

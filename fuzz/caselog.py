@@ -10,6 +10,16 @@ from typing import Iterator
 from oracles.verdict import Verdict
 from strategies.case import Case
 
+# The link a campaign gives a failure it counts as KNOWN because it saved that bug already (fuzz/lane.py, seen_in);
+# the report tells those apart from the corpus's known bugs by it.
+SEEN_HERE = "this campaign's corpus"
+
+
+def seen_here(row: dict) -> bool:
+    """Whether a logged KNOWN case was a bug this campaign had found, not one of the corpus's known bugs."""
+    checks = (row.get("verdict") or {}).get("checks") or ()
+    return f"known bug: {SEEN_HERE}" in checks
+
 
 def record(backend: str, case: Case, graded: Verdict, seconds: float, **extra) -> str:
     """One log line: backend, verdict label, error ratio, message, seconds, the case, and any `extra` fields (a

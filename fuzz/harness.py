@@ -172,11 +172,13 @@ KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
 
 
 def mark_known(known: KnownBugs | None, backend: str, case: Case, verdict: V.Verdict) -> V.Verdict:
-    """The verdict as KNOWN when it is a failure that `known` recognises, else unchanged. (fuzz_property spells the
-    same two lines inline: Hypothesis derives a derandomized run's seed from that function's source, and the ci
-    streams the negative controls were shrunk on would change with it.)"""
-    if verdict.failed and known is not None and known(backend, case, verdict) is not None:
-        return dataclasses.replace(verdict, status=V.KNOWN)
+    """The verdict as KNOWN, with the known bug's link among its checks, when it is a failure that `known`
+    recognises; else unchanged. (fuzz_property marks KNOWN inline, without the link: Hypothesis derives a
+    derandomized run's seed from that function's source, and the ci streams the negative controls were shrunk on
+    would change with it.)"""
+    hit = known(backend, case, verdict) if verdict.failed and known is not None else None
+    if hit is not None:
+        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (f"known bug: {hit['link']}",))
     return verdict
 
 

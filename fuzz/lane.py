@@ -126,7 +126,7 @@ def seen_in(directory: Path):
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
         if (backend, verdict.label) in seen:
-            return {"link": str(directory), "note": "already found in this campaign"}
+            return {"link": caselog.SEEN_HERE, "note": f"already found in this campaign ({directory})"}
         return None
 
     return known

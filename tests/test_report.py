@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fuzz import caselog
 from fuzz import corpus as corpus_io
 from fuzz.backends import get
 from fuzz.harness import fuzz
@@ -193,6 +194,22 @@ def test_markdown_escapes_pipes_and_lists_findings(campaign):
     assert row[1] == "FAIL:ALL_ZERO" and "sq=1 skv=1" in row[4] and "causal" in row[4]
     assert "(https://example.org/bug?id=1&kind=%3Czero%3E)" in row[5]
     assert row[6].startswith("[broken-zero-causal-FAIL-ALL_ZERO-")
+
+
+def test_known_bugs_this_campaign_found_itself_are_counted_apart(tmp_path):
+    """A campaign counts a failure KNOWN when a corpus known bug matches it, or when it saved that bug earlier
+    itself (fuzz/lane.py, seen_in): the report says how many of the KNOWN were the latter."""
+    from fuzz.harness import mark_known
+    from fuzz.lane import seen_in
+    case, fail = Case(causal=True), Verdict("FAIL", "ALL_ZERO", "every graded output element is 0")
+    corpus_io.save(tmp_path / "corpus", corpus_io.Entry(backend="b", case=case, verdict=fail), repro=False)
+    here = mark_known(seen_in(tmp_path / "corpus"), "b", case, fail)
+    listed = mark_known(lambda *_: {"link": LINK}, "b", case, fail)
+    assert here.status == listed.status == "KNOWN" and here.checks != listed.checks
+    log = tmp_path / "run.jsonl"
+    log.write_text("".join(caselog.record("b", case, v, 0.01, verdict=v.to_dict()) for v in (here, listed, listed)))
+    rows = table_rows(build_report(log).with_name("report.md").read_text(), "Totals per backend")
+    assert rows["b"][5] == "3 (1)", rows["b"]
 
 
 def test_a_single_log_file_without_lane_or_time(tmp_path):

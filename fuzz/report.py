@@ -178,8 +178,8 @@ def totals_table(c: Campaign) -> Table:
                                         "CRASH/HANG/FLAKY", "UNSUPPORTED", "cells covered", "cells failing",
                                         "cases/s", "worst PASS ratio"], rows,
                  f"KNOWN (found here): failures of known bugs; in brackets, those known only because this campaign "
-                 f"had saved them already; cells of {SPACE_SIZE} (fuzz/coverage.py); cases/s over the seconds the backend's lanes spent; "
-                 "worst PASS ratio: how close the passing cases came to the bound (1)")
+                 f"had saved them already; cells of {SPACE_SIZE} (fuzz/coverage.py); cases/s over the seconds the "
+                 "backend's lanes spent; worst PASS ratio: how close the passing cases came to the bound (1)")
 
 
 def labels_table(c: Campaign) -> Table:

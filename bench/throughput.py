@@ -66,7 +66,8 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
                            settings=profile("ci", max_examples=examples, derandomize=False))
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
     return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
-            "began": began, "ended": time.time(), "labels": dict(tally.labels), **{f"{k}_s": v for k, v in spent.items()},
+            "began": began, "ended": time.time(), "labels": dict(tally.labels),
+            **{f"{k}_s": v for k, v in spent.items()},
             "findings": [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}" for f in findings]}
 
 

@@ -153,5 +153,6 @@ class Intermittent(Correct):
         return Output(out)
 
 
-BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads, ValueDimScale,
-                                   NanOnEmptyRows, TileTail, DroppedBandWhenLonger, LaterBatches, Jittery, Intermittent)}
+BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads,
+                                   ValueDimScale, NanOnEmptyRows, TileTail, DroppedBandWhenLonger, LaterBatches,
+                                   Jittery, Intermittent)}

@@ -49,7 +49,8 @@ def test_correct_output_passes():
     (BASE.replace(scale=0.05), _ref(scale=1 / math.sqrt(32)), V.SCALE),  # the custom scale ignored
     (BASE, lambda c, t, o: o.ref.out * 1.05, V.TOLERANCE),
 ], ids=["zeros", "top-left-read-as-bottom-right", "bottom-right-read-as-top-left", "window-left+1",
-        "window-right-1", "causal-diagonal-dropped", "causal-dropped", "window-dropped", "gqa-modulo", "scale-d_v", "scale-ignored", "tolerance"])
+        "window-right-1", "causal-diagonal-dropped", "causal-dropped", "window-dropped", "gqa-modulo", "scale-d_v",
+        "scale-ignored", "tolerance"])
 def test_broken_output_gets_its_diagnosis(case, make_out, diagnosis):
     verdict = _graded(case, make_out)
     assert verdict.status == V.FAIL and verdict.diagnosis == diagnosis, verdict

@@ -116,7 +116,8 @@ CUDNN_D_CASE = dict(b=3, sq=15, skv=2, h=2, hk=1, causal=True, window=(1, None),
 
 def _flash_algorithm_backward(case, t, forget_d=False):
     """FlashAttention-2's backward in fp32 from fp16 / bf16 inputs: O stored in the dtype, D = rowsum(dO * O) from
-    it, dS and P rounded to the dtype before the gradient products. `forget_d` plants a bug: dS = P * dP, D never subtracted."""
+    it, dS and P rounded to the dtype before the gradient products. `forget_d` plants a bug: dS = P * dP, D never
+    subtracted."""
     q, k, v, do = (x.float() for x in (t.q, t.k, t.v, t.dout))
     group = case.h // case.hk
     k, v = (x.repeat_interleave(group, dim=2) for x in (k, v))

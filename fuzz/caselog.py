@@ -15,10 +15,15 @@ from strategies.case import Case
 SEEN_HERE = "this campaign's corpus"
 
 
+def known_bug_check(link: str) -> str:
+    """The line a verdict marked KNOWN carries among its checks: which known bug it matched."""
+    return f"known bug: {link}"
+
+
 def seen_here(row: dict) -> bool:
     """Whether a logged KNOWN case was a bug this campaign had found, not one of the corpus's known bugs."""
     checks = (row.get("verdict") or {}).get("checks") or ()
-    return f"known bug: {SEEN_HERE}" in checks
+    return known_bug_check(SEEN_HERE) in checks
 
 
 def record(backend: str, case: Case, graded: Verdict, seconds: float, **extra) -> str:

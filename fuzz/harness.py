@@ -21,6 +21,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.backends.base import Backend, Hang, Unsupported
+from fuzz.caselog import known_bug_check
 from oracles import verdict as V
 from oracles.grade import Oracle, grade
 from strategies.case import Case
@@ -178,7 +179,7 @@ def mark_known(known: KnownBugs | None, backend: str, case: Case, verdict: V.Ver
     would change with it.)"""
     hit = known(backend, case, verdict) if verdict.failed and known is not None else None
     if hit is not None:
-        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (f"known bug: {hit['link']}",))
+        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (known_bug_check(hit["link"]),))
     return verdict
 
 

@@ -72,14 +72,13 @@ def script(entry) -> str:
                   "_t = materialize(Case.from_dict(CASE), DEVICE)\nq, k, v = _t.q, _t.k, _t.v")
         expected = ("from oracles.reference import reference\n"
                     "EXPECTED = reference(Case.from_dict(CASE), _t).out")
+    constants = ""
     if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
         inputs += "\nq, k, v = (x.detach().requires_grad_() for x in (q, k, v))"
         constants, body = _expected_grads(entry, oracle, t, small)
         expected += "\n" + body
     call = written_call(entry)
     rows_list = list(case.lens_q)
-    if not case.grads:
-        constants = ""
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
 {textwrap.fill(entry.verdict.message, 110)}
 

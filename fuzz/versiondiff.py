@@ -78,16 +78,16 @@ def snapshot(sources: list[Path], *, label: str = "", device: str | None = None,
     from fuzz.backends import get
     from fuzz.harness import run_case
     cases = gather(sources, max_cases)
-    results, versions, adapters, workers = [], {}, {}, {}
+    results, versions, adapters, workers, unavailable = [], {}, {}, {}, {}
     try:
         for (backend, case_json), (own_device, case) in sorted(cases.items()):
             where = device or own_device
             if (backend, where) not in adapters:
                 adapter = adapters[backend, where] = get(backend, where)
                 versions[backend] = adapter.version()
+                unavailable[backend, where] = adapter.available()  # once per backend, not once per case
                 workers[backend, where] = isolated(adapter, where, case_timeout)
-            adapter, worker = adapters[backend, where], workers[backend, where]
-            why = adapter.available()
+            adapter, worker, why = adapters[backend, where], workers[backend, where], unavailable[backend, where]
             if why is not None:
                 results.append({"backend": backend, "case": json.loads(case_json), "label": "UNAVAILABLE",
                                 "message": why})

@@ -105,9 +105,11 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
-              grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES) -> Reference:
+              grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
-    low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use."""
+    low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
+    `terms=False` skips dv_terms and d_rounding (an extra backward pass), which only the oracle's own reference feeds
+    to the tolerance: the naive baselines do not need them."""
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -119,7 +121,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
     maxima = torch.zeros(2, dtype=dtype, device=device)  # largest visible |logit|, largest |ALiBi bias|
     empty = torch.zeros(case.b, case.sq, dtype=torch.bool, device=device)
-    dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if grads else None
+    terms = grads and terms
+    dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
             continue
@@ -146,18 +149,19 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             lse[n, :, rows] = l_c.detach()
             if grads:
                 d_c = t.dout[n, rows].to(device, dtype)
-                dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T |dO|
+                if terms:
+                    dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T|dO|
                 g_q, g_k, g_v = torch.autograd.grad(o_c, (q_c, k_n, v_n), d_c)
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
     d_rounding = 0.0
-    if grads and out.numel():
+    if terms and out.numel():
         # Backward passes of the FlashAttention kind take D = rowsum(dO * O) from the output they stored, rounded to
         # the inputs' dtype: D moves by this much, and dQ / dK with it (oracles/grade.py, _gradient_terms).
         shift = ((out.to(t.q.dtype).to(dtype) - out) * t.dout.to(device, dtype)).sum(-1)
         d_rounding = float(shift.abs().max())
     return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(maxima[0]), empty=empty,
                      bias_max=float(maxima[1]),
-                     dv_terms=float(dv_terms.abs().max()) if grads and dv_terms.numel() else 0.0,
+                     dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
                      d_rounding=d_rounding)

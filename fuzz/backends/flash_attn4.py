@@ -39,13 +39,18 @@ SEQUSED = "seqused"
 DISK_CACHE = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 
 
-def import_fa4():
-    """flash_attn.cute, with FA4's persistent JIT cache on unless the user set DISK_CACHE: every new kernel
-    configuration costs 1.6-3 s of compilation, and without the disk cache each fresh process (an isolated worker
-    after a crash, every campaign lane, TE's FlashAttention in its own process) compiles it again. FA4 reads the
-    variable once, when flash_attn.cute is first imported; its cache lives in FLASH_ATTENTION_CUTE_DSL_CACHE_DIR
-    (default /tmp/$USER/flash_attention_cute_dsl_cache) and is keyed by FA4's own sources."""
+def use_disk_cache() -> None:
+    """FA4's persistent JIT cache on unless the user set DISK_CACHE: every new kernel configuration costs 1.6-3 s of
+    compilation, and without the disk cache each fresh process (an isolated worker after a crash, every campaign
+    lane, TE's FlashAttention in its own process) compiles it again. FA4 reads the variable once, when
+    flash_attn.cute is first imported; its cache lives in FLASH_ATTENTION_CUTE_DSL_CACHE_DIR (default
+    /tmp/$USER/flash_attention_cute_dsl_cache) and is keyed by FA4's own sources."""
     os.environ.setdefault(DISK_CACHE, "1")
+
+
+def import_fa4():
+    """flash_attn.cute, imported with the disk cache on (use_disk_cache)."""
+    use_disk_cache()
     return importlib.import_module(MODULE)
 
 

@@ -38,11 +38,9 @@ def import_te():
     """transformer_engine.pytorch. On the H200 runner TE loads the system's cuDNN: imported in a process where torch
     has already loaded its own cuDNN (torch.backends.cudnn, an SDPA cuDNN call), the mix fails with `undefined symbol`
     in libcudnn_heuristic. The error then says to give TE a process of its own. FA4's disk cache is turned on as
-    for fa4 (flash_attn4.import_fa4): TE's FlashAttention is FA4 on the runner."""
-    import os
-
-    from fuzz.backends.flash_attn4 import DISK_CACHE
-    os.environ.setdefault(DISK_CACHE, "1")
+    for fa4: TE's FlashAttention is FA4 on the runner."""
+    from fuzz.backends.flash_attn4 import use_disk_cache
+    use_disk_cache()
     try:
         return importlib.import_module(f"{LIBRARY}.pytorch")
     except OSError as e:

@@ -2,15 +2,21 @@
 case, not the run.
 
 The worker builds the backend from its spec (a registry name or package.module:function), then runs and grades
-cases (fuzz.harness.run_case) as they come. When it dies the case is a CRASH named after the signal or exit code;
-when it does not answer within the timeout it is killed and the case is a HANG. Either way a fresh worker serves the
-next case, so Hypothesis can shrink a crash like any other failure, each attempt in a clean process.
+cases (fuzz.harness.run_case) as they come. When it dies the case is a CRASH named after the signal or exit code.
+When it does not answer within the timeout it is killed, and a fresh worker runs the same case once more with
+`confirm_factor` times the limit (default 2): a JIT compile can take minutes on a loaded host, and a slow case is
+not a hung one. If that attempt answers, its verdict stands, with a line among its checks saying the first attempt
+timed out and how long the second took; if it is silent too, the case is a HANG (TIMEOUT). So a HANG costs
+timeout x (1 + confirm_factor). Either way a fresh worker serves the next case, so Hypothesis can shrink a crash like
+any other failure, each attempt in a clean process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import signal
+import time
 
 from oracles import verdict as V
 from strategies.case import Case
@@ -53,11 +59,14 @@ def _death(exitcode: int | None) -> str:
 
 class Worker:
     """A backend in a child process. `run(case)` returns the verdict; the process is replaced after a death or a
-    timeout (which counts from the case's hand-over; start-up is waited for apart). Use as a context manager, or
-    call close()."""
+    timeout (which counts from the case's hand-over; start-up is waited for apart). A timed-out case is tried once
+    more in a fresh worker with `timeout_s * confirm_factor` before it is a HANG; confirm_factor None, 0 or 1 turns
+    that off. `restarts` counts the workers replaced. Use as a context manager, or call close()."""
 
-    def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1):
+    def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1,
+                 confirm_factor: float | None = 2.0):
         self.spec, self.device, self.timeout_s, self.threads = spec, device, timeout_s, threads
+        self.confirm_factor = confirm_factor
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
         self._process = None
@@ -88,26 +97,44 @@ class Worker:
             self._process.join(timeout=10)
         self._process = self._conn = None
 
-    def run(self, case: Case) -> V.Verdict:
+    def _attempt(self, case: Case, timeout_s: float) -> tuple[V.Verdict | None, float]:
+        """One try in the current worker (started if need be): its verdict, a CRASH when it died, or None when it
+        stayed silent for timeout_s (it is killed); and the seconds from hand-over to answer."""
         if self._process is None:
             self._start()
-        answered = False  # the pipe closed (the worker died) rather than staying silent (a hang)
+        start = time.perf_counter()
         try:
             self._conn.send(case)  # Case and Verdict are frozen dataclasses: pickled as they are
-            if self._conn.poll(self.timeout_s):
-                answered = True
-                return self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError):
-            answered = True  # the worker died: its exit code says how
-        process = self._process
-        self.restarts += 1
-        if not answered:
+            if self._conn.poll(timeout_s):
+                return self._conn.recv(), time.perf_counter() - start
+        except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe closed: the worker died
+            process = self._process
+            self.restarts += 1
+            process.join(timeout=30)
+            name = _death(process.exitcode)
             self._stop()
-            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: no answer within {self.timeout_s:g}s; worker killed")
-        process.join(timeout=30)
-        name = _death(process.exitcode)
+            return (V.Verdict(V.CRASH, name, f"{self.spec}: the worker process died ({name}) while running this case"),
+                    time.perf_counter() - start)
+        self.restarts += 1  # silent: a hang, or a case slower than the limit
         self._stop()
-        return V.Verdict(V.CRASH, name, f"{self.spec}: the worker process died ({name}) while running this case")
+        return None, time.perf_counter() - start
+
+    def run(self, case: Case) -> V.Verdict:
+        verdict, _ = self._attempt(case, self.timeout_s)
+        if verdict is not None:
+            return verdict
+        if not self.confirm_factor or self.confirm_factor <= 1:
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: no answer within {self.timeout_s:g}s; worker killed")
+        longer = self.timeout_s * self.confirm_factor
+        verdict, took = self._attempt(case, longer)  # in a fresh worker: the first was killed
+        if verdict is None:
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: timed out twice (no answer within {self.timeout_s:g}s, "
+                                                f"then {longer:g}s in a fresh worker); worker killed")
+        if verdict.status == V.CRASH:
+            return verdict
+        slow = (f"slow: no answer within {self.timeout_s:g}s at first; a fresh worker answered in {took:.1f}s "
+                f"(limit {longer:g}s)")
+        return dataclasses.replace(verdict, checks=verdict.checks + (slow,))
 
     def close(self) -> None:
         if self._conn is not None:

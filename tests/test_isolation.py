@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fuzz.backends import get
@@ -11,6 +13,7 @@ from fuzz.profiles import profile
 from oracles import verdict as V
 from strategies.case import Case
 from strategies.space import Space
+from tests.misbehaving import SLOW_FIRST_MARKER
 
 PLAIN = Case(sq=4, skv=4, d_qk=8, d_v=8)
 
@@ -21,11 +24,50 @@ PLAIN = Case(sq=4, skv=4, d_qk=8, d_v=8)
     ("raises", V.CRASH, V.CUDA_ILLEGAL_ADDRESS),  # a RuntimeError that names CUDA error 700
 ])
 def test_misbehaving_kernel_costs_one_case(kernel, status, diagnosis):
-    with Worker(f"tests.misbehaving:{kernel}", timeout_s=20 if kernel != "hangs" else 3) as worker:
+    # a hang is confirmed in a fresh worker with twice the limit: 1 s, then 2 s
+    with Worker(f"tests.misbehaving:{kernel}", timeout_s=20 if kernel != "hangs" else 1) as worker:
         first = worker.run(PLAIN)
         second = worker.run(PLAIN.replace(seed=1))
     assert (first.status, first.diagnosis) == (status, diagnosis), first
     assert (second.status, second.diagnosis) == (status, diagnosis), "a fresh worker served the next case"
+
+
+def test_a_hang_is_confirmed_in_a_fresh_worker_before_it_is_called_one():
+    with Worker("tests.misbehaving:hangs", timeout_s=1) as worker:
+        start = time.perf_counter()
+        verdict = worker.run(PLAIN)
+        took = time.perf_counter() - start
+        assert worker.restarts == 2, "both workers were killed"
+    assert (verdict.status, verdict.diagnosis) == (V.HANG, "TIMEOUT"), verdict
+    assert "timed out twice" in verdict.message and "1s" in verdict.message and "2s" in verdict.message, verdict
+    assert took >= 3, f"the case had 1 s, then 2 s: {took:.1f} s in all"
+
+
+def test_a_case_slow_only_the_first_time_gets_its_real_verdict(tmp_path, monkeypatch):
+    """A JIT compile that outlasts the limit once: the retry in a fresh worker answers, so it is not a HANG."""
+    monkeypatch.chdir(tmp_path)  # the kernel's marker lives in the working directory, which each worker takes
+    with Worker("tests.misbehaving:slow_first", timeout_s=2) as worker:
+        verdict = worker.run(PLAIN)
+        assert worker.restarts == 1, "only the first worker was killed"
+        after = worker.run(PLAIN.replace(seed=1))
+        assert worker.restarts == 1, "the second worker served the next case"
+    assert (tmp_path / SLOW_FIRST_MARKER).exists(), "the first call did go the slow way"
+    assert verdict.status == V.PASS, verdict
+    slow = [c for c in verdict.checks if c.startswith("slow:")]
+    assert len(slow) == 1 and "no answer within 2s" in slow[0] and "answered in" in slow[0], verdict.checks
+    assert after.status == V.PASS and not any(c.startswith("slow:") for c in after.checks), after
+
+
+@pytest.mark.parametrize("factor", [None, 1])
+def test_without_confirmation_the_slow_first_case_is_a_hang(tmp_path, monkeypatch, factor):
+    """Control: the same kernel is a HANG when the timed-out case is not tried again, so the retry is what saves it."""
+    monkeypatch.chdir(tmp_path)
+    with Worker("tests.misbehaving:slow_first", timeout_s=2, confirm_factor=factor) as worker:
+        verdict = worker.run(PLAIN)
+        assert worker.restarts == 1
+    assert (tmp_path / SLOW_FIRST_MARKER).exists(), "the first call did go the slow way"
+    assert (verdict.status, verdict.diagnosis) == (V.HANG, "TIMEOUT"), verdict
+    assert "no answer within 2s" in verdict.message and "twice" not in verdict.message, verdict
 
 
 def test_segfault_is_a_crash_and_the_next_case_still_passes():

@@ -47,7 +47,9 @@ def add_parser(sub) -> None:
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "
                    "restart and is saved as PROCESS_DIED)")
-    p.add_argument("--case-timeout", type=float, help="seconds one isolated case may take (default 120)")
+    p.add_argument("--case-timeout", type=float, help="seconds one isolated case may take (default 120); a "
+                   "timed-out case is run again in a fresh worker with twice the limit and is a HANG only if that "
+                   "times out too (a HANG costs 3 x this)")
     p.add_argument("--max-len", type=int, help="longest sequence drawn")
     p.add_argument("--replay-only", action="store_true", help="replay the database's failures once, draw nothing new")
     p.add_argument("--known", type=Path, default=Path("corpus"), help="corpus whose known bugs are expected failures")

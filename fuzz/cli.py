@@ -44,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: small cases are "
                      "latency-bound, and intra-op threads cost 8x under load)")
     run.add_argument("--isolate", action="store_true", help="run the backend in a worker process: a segfault, "
-                     "abort or fatal CUDA error costs one case (CRASH), a hang --case-timeout seconds (HANG)")
-    run.add_argument("--case-timeout", type=float, default=300.0, help="seconds one isolated case may take")
+                     "abort or fatal CUDA error costs one case (CRASH), a hang 3 x --case-timeout seconds (HANG)")
+    run.add_argument("--case-timeout", type=float, default=300.0, help="seconds one isolated case may take (default "
+                     "300); one that takes longer is run again in a fresh worker with twice the limit, and is a HANG "
+                     "only if that times out too (a HANG costs 3 x this); a slow case that finishes keeps its verdict")
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")

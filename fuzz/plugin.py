@@ -44,9 +44,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "under load)")
     group.addoption("--isolate", action="store_true", dest="attnfuzz_isolate",
                     help="run each backend in a worker process: a segfault, abort or fatal CUDA error costs one case "
-                         "(CRASH), a hang --case-timeout seconds (HANG), not the test session")
+                         "(CRASH), a hang 3 x --case-timeout seconds (HANG), not the test session")
     group.addoption("--case-timeout", type=float, default=300.0, dest="attnfuzz_case_timeout",
-                    help="seconds one isolated case may take (default 300)")
+                    help="seconds one isolated case may take (default 300); one that takes longer is run again in a "
+                         "fresh worker with twice the limit, and is a HANG only if that times out too (a HANG costs "
+                         "3 x this); a slow case that finishes keeps its verdict")
     group.addoption("--corpus", default="corpus", dest="attnfuzz_corpus",
                     help="folder where findings are saved and from which `pytest corpus` replays (default corpus)")
 

@@ -195,3 +195,16 @@ def test_a_failing_non_cp_run_leaves_the_graded_case_alone(pool):
     verdict = run_and_grade(backend, CONTROL)
     assert verdict.status == V.PASS, verdict.message
     assert backend.last_agreement is None and backend.last_nocp is None
+
+
+def test_a_pool_never_closed_leaves_no_rendezvous_directory_behind(tmp_path):
+    """A pool dropped without close() (a backend's pool lives until the process ends) still kills its ranks and
+    removes its rendezvous directory: a CI machine kept hundreds of them in /tmp."""
+    import gc
+    import os
+    pool = CPPool(2, timeout_s=30, hang_dir=tmp_path / "hangs").start()
+    directory, procs = pool._init_dir, list(pool._procs)
+    assert os.path.isdir(directory)
+    del pool
+    gc.collect()
+    assert not os.path.exists(directory) and not any(p.is_alive() for p in procs)

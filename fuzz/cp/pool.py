@@ -51,12 +51,15 @@ class PoolResult:
     seconds: float = 0.0
 
 
-def _kill(procs: list) -> None:
+def _kill(procs: list, init_dir: str | None = None) -> None:
+    """Kill the ranks and remove their rendezvous directory (also run at exit for a pool never closed)."""
     for p in procs:
         if p.is_alive():
             p.kill()
     for p in procs:
         p.join(timeout=10)
+    if init_dir is not None:
+        shutil.rmtree(init_dir, ignore_errors=True)
 
 
 class CPPool:
@@ -100,7 +103,7 @@ class CPPool:
             child.close()
             self._procs.append(p)
             self._conns.append(parent)
-        self._finalizer = weakref.finalize(self, _kill, list(self._procs))
+        self._finalizer = weakref.finalize(self, _kill, list(self._procs), self._init_dir)
         replies = self._collect(time.monotonic() + self.start_timeout_s, grace_s=0.0)
         bad = {r: m for r, m in replies.items() if m[0] != "ready"}
         if len(replies) < self.world or bad:

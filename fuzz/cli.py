@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--case-timeout", type=float, default=300.0, help="seconds one isolated case may take (default "
                      "300); one that takes longer is run again in a fresh worker with twice the limit, and is a HANG "
                      "only if that times out too (a HANG costs 3 x this); a slow case that finishes keeps its verdict")
-    run.add_argument("--log", type=Path, help="append one JSON line per case run (case, verdict, seconds) here")
+    run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
     replay.add_argument("paths", nargs="*", type=Path, default=[Path("corpus")], help="entry files or folders")
@@ -115,7 +115,7 @@ class CaseLog:
         if self.file is None:
             return
         now = time.perf_counter()
-        self.file.write(caselog.record(self.backend, case, verdict, now - self.last))
+        self.file.write(caselog.record(self.backend, case, verdict, now - self.last, verdict=verdict.to_dict()))
         self.file.flush()
         self.last = now
 

@@ -173,3 +173,18 @@ def test_a_when_naming_neither_a_field_nor_a_trait_is_a_named_error(tmp_path):
     assert main(["known", str(path), "--link", "https://example.org", "--when", "empty_queries=true"]) == 2
     assert main(["known", str(path), "--link", "https://example.org", "--when", "empty_q_sequence=true"]) == 0
     assert corpus_io.load(path).known_bug["when"] == {"empty_q_sequence": True}
+
+
+def test_run_log_keeps_the_whole_verdict_checks_and_all(tmp_path):
+    """`attnfuzz run --log` writes each verdict whole, as a campaign does: its checks (per-tensor errors, and the
+    slow-attempt line of an isolated case) are in the log, not just the label and the message."""
+    corpus = tmp_path / "corpus"
+    corpus_io.save(corpus, corpus_io.Entry("tests.misbehaving:zero_when_causal", CASE, FAIL,
+                                           known_bug={"link": "https://example.org/z"}), repro=False)
+    log = tmp_path / "run.jsonl"
+    main(["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--corpus", str(corpus),
+          "--log", str(log), "--seed", "1"])
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["label"] for r in rows} == {"PASS", "KNOWN:ALL_ZERO"}
+    assert all(V.Verdict.from_dict(r["verdict"]).label == r["label"] for r in rows)
+    assert all(any(c.startswith("out: diff_max=") for c in r["verdict"]["checks"]) for r in rows if r["label"] == "PASS")

@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--device", help="run on this device instead of the entry's own")
     replay.add_argument("--isolate", action="store_true", help="each backend in a worker process: an entry that "
                         "crashes or poisons CUDA costs itself only")
+    replay.add_argument("--case-timeout", type=float, default=300.0, help="with --isolate, seconds one entry may "
+                        "take before a fresh worker tries it with twice that; silent again, it is a HANG")
     replay.add_argument("--json", action="store_true")
     mark = sub.add_parser("known", help="mark a corpus entry as a known bug (an expected failure) with its link")
     mark.add_argument("entry", type=Path, help="the corpus entry's JSON file")
@@ -220,7 +222,7 @@ def cmd_replay(args) -> int:
     if args.device:
         _check_device(args.device)
     rows, bad = [], 0
-    workers = Workers() if args.isolate else (lambda backend, device: None)
+    workers = Workers(args.case_timeout) if args.isolate else (lambda backend, device: None)
     for path in paths:
         try:
             entry = corpus_io.load(path)

@@ -187,14 +187,18 @@ def known_bugs(directory: Path):
 
 def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     """Run the entry's case through its backend again (in `worker`, a fuzz.isolate.Worker for that backend, when
-    given); UNSUPPORTED (with why) when the backend is unavailable."""
+    given); UNSUPPORTED (with why) when the backend is unavailable, or when the entry hung and no worker is given
+    (in-process, nothing could stop it)."""
     from fuzz.backends import get
     from fuzz.harness import run_case
-    from oracles.verdict import UNSUPPORTED
+    from oracles.verdict import HANG, UNSUPPORTED
     device = device or entry.device
     backend = get(entry.backend, device)
     if worker is not None and not backend.own_processes:
         return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
+    if entry.verdict.status == HANG and not backend.own_processes:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
+                                          f"where a case that does not answer is timed out")
     why = backend.available()
     if why is not None:
         return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")

@@ -188,3 +188,15 @@ def test_run_log_keeps_the_whole_verdict_checks_and_all(tmp_path):
     assert {r["label"] for r in rows} == {"PASS", "KNOWN:ALL_ZERO"}
     assert all(V.Verdict.from_dict(r["verdict"]).label == r["label"] for r in rows)
     assert all(any(c.startswith("out: diff_max=") for c in r["verdict"]["checks"]) for r in rows if r["label"] == "PASS")
+
+
+def test_a_hang_entry_is_replayed_only_where_it_can_be_timed_out(tmp_path, capsys):
+    """In-process nothing can stop a hang: without --isolate a HANG entry is skipped with the fix; with it, the
+    worker times the case out and the entry fails as the regression it is."""
+    hung = corpus_io.Entry("tests.misbehaving:hangs", Case(sq=2, skv=2, d_qk=8, d_v=8),
+                           V.Verdict(V.HANG, "TIMEOUT", "no answer within 1s"))
+    path = corpus_io.save(tmp_path, hung, repro=False)
+    verdict = corpus_io.replay(corpus_io.load(path))
+    assert verdict.status == V.UNSUPPORTED and "--isolate" in verdict.message
+    assert main(["replay", str(tmp_path), "--isolate", "--case-timeout", "1", "--json"]) == 1
+    assert [r["verdict"] for r in json.loads(capsys.readouterr().out)] == ["HANG:TIMEOUT"]

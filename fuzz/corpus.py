@@ -196,10 +196,10 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     backend = get(entry.backend, device)
     if worker is not None and not backend.own_processes:
         return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
-    if entry.verdict.status == HANG and not backend.own_processes:
-        return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
-                                          f"where a case that does not answer is timed out")
     why = backend.available()
     if why is not None:
         return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
+    if entry.verdict.status == HANG and not backend.own_processes:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
+                                          f"where a case that does not answer is timed out")
     return run_case(backend, entry.case, device=device)

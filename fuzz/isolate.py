@@ -36,7 +36,7 @@ def _serve(conn, spec: str, device: str, threads: int) -> None:
     backend = get(spec, device)
     # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
     unavailable = backend.available()
-    conn.send("ready")
+    conn.send(("ready", unavailable))
     while True:
         case = conn.recv()
         if case is None:
@@ -71,6 +71,7 @@ class Worker:
         self._context.set_forkserver_preload(PRELOAD)
         self._process = None
         self._conn = None
+        self._unavailable: str | None = None
         self.restarts = 0
 
     def _start(self) -> None:
@@ -81,9 +82,11 @@ class Worker:
         self._conn = parent
         # start-up (importing the backend) is not the case's time
         try:
-            ready = parent.poll(STARTUP_S) and parent.recv() == "ready"
+            hello = parent.recv() if parent.poll(STARTUP_S) else None
+            ready = isinstance(hello, tuple) and hello[0] == "ready"
         except (EOFError, ConnectionResetError):
             ready = False
+        self._unavailable = hello[1] if ready else None
         if not ready:
             code = self._process.exitcode
             self._stop()
@@ -135,6 +138,13 @@ class Worker:
         slow = (f"slow: no answer within {self.timeout_s:g}s at first; a fresh worker answered in {took:.1f}s "
                 f"(limit {longer:g}s)")
         return dataclasses.replace(verdict, checks=verdict.checks + (slow,))
+
+    def available(self) -> str | None:
+        """Why the backend cannot run in the worker, or None; judged there (started if need be), as the backends'
+        own available() is: TE, for one, imports in a fresh worker but not in a process that has loaded cuDNN."""
+        if self._process is None:
+            self._start()
+        return self._unavailable
 
     def close(self) -> None:
         if self._conn is not None:

@@ -85,8 +85,9 @@ def snapshot(sources: list[Path], *, label: str = "", device: str | None = None,
             if (backend, where) not in adapters:
                 adapter = adapters[backend, where] = get(backend, where)
                 versions[backend] = adapter.version()
-                unavailable[backend, where] = adapter.available()  # once per backend, not once per case
-                workers[backend, where] = isolated(adapter, where, case_timeout)
+                worker = workers[backend, where] = isolated(adapter, where, case_timeout)
+                # once per backend, where its cases run: TE imports in a fresh worker, not after cuDNN loaded here
+                unavailable[backend, where] = (worker or adapter).available()
             adapter, worker, why = adapters[backend, where], workers[backend, where], unavailable[backend, where]
             if why is not None:
                 results.append({"backend": backend, "case": json.loads(case_json), "label": "UNAVAILABLE",

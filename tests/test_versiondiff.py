@@ -79,3 +79,21 @@ def test_snapshot_reads_corpus_entries_too(tmp_path):
                    repro=False)
     found = versiondiff.gather([tmp_path / "corpus", _campaign_dir(tmp_path)], max_cases=10)
     assert len(found) == 5 and all(device == "cpu" for device, _ in found.values())
+
+
+def test_snapshot_asks_the_worker_whether_a_backend_is_available(tmp_path, monkeypatch):
+    """As in an isolated replay: TE imports in a fresh worker but not in a process that loaded cuDNN, so the worker
+    judges availability, and an unavailable backend is still UNAVAILABLE (not UNSUPPORTED) in the snapshot."""
+    from fuzz import corpus as corpus_io
+    from fuzz.backends.flash_attn4 import FlashAttn4
+    from oracles.verdict import Verdict
+
+    def not_here(self):
+        raise AssertionError("availability was asked in the snapshotting process")
+
+    monkeypatch.setattr(FlashAttn4, "available", not_here)  # the worker, forked from a clean server, has the real one
+    corpus_io.save(tmp_path / "corpus", corpus_io.Entry("fa4", Case(dtype="float16"), Verdict("FAIL", "TOLERANCE")),
+                   repro=False)
+    snap = versiondiff.snapshot([tmp_path / "corpus"], case_timeout=60)
+    assert [(r["backend"], r["label"]) for r in snap["results"]] == [("fa4", "UNAVAILABLE")]
+    assert "CUDA" in snap["results"][0]["message"] or "not installed" in snap["results"][0]["message"], snap

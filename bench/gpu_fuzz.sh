@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzz backends on the lent GPUs, one process per backend spread over the visible GPUs, each stopped after SECONDS.
-#   [RUN_OPTIONS="--isolate --case-timeout 120"] bash bench/gpu_fuzz.sh OUTDIR SECONDS EXAMPLES BACKEND...
+#   [RUN_OPTIONS="--isolate --case-timeout 120"] [FIRST_GPU=0] bash bench/gpu_fuzz.sh OUTDIR SECONDS EXAMPLES BACKEND...
 # Leaves OUTDIR/summary.txt, OUTDIR/runs.tgz (per-backend logs, JSON summaries, stderr, found corpus entries).
 set -u
 out=$1; secs=$2; n=$3; shift 3
@@ -9,7 +9,7 @@ mkdir -p "$out"; cp -r corpus "$work/corpus"   # known bugs of the corpus let th
 ngpu=$(python3 -c 'import torch; print(max(torch.cuda.device_count(), 1))')
 i=0
 for b in "$@"; do
-  gpu=$((i % ngpu)); i=$((i + 1))
+  gpu=$(((i + ${FIRST_GPU:-0}) % ngpu)); i=$((i + 1))
   CUDA_VISIBLE_DEVICES=$gpu PYTHONUNBUFFERED=1 timeout -k 10 "$secs" python3 -m fuzz run --backend "$b" \
     --device cuda --profile ci --max-examples "$n" --corpus "$work/corpus" --log "$work/$b.jsonl" --json ${RUN_OPTIONS:-} \
     > "$work/$b.json" 2> "$work/$b.err" &

@@ -21,8 +21,8 @@ else
     timeout -k 10 540 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate --case-timeout 120 -v \
       -p no:cacheprovider -rfEXs -k "$2" > "$out/replay_$1.txt" 2>&1
   }
-  CUDA_VISIBLE_DEVICES=0 replay te "te-" &
-  CUDA_VISIBLE_DEVICES=1 replay rest "not te-" &
+  replay te "te-" &
+  replay rest "not te-" &
   wait
   tail -n 30 "$out"/replay_*.txt
 fi

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from fuzz import corpus as corpus_io
-from fuzz.cli import replay_outcome
+from fuzz.cli import changed_label, replay_outcome
 
 
 def test_entry(corpus_entry, attnfuzz, attnfuzz_workers) -> None:
@@ -24,7 +24,7 @@ def test_entry(corpus_entry, attnfuzz, attnfuzz_workers) -> None:
     if outcome == "skip":
         pytest.skip(verdict.message)
     if outcome == "xfail":
-        pytest.xfail(f"known bug {entry.known_bug['link']}: {verdict.label}")
+        pytest.xfail(f"known bug {entry.known_bug['link']}: {verdict.label}{changed_label(entry, verdict)}")
     if outcome == "xpass":
         pytest.fail(f"known bug {entry.known_bug['link']} NOW PASSES: {corpus_entry.name} — mark it fixed "
                     f"(remove known_bug) so it guards against a regression", pytrace=False)

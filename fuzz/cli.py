@@ -210,6 +210,12 @@ def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
     return "fail" if verdict.failed else "pass"
 
 
+def changed_label(entry: corpus_io.Entry, verdict: Verdict) -> str:
+    """For a known bug that still fails: ' (saved as LABEL)' when it now fails otherwise (a grader change, the bug
+    changing, or a second bug on the same case), else ''."""
+    return f" (saved as {entry.verdict.label})" if verdict.failed and verdict.label != entry.verdict.label else ""
+
+
 def cmd_replay(args) -> int:
     paths = []
     for path in args.paths:
@@ -237,7 +243,8 @@ def cmd_replay(args) -> int:
             verdict = Verdict(V.UNSUPPORTED, None, str(e))
         outcome = replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
-        rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "message": verdict.message,
+        rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "saved": entry.verdict.label,
+                     "changed": changed_label(entry, verdict) if outcome == "xfail" else "", "message": verdict.message,
                      "known_bug": entry.known_bug})
     if args.isolate:
         workers.close()
@@ -245,7 +252,7 @@ def cmd_replay(args) -> int:
         print(json.dumps(rows, indent=2))
     else:
         for row in rows:
-            note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else ""
+            note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else row.get("changed", "")
             print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {row['message'][:160]}")
         print(f"{len(rows)} entries, {bad} regressed or unreadable")
     return 1 if bad else 0

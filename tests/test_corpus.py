@@ -200,3 +200,16 @@ def test_a_hang_entry_is_replayed_only_where_it_can_be_timed_out(tmp_path, capsy
     assert verdict.status == V.UNSUPPORTED and "--isolate" in verdict.message
     assert main(["replay", str(tmp_path), "--isolate", "--case-timeout", "1", "--json"]) == 1
     assert [r["verdict"] for r in json.loads(capsys.readouterr().out)] == ["HANG:TIMEOUT"]
+
+
+def test_a_known_bug_that_now_fails_otherwise_says_what_it_was_saved_as(tmp_path, capsys):
+    """A known bug replays as an expected failure whatever its label; when the label moved (a grader change, the
+    bug changing, a second bug on the case) the replay says so instead of hiding it in the xfail."""
+    moved = _entry(backend="tests.misbehaving:zero_when_causal", verdict=V.Verdict(V.FAIL, V.TOLERANCE, "x"),
+                   known_bug={"link": "https://example.org/t"})
+    same = _entry(backend="tests.misbehaving:zero_when_causal", case=CASE.replace(sq=4), known_bug={"link": "l"})
+    for entry in (moved, same):
+        corpus_io.save(tmp_path, entry, repro=False)
+    assert main(["replay", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("xfail")]
+    assert len(lines) == 2 and sum("FAIL:ALL_ZERO (saved as FAIL:TOLERANCE)" in line for line in lines) == 1, lines

@@ -201,12 +201,15 @@ def cmd_run(args) -> int:
 
 
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
-    """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly) or
-    'fail' (a regression)."""
+    """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly),
+    'unreproduced' (a known FLAKY bug that did not come back this time: no evidence either way) or 'fail' (a
+    regression)."""
     if verdict.status == V.UNSUPPORTED:
         return "skip"
     if entry.known_bug:
-        return "xfail" if verdict.failed else "xpass"
+        if verdict.failed:
+            return "xfail"
+        return "unreproduced" if entry.verdict.status == V.FLAKY else "xpass"
     return "fail" if verdict.failed else "pass"
 
 

@@ -28,6 +28,7 @@ TRAITS = {
     "split_head_dims": lambda c: c.d_qk != c.d_v,
     "gqa": lambda c: c.h != c.hk,
     "sq_longer": lambda c: c.sq > c.skv,
+    "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
 }
 
 
@@ -169,6 +170,12 @@ def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusErro
     return entries, errors
 
 
+def _labels(saved: Verdict) -> tuple[str, ...]:
+    """The labels a saved verdict's known bug answers to: its own, and for a FLAKY entry the label it flaked with
+    (a case fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded)."""
+    return (saved.label, saved.diagnosis) if saved.status == "FLAKY" else (saved.label,)
+
+
 def known_bugs(directory: Path):
     """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches."""
     entries = [e for _, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
@@ -177,7 +184,8 @@ def known_bugs(directory: Path):
         fields = when_fields(case)
         for e in entries:
             bug = e.known_bug
-            if (e.backend == backend and e.verdict.label == verdict.label and bug.get("match", "") in verdict.message
+            if (e.backend == backend and verdict.label in _labels(e.verdict)
+                    and bug.get("match", "") in verdict.message
                     and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
                 return bug
         return None

@@ -213,3 +213,43 @@ def test_a_known_bug_that_now_fails_otherwise_says_what_it_was_saved_as(tmp_path
     assert main(["replay", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("xfail")]
     assert len(lines) == 2 and sum("FAIL:ALL_ZERO (saved as FAIL:TOLERANCE)" in line for line in lines) == 1, lines
+
+
+def test_a_known_flaky_entry_answers_to_the_label_it_flaked_with(tmp_path):
+    """A case fails as CRASH:EXIT_1; FLAKY is only what re-running the finding concluded. So a known FLAKY entry
+    must match the failure it flaked with, or the fuzzer stops on it again (FA4's flaky exit, 2026-11-30)."""
+    flaky = V.Verdict(V.FLAKY, "CRASH:EXIT_1", "did not reproduce on a second run: the worker died (EXIT_1)")
+    corpus_io.save(tmp_path, _entry(backend="fa4", verdict=flaky, known_bug={"link": "l", "when": {"d_qk": 8}}),
+                   repro=False)
+    known = corpus_io.known_bugs(tmp_path)
+    crash = V.Verdict(V.CRASH, "EXIT_1", "fa4: the worker process died (EXIT_1)")
+    assert known("fa4", CASE, crash) is not None
+    assert known("fa4", CASE, flaky) is not None
+    assert known("fa4", CASE, V.Verdict(V.CRASH, "SIGSEGV", "died")) is None      # another label
+    assert known("fa4", CASE.replace(d_qk=16, d_v=16), crash) is None             # outside its `when`
+
+
+def test_a_known_flaky_entry_that_passes_once_is_not_called_fixed(tmp_path, capsys):
+    """Passing once is no evidence that a flaky bug is gone: the replay says it did not come back, not that the
+    known bug now passes (which it does say for a known bug that is not flaky)."""
+    flaky = V.Verdict(V.FLAKY, "FAIL:ALL_ZERO", "FAIL:ALL_ZERO in 1 of 3 identical runs")
+    corpus_io.save(tmp_path, _entry(backend="sdpa-math", verdict=flaky, known_bug={"link": "l"}), repro=False)
+    assert main(["replay", str(tmp_path), "--json"]) == 0
+    assert [r["outcome"] for r in json.loads(capsys.readouterr().out)] == ["unreproduced"]
+    corpus_io.save(tmp_path, _entry(backend="sdpa-math", case=CASE.replace(sq=4), known_bug={"link": "l"}),
+                   repro=False)
+    assert main(["replay", str(tmp_path), "--json"]) == 1
+    assert sorted(r["outcome"] for r in json.loads(capsys.readouterr().out)) == ["unreproduced", "xpass"]
+
+
+def test_every_known_bug_in_the_corpus_matches_its_own_case():
+    """A `when` or `match` that does not fit the entry's own case and message would make the entry useless while
+    fuzzing (its bug never counted KNOWN): each known entry must answer for the failure it was saved from."""
+    from pathlib import Path
+    corpus = Path(__file__).resolve().parents[1] / "corpus"
+    known = corpus_io.known_bugs(corpus)
+    entries, errors = corpus_io.load_all(corpus)
+    assert not errors
+    unmatched = [path.name for path, entry in entries
+                 if entry.known_bug and known(entry.backend, entry.case, entry.verdict) is None]
+    assert not unmatched, unmatched

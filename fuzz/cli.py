@@ -1,4 +1,4 @@
-"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, backends.
+"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, triage, backends.
 
 Exit codes: 0 nothing found, 1 a failure found, 2 bad usage."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import campaign, caselog, report, versiondiff
+from fuzz import campaign, caselog, report, triage, versiondiff
 from fuzz import corpus as corpus_io
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     campaign.add_parser(sub)
     versiondiff.add_parsers(sub)
     report.add_parser(sub)
+    triage.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     backends.add_argument("--device", default="cpu")
     backends.add_argument("--json", action="store_true")
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
-                "diff": versiondiff.cmd_diff}
+                "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage}
     try:
         return commands[args.command](args)
     except UsageError as e:

@@ -1,0 +1,103 @@
+"""Triage: which known bug of the corpus takes each failure a log recorded, and which failures none takes.
+
+    attnfuzz triage runs/campaign1 runs/ci.jsonl --corpus corpus
+
+A known bug's `when` and `match` decide what the fuzzer counts as KNOWN and goes past. Too broad, an entry swallows
+other bugs: on 2026-11-30 an FA4 "dq rows >= 64" entry with an empty `when` had absorbed 58 failures of two other
+backward bugs, none with a row past 64. Run this after editing the corpus (or on an old campaign's logs) to see what
+each entry takes now and what would come out as new findings.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from fuzz import caselog
+from fuzz import corpus as corpus_io
+from oracles.verdict import KNOWN, Verdict
+from strategies.case import Case
+
+FAILED = ("FAIL", "CRASH", "HANG", "FLAKY")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("triage", help="which corpus known bug takes each failure in case logs; exit 1 when some "
+                       "failure is taken by none")
+    p.add_argument("logs", nargs="+", type=Path, help="case logs (.jsonl) or folders holding them (a campaign)")
+    p.add_argument("--corpus", type=Path, default=Path("corpus"), help="the known bugs to match (default corpus)")
+    p.add_argument("--json", action="store_true")
+
+
+def log_files(paths: list[Path]) -> list[Path]:
+    files = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.glob("cases/*.jsonl")) + sorted(path.glob("*.jsonl"))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise ValueError(f"triage: {path} does not exist; give case logs (.jsonl) or campaign folders")
+    return files
+
+
+def _candidates(row: dict) -> list[Verdict]:
+    """The failure a row recorded. A KNOWN verdict no longer says whether it was a FAIL or a CRASH, so each failed
+    status is tried with its diagnosis (the diagnoses of the two do not overlap)."""
+    status, _, diagnosis = row["label"].partition(":")
+    message = (row.get("verdict") or {}).get("message") or row.get("message", "")
+    statuses = FAILED if status == KNOWN else (status,)
+    return [Verdict(s, diagnosis or None, message) for s in statuses]
+
+
+def triage(paths: list[Path], corpus: Path) -> dict:
+    """{"taken": {entry: {"cases": n, "shapes": [...]}}, "untaken": {backend label: {"cases": n, "example": ...}}}"""
+    known = corpus_io.known_bugs(corpus)
+    names = {json.dumps(e.known_bug, sort_keys=True): path.name for path, e in corpus_io.load_all(corpus)[0]
+             if e.known_bug}
+    taken: dict[str, dict] = defaultdict(lambda: {"cases": 0, "shapes": []})
+    untaken: dict[str, dict] = defaultdict(lambda: {"cases": 0, "example": None})
+    for row in (r for f in log_files(paths) for r in caselog.rows(f)):
+        if row.get("label", "").split(":")[0] not in FAILED + (KNOWN,):
+            continue
+        case = Case.from_dict(row["case"])
+        bug = next((b for v in _candidates(row) if (b := known(row["backend"], case, v)) is not None), None)
+        if bug is None:
+            slot = untaken[f"{row['backend']} {row['label']}"]
+            slot["cases"] += 1
+            slot["example"] = slot["example"] or {"case": row["case"], "message": row.get("message", "")[:200]}
+            continue
+        slot = taken[names[json.dumps(bug, sort_keys=True)]]
+        slot["cases"] += 1
+        shape = _shape(case)
+        if shape not in slot["shapes"]:
+            slot["shapes"].append(shape)
+    return {"taken": dict(taken), "untaken": dict(untaken)}
+
+
+def _shape(case: Case) -> str:
+    lens = "" if case.seqlens_q is None else f" lens q {list(case.seqlens_q)} kv {list(case.seqlens_kv)}"
+    return (f"b={case.b} sq={case.sq} skv={case.skv} d=({case.d_qk},{case.d_v}) {case.layout} {case.softmax} "
+            f"{case.dtype}{lens}")
+
+
+def markdown(result: dict) -> str:
+    lines = ["| known bug (corpus entry) | cases it takes | distinct shapes | e.g. |", "|---|---|---|---|"]
+    for name, slot in sorted(result["taken"].items(), key=lambda kv: -kv[1]["cases"]):
+        lines.append(f"| {name} | {slot['cases']} | {len(slot['shapes'])} | {'; '.join(slot['shapes'][:2])} |")
+    lines += ["", "| taken by no known bug (new findings) | cases | e.g. |", "|---|---|---|"]
+    for label, slot in sorted(result["untaken"].items(), key=lambda kv: -kv[1]["cases"]):
+        lines.append(f"| {label} | {slot['cases']} | {_shape(Case.from_dict(slot['example']['case']))} |")
+    return "\n".join(lines)
+
+
+def cmd_triage(args) -> int:
+    try:
+        result = triage(args.logs, args.corpus)
+    except (ValueError, corpus_io.CorpusError) as e:
+        print(f"attnfuzz triage: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1) if args.json else markdown(result))
+    return 1 if result["untaken"] else 0

@@ -177,17 +177,18 @@ def _labels(saved: Verdict) -> tuple[str, ...]:
 
 
 def known_bugs(directory: Path):
-    """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches."""
-    entries = [e for _, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
+    """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches, with the
+    file name of its entry under "entry"."""
+    entries = [(p, e) for p, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
 
     def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
         fields = when_fields(case)
-        for e in entries:
+        for path, e in entries:
             bug = e.known_bug
             if (e.backend == backend and verdict.label in _labels(e.verdict)
                     and bug.get("match", "") in verdict.message
                     and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
-                return bug
+                return {**bug, "entry": path.name}
         return None
 
     return known

@@ -55,8 +55,6 @@ def _candidates(row: dict) -> list[Verdict]:
 def triage(paths: list[Path], corpus: Path) -> dict:
     """{"taken": {entry: {"cases": n, "shapes": [...]}}, "untaken": {backend label: {"cases": n, "example": ...}}}"""
     known = corpus_io.known_bugs(corpus)
-    names = {json.dumps(e.known_bug, sort_keys=True): path.name for path, e in corpus_io.load_all(corpus)[0]
-             if e.known_bug}
     taken: dict[str, dict] = defaultdict(lambda: {"cases": 0, "shapes": []})
     untaken: dict[str, dict] = defaultdict(lambda: {"cases": 0, "example": None})
     for row in (r for f in log_files(paths) for r in caselog.rows(f)):
@@ -69,7 +67,7 @@ def triage(paths: list[Path], corpus: Path) -> dict:
             slot["cases"] += 1
             slot["example"] = slot["example"] or {"case": row["case"], "message": row.get("message", "")[:200]}
             continue
-        slot = taken[names[json.dumps(bug, sort_keys=True)]]
+        slot = taken[bug["entry"]]
         slot["cases"] += 1
         shape = _shape(case)
         if shape not in slot["shapes"]:

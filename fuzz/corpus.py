@@ -16,7 +16,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracles.verdict import Verdict
+from oracles.verdict import FLAKY, Verdict
 from strategies.case import SCHEMA, Case
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
@@ -173,7 +173,7 @@ def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusErro
 def _labels(saved: Verdict) -> tuple[str, ...]:
     """The labels a saved verdict's known bug answers to: its own, and for a FLAKY entry the label it flaked with
     (a case fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded)."""
-    return (saved.label, saved.diagnosis) if saved.status == "FLAKY" else (saved.label,)
+    return (saved.label, saved.diagnosis) if saved.status == FLAKY else (saved.label,)
 
 
 def known_bugs(directory: Path):

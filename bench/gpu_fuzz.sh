@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz backends on the lent GPUs, one process per backend spread over the visible GPUs, each stopped after SECONDS.
 #   [RUN_OPTIONS="--isolate --case-timeout 120"] [FIRST_GPU=0] bash bench/gpu_fuzz.sh OUTDIR SECONDS EXAMPLES BACKEND...
-# Leaves OUTDIR/summary.txt, OUTDIR/runs.tgz (per-backend logs, JSON summaries, stderr, found corpus entries).
+# Leaves OUTDIR/summary.txt, OUTDIR/triage.md, OUTDIR/runs.tgz (per-backend logs, JSON summaries, stderr, found corpus entries).
 set -u
 out=$1; secs=$2; n=$3; shift 3
 work=$(mktemp -d)
@@ -16,5 +16,6 @@ for b in "$@"; do
 done
 wait
 python3 bench/summarize.py "$work"/*.jsonl | tee "$out/summary.txt"
+python3 -m fuzz triage "$work" --corpus "$work/corpus" > "$out/triage.md"   # which known bug took which failures
 tail -n 3 "$work"/*.err > "$out/stderr_tails.txt"
 tar czf "$out/runs.tgz" -C "$work" .

@@ -353,6 +353,9 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     tables = [totals_table(c), labels_table(c), refusals_table(c), findings_table(c, out_dir)]
     if c.state:
         tables.append(state_table(c))
+    if c.meta.get("known") and campaign_dir.is_dir():
+        from fuzz.triage import known_table
+        tables += [t for t in [known_table(campaign_dir, Path(c.meta["known"]))] if t is not None]
     margins = marginal_tables(c)
     header = _header(c)
     md = ["# attnfuzz campaign report", ""] + [f"- **{_md_text(k)}**: {_md_text(v)}" for k, v in header] + [""]

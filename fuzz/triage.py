@@ -91,6 +91,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def known_table(campaign_dir: Path, known: Path):
+    """For a campaign's report: which known bug of `known` (the campaign's --known corpus) took how many of its
+    failures, and of what shapes; None when that corpus is not here."""
+    from fuzz.report import Table
+    if not known.is_dir():
+        return None
+    result = triage([campaign_dir], known)
+    rows = [[name, str(slot["cases"]), str(len(slot["shapes"])), "; ".join(slot["shapes"][:2])]
+            for name, slot in sorted(result["taken"].items(), key=lambda kv: -kv[1]["cases"])]
+    return Table(f"Known bugs by corpus entry ({known})", ["entry", "cases it took", "distinct shapes", "e.g."], rows,
+                 "an entry taking many shapes unlike its own case may be swallowing another bug (`attnfuzz triage`); "
+                 "failures no known bug takes are the campaign's own findings"
+                 if rows else "no failure matched a known bug")
+
+
 def cmd_triage(args) -> int:
     try:
         result = triage(args.logs, args.corpus)

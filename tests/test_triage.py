@@ -49,3 +49,22 @@ def test_the_command_exits_1_while_some_failure_is_taken_by_no_known_bug(tmp_pat
     assert main(["triage", str(tmp_path / "campaign"), "--corpus", str(corpus)]) == 1
     assert "| b FAIL:ALL_ZERO | 1 |" in capsys.readouterr().out
     assert main(["triage", str(tmp_path / "missing"), "--corpus", str(corpus)]) == 2
+
+
+def test_a_campaign_report_says_which_known_bug_took_its_failures(tmp_path):
+    from fuzz.report import build_report
+    known = tmp_path / "known"
+    corpus_io.save(known, corpus_io.Entry("b", LONG, ZERO, known_bug={"link": "l", "when": {"sq_over_64": True}}),
+                   repro=False)
+    camp = tmp_path / "camp"
+    (camp / "cases").mkdir(parents=True)
+    _log(camp / "cases" / "lane0.jsonl", [(LONG, V.Verdict(V.KNOWN, V.ALL_ZERO, ZERO.message)),
+                                          (LONG.replace(sq=90, skv=90), V.Verdict(V.KNOWN, V.ALL_ZERO, ZERO.message)),
+                                          (SHORT, ZERO)])
+    (camp / "campaign.json").write_text(json.dumps({"backends": ["b"], "device": "cpu", "known": str(known)}))
+    markdown = build_report(camp).with_name("report.md").read_text()
+    section = markdown.split("Known bugs by corpus entry")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| b-FAIL-ALL_ZERO"))
+    assert row.split(" | ")[1:3] == ["2", "2"], row                 # two cases of two shapes; SHORT is its own finding
+    (camp / "campaign.json").write_text(json.dumps({"backends": ["b"], "device": "cpu"}))
+    assert "Known bugs by corpus entry" not in build_report(camp).with_name("report.md").read_text()

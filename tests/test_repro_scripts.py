@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -307,3 +309,19 @@ def test_te_cp_source_spells_translate_and_gathers_the_pools_shards(monkeypatch,
 
     check()
     assert sum(layouts.values()) >= 10 and len(layouts) >= 2, layouts
+
+
+def test_a_hang_entrys_script_gives_up_and_exits_1_while_the_hang_is_there(tmp_path):
+    """"Exits 1 while the bug is there" holds for a hang too: a watchdog thread ends the script after
+    ATTNFUZZ_REPRO_WATCHDOG seconds (900 by default), even with the main thread stuck in the call."""
+    hang = V.Verdict(V.HANG, "TIMEOUT", "no answer within 1s")
+    case = Case(sq=2, skv=2, d_qk=8, d_v=8)
+    script = corpus_io.save(tmp_path, corpus_io.Entry("tests.misbehaving:hangs", case, hang)).with_suffix(".py")
+    env = {**os.environ, "ATTNFUZZ_REPRO_WATCHDOG": "2", "PYTHONPATH": str(REPO)}
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=120)
+    assert result.returncode == 1 and "the hang is still there" in result.stdout, result.stdout + result.stderr
+    assert time.perf_counter() - start < 60
+    fine = corpus_io.save(tmp_path, corpus_io.Entry("sdpa-math", case, PLANTED)).with_suffix(".py")
+    assert "WATCHDOG" not in fine.read_text()          # only a hang's script carries the watchdog

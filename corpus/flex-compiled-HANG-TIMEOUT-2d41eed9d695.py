@@ -174,4 +174,16 @@ def check_grads(out, q, k, v, dout, expected):
 
 
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+    # the fuzzer saw this case hang: give up after WATCHDOG_S seconds and exit 1, as for any bug still there
+    import os
+    import threading
+    WATCHDOG_S = float(os.environ.get("ATTNFUZZ_REPRO_WATCHDOG", 900))  # the worker's 300 s, then 600 s more
+
+    def _give_up():
+        print(f"{BACKEND}: no answer within {WATCHDOG_S:g}s: the hang is still there", flush=True)
+        os._exit(1)  # from this thread: the main one may be stuck inside a kernel or a compile
+
+    _watchdog = threading.Timer(WATCHDOG_S, _give_up)
+    _watchdog.daemon = True
+    _watchdog.start()
     sys.exit(main())

@@ -81,10 +81,15 @@ def _shape(case: Case) -> str:
             f"{case.dtype}{lens}")
 
 
+def _taken_rows(result: dict) -> list[list[str]]:
+    """[entry, cases it took, distinct shapes, two of them], the entry taking most first."""
+    return [[name, str(slot["cases"]), str(len(slot["shapes"])), "; ".join(slot["shapes"][:2])]
+            for name, slot in sorted(result["taken"].items(), key=lambda kv: -kv[1]["cases"])]
+
+
 def markdown(result: dict) -> str:
     lines = ["| known bug (corpus entry) | cases it takes | distinct shapes | e.g. |", "|---|---|---|---|"]
-    for name, slot in sorted(result["taken"].items(), key=lambda kv: -kv[1]["cases"]):
-        lines.append(f"| {name} | {slot['cases']} | {len(slot['shapes'])} | {'; '.join(slot['shapes'][:2])} |")
+    lines += [f"| {' | '.join(row)} |" for row in _taken_rows(result)]
     lines += ["", "| taken by no known bug (new findings) | cases | e.g. |", "|---|---|---|"]
     for label, slot in sorted(result["untaken"].items(), key=lambda kv: -kv[1]["cases"]):
         lines.append(f"| {label} | {slot['cases']} | {_shape(Case.from_dict(slot['example']['case']))} |")
@@ -97,9 +102,7 @@ def known_table(campaign_dir: Path, known: Path):
     from fuzz.report import Table
     if not known.is_dir():
         return None
-    result = triage([campaign_dir], known)
-    rows = [[name, str(slot["cases"]), str(len(slot["shapes"])), "; ".join(slot["shapes"][:2])]
-            for name, slot in sorted(result["taken"].items(), key=lambda kv: -kv[1]["cases"])]
+    rows = _taken_rows(triage([campaign_dir], known))
     return Table(f"Known bugs by corpus entry ({known})", ["entry", "cases it took", "distinct shapes", "e.g."], rows,
                  "an entry taking many shapes unlike its own case may be swallowing another bug (`attnfuzz triage`); "
                  "failures no known bug takes are the campaign's own findings"

@@ -35,6 +35,14 @@ def record(backend: str, case: Case, graded: Verdict, seconds: float, **extra) -
                        "seconds": round(seconds, 4), "case": case.to_dict(), **extra}) + "\n"
 
 
+def log_files(source: Path) -> list[Path]:
+    """The case logs of `source`: a campaign directory's cases/*.jsonl, else a folder's *.jsonl, else the file."""
+    source = Path(source)
+    if not source.is_dir():
+        return [source]
+    return sorted((source / "cases").glob("*.jsonl")) or sorted(source.glob("*.jsonl"))
+
+
 def rows(path: Path) -> Iterator[dict]:
     """Every complete line of a log as a dict; a line that does not parse (cut by a kill) is skipped."""
     with Path(path).open(errors="replace") as f:

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from oracles import verdict as V
 from strategies.case import DTYPES, LAYOUTS, Case
 
 Cell = tuple[str, ...]
@@ -124,7 +125,7 @@ class Counts:
         self.cases += 1
         if status == "PASS":
             self.passed += 1
-        elif status in ("FAIL", "CRASH", "HANG", "FLAKY"):
+        elif status in V.FAILED:
             self.failed += 1
         elif status == "KNOWN":
             self.known += 1

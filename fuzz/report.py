@@ -127,9 +127,8 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist; give a campaign directory or an attnfuzz --log file")
     campaign = Campaign(source)
-    if source.is_file():
-        logs = [source]
-    else:
+    logs = caselog.log_files(source)
+    if not source.is_file():
         meta = source / "campaign.json"
         if meta.exists():
             try:
@@ -141,7 +140,6 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
                 _add_state(campaign.state, path.stem, json.loads(path.read_text()))
             except (TypeError, ValueError, AttributeError, KeyError) as e:
                 campaign.unreadable.append(f"{path}: {type(e).__name__}: {e}")
-        logs = sorted((source / "cases").glob("*.jsonl")) or sorted(source.glob("*.jsonl"))
         corpus = corpus or source / "corpus"
     for path in logs:
         _read_lines(campaign, path)
@@ -355,7 +353,9 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
         tables.append(state_table(c))
     if c.meta.get("known") and campaign_dir.is_dir():
         from fuzz.triage import known_table
-        tables += [t for t in [known_table(campaign_dir, Path(c.meta["known"]))] if t is not None]
+        known = known_table(campaign_dir, Path(c.meta["known"]))
+        if known is not None:
+            tables.append(known)
     margins = marginal_tables(c)
     header = _header(c)
     md = ["# attnfuzz campaign report", ""] + [f"- **{_md_text(k)}**: {_md_text(v)}" for k, v in header] + [""]

@@ -17,10 +17,8 @@ from pathlib import Path
 
 from fuzz import caselog
 from fuzz import corpus as corpus_io
-from oracles.verdict import KNOWN, Verdict
+from oracles.verdict import FAILED, KNOWN, Verdict
 from strategies.case import Case
-
-FAILED = ("FAIL", "CRASH", "HANG", "FLAKY")
 
 
 def add_parser(sub) -> None:
@@ -32,15 +30,10 @@ def add_parser(sub) -> None:
 
 
 def log_files(paths: list[Path]) -> list[Path]:
-    files = []
-    for path in paths:
-        if path.is_dir():
-            files += sorted(path.glob("cases/*.jsonl")) + sorted(path.glob("*.jsonl"))
-        elif path.exists():
-            files.append(path)
-        else:
-            raise ValueError(f"triage: {path} does not exist; give case logs (.jsonl) or campaign folders")
-    return files
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise ValueError(f"triage: {', '.join(missing)} does not exist; give case logs (.jsonl) or campaign folders")
+    return [f for path in paths for f in caselog.log_files(path)]
 
 
 def _candidates(row: dict) -> list[Verdict]:

@@ -20,9 +20,10 @@ from pathlib import Path
 from fuzz import caselog
 from fuzz import corpus as corpus_io
 from fuzz.isolate import isolated
+from oracles import verdict as V
 from strategies.case import Case
 
-FAILED = ("FAIL", "CRASH", "HANG", "FLAKY", "KNOWN")
+FAILED = V.FAILED + (V.KNOWN,)
 
 
 def add_parsers(sub) -> None:

@@ -9,6 +9,7 @@ import torch
 PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY = "PASS", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "FLAKY"
 KNOWN = "KNOWN"  # a failure matching a known bug of the corpus: reported, not raised, so the search goes on
 STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY, KNOWN)
+FAILED = (FAIL, CRASH, HANG, FLAKY)  # a finding, unless a known bug takes it
 
 # Diagnoses, most specific first. Each FAIL carries exactly one.
 ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracle's is not
@@ -68,7 +69,7 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
-        return self.status in (FAIL, CRASH, HANG, FLAKY)
+        return self.status in FAILED
 
     @property
     def label(self) -> str:

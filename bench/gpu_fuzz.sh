@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Fuzz backends on the lent GPUs, one process per backend spread over the visible GPUs, each stopped after SECONDS.
-#   [RUN_OPTIONS="--isolate --case-timeout 120"] [FIRST_GPU=0] bash bench/gpu_fuzz.sh OUTDIR SECONDS EXAMPLES BACKEND...
+#   [RUN_OPTIONS="--isolate --case-timeout 120"] [FIRST_GPU=0] [CORPUS=corpus] bash bench/gpu_fuzz.sh OUTDIR SECONDS EXAMPLES BACKEND...
 # Leaves OUTDIR/summary.txt, OUTDIR/triage.md, OUTDIR/runs.tgz (per-backend logs, JSON summaries, stderr, found corpus entries).
 set -u
 out=$1; secs=$2; n=$3; shift 3
 work=$(mktemp -d)
-mkdir -p "$out"; cp -r corpus "$work/corpus"   # known bugs of the corpus let the search go past them
+mkdir -p "$out"; cp -r "${CORPUS:-corpus}" "$work/corpus"   # known bugs of the corpus let the search go past them
 ngpu=$(python3 -c 'import torch; print(max(torch.cuda.device_count(), 1))')
 i=0
 for b in "$@"; do

@@ -127,25 +127,6 @@ class CaseLog:
             self.file.close()
 
 
-def _inflight_path(directory: Path, backend: str) -> Path:
-    """Where the case a backend is running waits on disk (write-ahead), one file per backend."""
-    return directory / f".inflight-{backend.replace(':', '_').replace('/', '_')}.json"
-
-
-def _recover_inflight(directory: Path, backend) -> list[Path]:
-    """A case left on disk by a process that died while running it becomes a CRASH entry."""
-    inflight = _inflight_path(directory, backend.name)
-    saved = []
-    if inflight.exists():
-        data = json.loads(inflight.read_text())
-        verdict = Verdict(V.CRASH, "PROCESS_DIED", "the fuzzing process died while this case was running")
-        entry = corpus_io.Entry(backend=backend.name, case=Case.from_dict(data["case"]), verdict=verdict,
-                                device=data.get("device", "cpu"), backend_version=backend.version())
-        saved.append(corpus_io.save(directory, entry))
-        inflight.unlink()
-    return saved
-
-
 def cmd_run(args) -> int:
     _check_device(args.device)
     if args.threads < 1:
@@ -167,8 +148,8 @@ def cmd_run(args) -> int:
             summary[name] = {"skipped": why}
             continue
         args.corpus.mkdir(parents=True, exist_ok=True)
-        saved = _recover_inflight(args.corpus, backend)
-        inflight = _inflight_path(args.corpus, name)
+        saved = corpus_io.recover_inflight(args.corpus, backend)
+        inflight = corpus_io.inflight_path(args.corpus, backend.name)
         backend_settings = for_backend(settings, backend.cost, args.max_examples)
         progress = Progress(name, backend_settings.max_examples)
         log = CaseLog(args.log, name)

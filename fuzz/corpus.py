@@ -16,7 +16,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracles.verdict import FLAKY, Verdict
+from oracles.verdict import CRASH, FLAKY, Verdict
 from strategies.case import SCHEMA, Case
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
@@ -212,3 +212,24 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
         return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
                                           f"where a case that does not answer is timed out")
     return run_case(backend, entry.case, device=device)
+
+
+def inflight_path(directory: Path, backend: str) -> Path:
+    """Where the case a backend is running waits on disk (write-ahead), one file per backend."""
+    return directory / f".inflight-{backend.replace(':', '_').replace('/', '_')}.json"
+
+
+def recover_inflight(directory: Path, backend) -> list[Path]:
+    """A case left on disk by a process that died or was killed while running it becomes a CRASH:PROCESS_DIED entry;
+    returns the paths saved (none when no case was left)."""
+    inflight = inflight_path(directory, backend.name)
+    saved = []
+    if inflight.exists():
+        data = json.loads(inflight.read_text())
+        verdict = Verdict(CRASH, "PROCESS_DIED", "the fuzzing process died or was killed while this case was "
+                          "running (with --isolate: killed from outside, e.g. a job's time limit)")
+        entry = Entry(backend=backend.name, case=Case.from_dict(data["case"]), verdict=verdict,
+                      device=data.get("device", "cpu"), backend_version=backend.version())
+        saved.append(save(directory, entry))
+        inflight.unlink()
+    return saved

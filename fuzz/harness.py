@@ -7,6 +7,7 @@ distinct exception type separately, so a shrink can never turn an ALL_ZERO into 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -93,33 +94,46 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
     reason = backend.unsupported(case)
     if reason is not None:
         return V.Verdict(V.UNSUPPORTED, None, reason)
+    with write_ahead(inflight, backend.name, device, case):
+        return _graded(backend, case, device)
+
+
+@contextlib.contextmanager
+def write_ahead(inflight: Path | None, backend: str, device: str, case: Case):
+    """Keep `case` on disk at `inflight` while it runs, so a process that dies or is killed meanwhile (a segfault in
+    process, a CI job's time limit, Ctrl-C) leaves the case behind; removed once the case has a verdict."""
     if inflight is not None:
-        inflight.write_text(json.dumps({"backend": backend.name, "device": device, "case": case.to_dict()}))
+        inflight.write_text(json.dumps({"backend": backend, "device": device, "case": case.to_dict()}))
     try:
-        drawn = draw_on_cpu(case)
-        tensors = drawn.to(device)
-        try:
-            output = backend.run(case, tensors)
-        except Unsupported as e:
-            return V.Verdict(V.UNSUPPORTED, None, str(e) or type(e).__name__)
-        except Hang as e:
-            return V.Verdict(V.HANG, type(e).__name__, str(e))
-        except Exception as e:  # the backend crashed on a case it said it supports: a finding
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            return V.Verdict(V.CRASH, crash_diagnosis(e),
-                             f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
-        oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
-        oracle = Oracle.of(case, oracle_tensors, device=oracle_device)
-        verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
-        if backend.deterministic:
-            verdict = _check_bitwise(backend, case, tensors, output, verdict)
-        signal = getattr(backend, "last_agreement", None)  # CP vs non-CP: reported beside the grade, never graded
-        if signal is not None:
-            verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
-        return verdict
+        yield
     finally:
         if inflight is not None:
             inflight.unlink(missing_ok=True)
+
+
+def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
+    """Run the backend on the case's inputs and grade its output against the float64 oracle."""
+    drawn = draw_on_cpu(case)
+    tensors = drawn.to(device)
+    try:
+        output = backend.run(case, tensors)
+    except Unsupported as e:
+        return V.Verdict(V.UNSUPPORTED, None, str(e) or type(e).__name__)
+    except Hang as e:
+        return V.Verdict(V.HANG, type(e).__name__, str(e))
+    except Exception as e:  # the backend crashed on a case it said it supports: a finding
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return V.Verdict(V.CRASH, crash_diagnosis(e),
+                         f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
+    oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
+    oracle = Oracle.of(case, oracle_tensors, device=oracle_device)
+    verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
+    if backend.deterministic:
+        verdict = _check_bitwise(backend, case, tensors, output, verdict)
+    signal = getattr(backend, "last_agreement", None)  # CP vs non-CP: reported beside the grade, never graded
+    if signal is not None:
+        verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
+    return verdict
 
 
 # CUDA errors reach Python wrapped in whatever touched the device next (AcceleratorError, CUDADialectError from FA4's
@@ -192,7 +206,8 @@ def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
         if worker is not None:  # fuzz.isolate.Worker: the backend runs in a child process
-            verdict = worker.run(case)
+            with write_ahead(inflight, backend.name, device, case):  # this process may be killed while it waits
+                verdict = worker.run(case)
         else:
             verdict = run_case(backend, case, device=device, inflight=inflight)
         if verdict.failed and known is not None and known(backend.name, case, verdict) is not None:

@@ -1,7 +1,9 @@
 """Fuzz targets collected by `pytest fuzz`: one per backend (`--backend` narrows), graded against float64.
 
 A backend that cannot run here is skipped with the reason; every failure is shrunk by Hypothesis, saved to the
-corpus (JSON + standalone repro script) and reported.
+corpus (JSON + standalone repro script) and reported. The case being run waits on disk (`.inflight-<backend>.json`
+in the corpus), so a session killed by a segfault or a job's time limit leaves it behind: the next session saves it
+as CRASH:PROCESS_DIED and fails with it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
+    attnfuzz.corpus.mkdir(parents=True, exist_ok=True)
+    died_on = corpus_io.recover_inflight(attnfuzz.corpus, backend)  # the case a killed session was running
     worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     try:
         tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
-                               known=corpus_io.known_bugs(attnfuzz.corpus), worker=worker)
+                               known=corpus_io.known_bugs(attnfuzz.corpus), worker=worker,
+                               inflight=corpus_io.inflight_path(attnfuzz.corpus, backend.name))
     finally:
         if worker is not None:
             worker.close()
@@ -34,9 +39,11 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
                                                              device=attnfuzz.device,
                                                              backend_version=backend.version()))
              for f in findings]
-    if findings:
-        lines = [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}\n    saved as {path}"
-                 for f, path in zip(findings, saved)]
-        pytest.fail(f"{fuzz_backend}: {len(findings)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),
+    lines = [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}\n    saved as {path}"
+             for f, path in zip(findings, saved)]
+    lines += [f"CRASH:PROCESS_DIED: the last session died or was killed while running this case\n    saved as {path}"
+              for path in died_on]
+    if lines:
+        pytest.fail(f"{fuzz_backend}: {len(lines)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),
                     pytrace=False)
     assert tally.examples > 0, f"{fuzz_backend}: no example ran"

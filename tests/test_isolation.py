@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -109,9 +110,45 @@ def test_pytest_fuzz_isolate_turns_a_segfault_into_a_failed_test(tmp_path):
 
 
 def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
-    """Control: the kernel really segfaults; only the worker process stands between it and the session."""
+    """Control: the kernel really segfaults; only the worker process stands between it and the session. The case it
+    died on is not lost: it waits on disk, and the next session saves it and fails with it."""
     bare = _pytest_fuzz(tmp_path)
     assert bare.returncode < 0 or "Segmentation fault" in bare.stderr, (bare.returncode, bare.stdout[-500:])
+    [left] = tmp_path.glob(".inflight-*.json")
+    assert json.loads(left.read_text())["case"]["causal"], "the case the session died on"
+    again = _pytest_fuzz(tmp_path, "--isolate", "--case-timeout", "20")
+    assert "CRASH:PROCESS_DIED" in again.stdout and again.returncode == 1, again.stdout[-2000:]
+    assert list(tmp_path.glob("*CRASH-PROCESS_DIED*.json")) and not list(tmp_path.glob(".inflight-*.json"))
+
+
+def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_path):
+    """`attnfuzz run --isolate` killed mid-case (a CI job's time limit) while its worker hangs: the case is on disk,
+    and the next run saves it as CRASH:PROCESS_DIED."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fuzz import corpus as corpus_io
+    spec = "tests.misbehaving:hangs"
+    run = subprocess.Popen([sys.executable, "-m", "fuzz", "run", "--backend", spec, "--isolate", "--case-timeout",
+                            "300", "--max-examples", "5", "--corpus", str(tmp_path)],
+                           cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".inflight-*.json")) and time.monotonic() < deadline and run.poll() is None:
+            time.sleep(0.2)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)  # the run and its hanging worker, as a job's time limit would
+        run.wait()
+    [left] = tmp_path.glob(".inflight-*.json")
+    assert json.loads(left.read_text())["backend"] == spec
+    [saved] = corpus_io.recover_inflight(tmp_path, get(spec))
+    entry = corpus_io.load(saved)
+    assert entry.verdict.label == "CRASH:PROCESS_DIED" and "killed" in entry.verdict.message, entry.verdict
+    assert not left.exists()
 
 
 def _corpus_with_a_segfault_first(directory):

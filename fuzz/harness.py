@@ -111,6 +111,21 @@ def write_ahead(inflight: Path | None, backend: str, device: str, case: Case):
             inflight.unlink(missing_ok=True)
 
 
+class WrittenAhead:
+    """A worker whose case waits on disk while the worker runs it: the process waiting for it may be killed from
+    outside meanwhile. (A wrapper, not a line in fuzz_property: its source seeds the derandomized ci streams.)"""
+
+    def __init__(self, worker, inflight: Path, backend: str, device: str):
+        self.worker, self.inflight, self.backend, self.device = worker, inflight, backend, device
+
+    def run(self, case: Case) -> V.Verdict:
+        with write_ahead(self.inflight, self.backend, self.device, case):
+            return self.worker.run(case)
+
+    def __getattr__(self, name):  # rerun, restarts, close: the worker's own
+        return getattr(self.worker, name)
+
+
 def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
     """Run the backend on the case's inputs and grade its output against the float64 oracle."""
     drawn = draw_on_cpu(case)
@@ -206,8 +221,7 @@ def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
         if worker is not None:  # fuzz.isolate.Worker: the backend runs in a child process
-            with write_ahead(inflight, backend.name, device, case):  # this process may be killed while it waits
-                verdict = worker.run(case)
+            verdict = worker.run(case)
         else:
             verdict = run_case(backend, case, device=device, inflight=inflight)
         if verdict.failed and known is not None and known(backend.name, case, verdict) is not None:
@@ -261,6 +275,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     runs with other seeds, other processes and other machines replay them (Hypothesis keys by function source
     otherwise, which is the same for every backend)."""
     tally = Tally()
+    if worker is not None and inflight is not None:
+        worker = WrittenAhead(worker, inflight, backend.name, device)
     prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case,
                          known=known, worker=worker)
     if settings is not None:

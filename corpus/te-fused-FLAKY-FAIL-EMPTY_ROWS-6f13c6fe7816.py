@@ -1,7 +1,8 @@
-"""attnfuzz repro: te-fused FAIL:EMPTY_ROWS
+"""attnfuzz repro: te-fused FLAKY:FAIL:EMPTY_ROWS
+FAIL:EMPTY_ROWS in the campaign's long-lived lane, 0 of 5 runs in fresh processes on the H200 (2026-11-30):
 rows that see no key must be 0, got 1.83594 at [1, 0, 0, 1]; every other row passes
 
-Run with: python3 te-fused-FAIL-EMPTY_ROWS-31e525df2b6d.py   (exits 1 while the bug is there)
+Run with: python3 te-fused-FLAKY-FAIL-EMPTY_ROWS-6f13c6fe7816.py   (exits 1 while the bug is there)
 """
 import sys
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What #4 still lacks after session 6, on a 2-GPU runner. Each part leaves ONE archive under OUT (the device tool
+# brings back 8 files at most: session 6 lost five shards' logs to that limit).
+#   bash bench/gpu_session7.sh OUT torch    # ~400 s, no stack needed (torch alone): throughput of sdpa-flash and
+#                                           # sdpa-efficient alone on the machine, then flex-eager and sdpa-efficient
+#                                           # in the ci profile to 500, one per GPU, isolated
+#   bash bench/gpu_session7.sh OUT stack    # ~400 s, after the te stack is unpacked: the entries session 6 changed
+#                                           # replayed (te-flash 6cbb11acdcc4, te-fused FLAKY 6f13c6fe7816), and
+#                                           # fa4's unshrunk 752a9a929091 hunted with its known_bug dropped
+set -u
+out=$1; part=$2
+export PYTHONWARNINGS=ignore PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
+work=$(mktemp -d)
+if [ "$part" = torch ]; then
+  for b in sdpa-flash sdpa-efficient; do
+    timeout 120 python3 bench/throughput.py --backend "$b" --device cuda --examples 800 > "$work/throughput_$b.txt" 2>&1
+  done
+  RUN_OPTIONS="--isolate --case-timeout 120" bash bench/gpu_fuzz.sh "$work/ci" 240 500 flex-eager sdpa-efficient \
+    > /dev/null 2>&1
+  cat "$work"/throughput_*.txt "$work/ci/summary.txt" "$work/ci/triage.md"
+else
+  corpus=$work/corpus; cp -r corpus "$corpus"
+  python3 - "$corpus/fa4-FAIL-GRADIENT-752a9a929091.json" <<'PY'
+import json, sys
+entry = json.load(open(sys.argv[1])); entry.pop("known_bug")
+json.dump(entry, open(sys.argv[1], "w"), indent=2)
+PY
+  CORPUS=$corpus RUN_OPTIONS="--isolate --case-timeout 120 --seed 1" FIRST_GPU=1 \
+    bash bench/gpu_fuzz.sh "$work/shrink_fa4" 380 500 fa4 > /dev/null 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 timeout -k 10 380 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate \
+    --case-timeout 120 -v -p no:cacheprovider -rfEXxs -k "6cbb11acdcc4 or 6f13c6fe7816 or 752a9a929091" \
+    > "$work/replay.txt" 2>&1
+  wait
+  tail -n 15 "$work/replay.txt"; cat "$work/shrink_fa4/summary.txt" "$work/shrink_fa4/triage.md"
+fi
+tar czf "$out/session7_$part.tgz" -C "$work" .

@@ -1,4 +1,4 @@
-"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, triage, backends.
+"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, triage, shrink, backends.
 
 Exit codes: 0 nothing found, 1 a failure found, 2 bad usage."""
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import campaign, caselog, report, triage, versiondiff
+from fuzz import campaign, caselog, report, shrink, triage, versiondiff
 from fuzz import corpus as corpus_io
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     versiondiff.add_parsers(sub)
     report.add_parser(sub)
     triage.add_parser(sub)
+    shrink.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     backends.add_argument("--device", default="cpu")
     backends.add_argument("--json", action="store_true")
@@ -290,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
-                "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage}
+                "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
+                "shrink": shrink.cmd_shrink}
     try:
         return commands[args.command](args)
     except UsageError as e:

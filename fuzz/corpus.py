@@ -181,7 +181,12 @@ def _labels(saved: Verdict) -> tuple[str, ...]:
 def known_bugs(directory: Path):
     """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches, with the
     file name of its entry under "entry"."""
-    entries = [(p, e) for p, e in load_all(directory)[0] if e.known_bug] if Path(directory).exists() else []
+    return known_bugs_of(load_all(directory)[0] if Path(directory).exists() else [])
+
+
+def known_bugs_of(entries: list[tuple[Path, Entry]]):
+    """known_bugs over the given (path, entry) pairs; those without a known_bug take nothing."""
+    entries = [(p, e) for p, e in entries if e.known_bug]
 
     def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
         fields = when_fields(case)

@@ -1,0 +1,88 @@
+"""`attnfuzz shrink`: an unshrunk corpus entry walks to the plainest case that still fails the same way."""
+
+from __future__ import annotations
+
+import json
+
+from fuzz import corpus as corpus_io
+from fuzz.backends import get
+from fuzz.cli import main
+from fuzz.harness import run_case
+from fuzz.shrink import candidates, shrink
+from oracles import verdict as V
+from strategies.case import Case
+
+BIG = Case(b=3, sq=40, skv=33, h=4, hk=2, d_qk=64, d_v=32, dtype="float32", causal=True, alignment="bottom_right",
+           mean=(0.0, 3.0, 0.0), seed=77, memory="transposed")
+
+
+def _fails_as(spec: str, label: str):
+    backend = get(spec, "cpu")
+
+    def fails(case):
+        verdict = run_case(backend, case)
+        return verdict if verdict.label == label else None
+    return fails
+
+
+def test_a_bug_that_needs_only_causal_shrinks_to_the_plainest_causal_case():
+    small, verdict, runs = shrink(BIG, _fails_as("tests.misbehaving:zero_when_causal", "FAIL:ALL_ZERO"))
+    assert small == Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", causal=True), small
+    assert verdict.label == "FAIL:ALL_ZERO" and runs < 100
+
+
+def test_what_the_bug_needs_is_kept():
+    """NaN once sq > 4: the length stops at 5, everything else goes."""
+    small, _, _ = shrink(BIG, _fails_as("tests.misbehaving:nan_when_long", "FAIL:NONFINITE"))
+    assert small == Case(sq=5, skv=1, d_qk=8, d_v=8, dtype="float16"), small
+
+
+def test_control_a_correct_backend_shrinks_nothing():
+    small, verdict, runs = shrink(BIG, lambda case: None)
+    assert (small, verdict) == (BIG, None) and runs > 20, "every candidate was tried, none kept"
+
+
+def test_every_candidate_is_valid_and_simpler_somewhere():
+    thd = Case(b=3, sq=20, skv=9, h=6, hk=3, d_qk=40, d_v=24, layout="thd", seqlens_q=(20, 0, 7),
+               seqlens_kv=(9, 9, 1), alibi_slopes=tuple(0.5 ** i for i in range(6)), memory="expanded_kv",
+               window=(3, 2), grads=True)
+    seen = [c for c in candidates(thd) if c is not None]
+    assert seen and thd not in seen
+    assert any(c.b == 1 and c.seqlens_q == (7,) for c in seen), "the last sequence alone is a candidate"
+    assert all(c.alibi_slopes is None or len(c.alibi_slopes) == c.h for c in seen)
+
+
+def _save(tmp_path, spec, case, label, known_bug=None):
+    status, diagnosis = label.split(":")
+    entry = corpus_io.Entry(spec, case, V.Verdict(status, diagnosis), known_bug=known_bug)
+    return corpus_io.save(tmp_path, entry, repro=False)
+
+
+def test_cli_saves_the_shrunk_entry_and_a_known_bug_keeps_its_when(tmp_path, capsys):
+    path = _save(tmp_path, "tests.misbehaving:zero_when_causal", BIG, "FAIL:ALL_ZERO",
+                 known_bug={"link": "tests/misbehaving.py", "note": "zeros", "when": {"b": 3}})
+    assert main(["shrink", str(path)]) == 0
+    out = capsys.readouterr().out
+    [new] = [p for p in tmp_path.glob("*.json") if p != path]
+    assert str(new) in out
+    shrunk = corpus_io.load(new)
+    assert shrunk.case.b == 3 and shrunk.case.sq == 1 and shrunk.case.causal, "the known bug's `when` held b = 3"
+    assert "shrunk by `attnfuzz shrink`" in shrunk.known_bug["note"]
+    known = corpus_io.known_bugs(tmp_path)
+    assert known(shrunk.backend, shrunk.case, V.Verdict(V.FAIL, "ALL_ZERO")) is not None
+
+
+def test_cli_says_so_when_the_case_no_longer_fails(tmp_path, capsys):
+    path = _save(tmp_path, "tests.misbehaving:zero_when_causal", BIG.replace(causal=False), "FAIL:ALL_ZERO")
+    assert main(["shrink", str(path)]) == 1
+    assert "does not fail here (PASS)" in capsys.readouterr().err
+    assert list(tmp_path.glob("*.json")) == [path]
+
+
+def test_cli_isolate_shrinks_a_segfault_one_worker_per_crash(tmp_path):
+    path = _save(tmp_path, "tests.misbehaving:segfault_when_causal", BIG, "CRASH:SIGSEGV")
+    assert main(["shrink", str(path), "--isolate", "--case-timeout", "20"]) == 0
+    [new] = [p for p in tmp_path.glob("*.json") if p != path]
+    data = json.loads(new.read_text())
+    assert data["verdict"]["diagnosis"] == "SIGSEGV"
+    assert Case.from_dict(data["case"]) == Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", causal=True)

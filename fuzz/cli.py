@@ -150,6 +150,9 @@ def cmd_run(args) -> int:
             continue
         args.corpus.mkdir(parents=True, exist_ok=True)
         saved = corpus_io.recover_inflight(args.corpus, backend)
+        for path in saved:
+            print(f"[{name}] the last run died or was killed on a case: saved as {path}; shrink it with "
+                  f"`attnfuzz shrink {path} --isolate`", file=sys.stderr)
         inflight = corpus_io.inflight_path(args.corpus, backend.name)
         backend_settings = for_backend(settings, backend.cost, args.max_examples)
         progress = Progress(name, backend_settings.max_examples)

@@ -42,7 +42,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
     lines = [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}\n    saved as {path}"
              for f, path in zip(findings, saved)]
     lines += [f"CRASH:PROCESS_DIED: the last session died or was killed while running this case\n    saved as {path}"
-              for path in died_on]
+              f" (shrink it: attnfuzz shrink {path} --isolate)" for path in died_on]
     if lines:
         pytest.fail(f"{fuzz_backend}: {len(lines)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),
                     pytrace=False)

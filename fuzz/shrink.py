@@ -136,6 +136,10 @@ def cmd_shrink(args) -> int:
         print(f"attnfuzz shrink: {e}", file=sys.stderr)
         return 2
     device = args.device or entry.device
+    why = None if args.isolate else backend.available()  # an isolated worker judges it in its own process
+    if why is not None:
+        print(f"attnfuzz shrink: {entry.backend} is not available on {device}: {why}", file=sys.stderr)
+        return 2
     worker = isolated(backend, device, args.case_timeout, enabled=args.isolate)
     run = worker.run if worker is not None else (lambda c: run_case(backend, c, device=device))
     try:
@@ -148,7 +152,8 @@ def cmd_shrink(args) -> int:
 def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) -> int:
     first = run(entry.case)
     if not first.failed:
-        print(f"{args.entry}: the case does not fail here ({first.label}); nothing to shrink", file=sys.stderr)
+        print(f"{args.entry}: the case does not fail here ({first.label}{': ' + first.message if first.message else ''}); "
+              "nothing to shrink", file=sys.stderr)
         return 1
     bug = entry.known_bug
     fits = corpus_io.known_bugs_of([(args.entry, entry)]) if bug else (lambda *_: True)

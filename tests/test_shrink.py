@@ -86,3 +86,11 @@ def test_cli_isolate_shrinks_a_segfault_one_worker_per_crash(tmp_path):
     data = json.loads(new.read_text())
     assert data["verdict"]["diagnosis"] == "SIGSEGV"
     assert Case.from_dict(data["case"]) == Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", causal=True)
+
+
+def test_cli_refuses_a_backend_that_cannot_run_here(tmp_path, capsys):
+    """Not a crash to shrink: an FA4 entry on a machine without FA4 says why and saves nothing."""
+    path = _save(tmp_path, "fa4", Case(sq=2, skv=2, d_qk=8, d_v=8, dtype="float16"), "FAIL:ALL_ZERO")
+    assert main(["shrink", str(path), "--device", "cpu"]) == 2
+    assert "fa4 is not available on cpu" in capsys.readouterr().err
+    assert list(tmp_path.glob("*.json")) == [path]

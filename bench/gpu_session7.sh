@@ -19,13 +19,7 @@ if [ "$part" = torch ]; then
     > /dev/null 2>&1
   cat "$work"/throughput_*.txt "$work/ci/summary.txt" "$work/ci/triage.md"
 else
-  corpus=$work/corpus; cp -r corpus "$corpus"
-  python3 - "$corpus/fa4-FAIL-GRADIENT-752a9a929091.json" <<'PY'
-import json, sys
-entry = json.load(open(sys.argv[1])); entry.pop("known_bug")
-json.dump(entry, open(sys.argv[1], "w"), indent=2)
-PY
-  CORPUS=$corpus RUN_OPTIONS="--isolate --case-timeout 120 --seed 1" FIRST_GPU=1 \
+  UNMARK=fa4-FAIL-GRADIENT-752a9a929091 RUN_OPTIONS="--isolate --case-timeout 120 --seed 1" FIRST_GPU=1 \
     bash bench/gpu_fuzz.sh "$work/shrink_fa4" 380 500 fa4 > /dev/null 2>&1 &
   CUDA_VISIBLE_DEVICES=0 timeout -k 10 380 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate \
     --case-timeout 120 -v -p no:cacheprovider -rfEXxs -k "6cbb11acdcc4 or 6f13c6fe7816 or 752a9a929091" \

@@ -19,11 +19,10 @@ from oracles import verdict as V
 from strategies.case import Case
 from strategies.cases import HEAD_DIMS
 
-PLAIN = {  # switch -> its plainest value, what the strategies shrink toward
-    "grads": False, "causal": False, "window": (None, None), "mask_density": None, "softcap": None,
-    "alibi_slopes": None, "scale": None, "softmax": "vanilla", "memory": "contiguous", "mean": (0.0, 0.0, 0.0),
-    "std": (1.0, 1.0, 1.0), "alignment": "top_left", "spelling": "", "dtype": "float16", "layout": "bshd", "seed": 0,
-}
+SWITCHES = ("grads", "causal", "window", "mask_density", "softcap", "alibi_slopes", "scale", "softmax", "memory",
+            "mean", "std", "alignment", "spelling", "dtype", "layout", "seed")
+# switch -> its plainest value: the Case default, but float16, the dtype the strategies shrink toward
+PLAIN = {**{name: getattr(Case(), name) for name in SWITCHES}, "dtype": "float16"}
 
 
 def _smaller(n: int, low: int = 1) -> list[int]:

@@ -62,7 +62,7 @@ def _fail(diagnosis: str, message: str, c: Check | None = None, ratio: float = m
 def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out") -> Check:
     rows = valid_rows(o.case, ref_out.device)[:, :, None, None]
     return check(name, out.to(ref_out.device), ref_out, o.naive.out, rows, family=family, quantity="out",
-                 dtype=o.case.dtype, logit_max=o.ref.logit_max, bias_max=o.ref.bias_max)
+                 dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
 
 
 def alternatives(case: Case) -> list[tuple[str, str, dict]]:
@@ -104,7 +104,7 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
     if bool(empty.any()) and bool(empty[failed.index[:2]]):
         seen = valid_rows(o.case, out.device) & ~empty
         rest = check("out", out, o.ref.out, o.naive.out, seen[:, :, None, None], family=family, quantity="out",
-                     dtype=o.case.dtype, logit_max=o.ref.logit_max, bias_max=o.ref.bias_max)
+                     dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
         if rest.ok:
             return _fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
                                        f"{list(failed.index)}; every other row passes", failed, failed.ratio)
@@ -168,7 +168,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
         return _fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
                             f"at {list(idx)}", c)
     c = check("lse", lse, ref, _lse_baseline(o), rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_max=o.ref.logit_max, bias_max=o.ref.bias_max)
+              dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
     checks.append(c)
     return None if c.ok else _fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
@@ -204,7 +204,7 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
     terms, inherited = _gradient_terms(o)[name]
     return check(name, got, getattr(o.ref, name), getattr(o.naive, name), rows[:, :, None, None], family=family,
-                 quantity="grad", dtype=o.case.dtype, logit_max=o.ref.logit_max, scale_of_terms=terms,
+                 quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size, scale_of_terms=terms,
                  inherited=inherited, bias_max=o.ref.bias_max)
 
 

@@ -21,15 +21,17 @@ CHUNK_BYTES = 64 * 2**20
 @dataclass(frozen=True)
 class Reference:
     """out [b, sq, h, d_v]; lse [b, h, sq] (natural log of the softmax denominator); grads in the inputs' shapes.
-    Rows past a sequence's length hold 0 (out) and -inf (lse); they are never graded. `logit_max` is the largest
-    |logit| (after scale, softcap and ALiBi) at a visible position: the tolerance's floor grows with it."""
+    Rows past a sequence's length hold 0 (out) and -inf (lse); they are never graded. `logit_size` is the size a
+    visible logit's rounding scales with, the largest of: its dot product's terms, scale * sum_d |q_d k_d| (these
+    bound |logit| and set its accumulation error when they cancel), and |logit| after softcap and ALiBi. The
+    tolerance's floor grows with it."""
 
     out: torch.Tensor
     lse: torch.Tensor
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
-    logit_max: float = 0.0
+    logit_size: float = 0.0
     empty: torch.Tensor | None = None  # [b, sq] True where a valid query row sees no key at all
     bias_max: float = 0.0              # the largest |ALiBi bias| at a visible position
     dv_terms: float = 0.0              # max over keys of sum_i P_ij |dO_i|: the terms dV sums, where they can cancel
@@ -77,11 +79,14 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     skv_n = k.shape[0]
     cols = torch.arange(skv_n, device=q.device)
     off = diagonal_offset(case.alignment, sq_n, skv_n)
-    s = _scores(q, k, case.h, head_map) * (scale if scale is not None else case.softmax_scale)  # [h, r, j]
+    scale = scale if scale is not None else case.softmax_scale
+    s = _scores(q, k, case.h, head_map) * scale                                  # [h, r, j]
     visible = band(rows, cols, off, left, right)                                  # [r, j]
     if mask is not None:
         visible = visible & mask
-    raw_max = s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else s.new_zeros(())
+    # A dot product's rounding scales with the sum of its terms' sizes, which can far exceed |q.k| when they cancel
+    terms = _scores(q.detach().abs(), k.detach().abs(), case.h, head_map) * abs(scale)
+    raw_max = terms.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
     if case.softcap is not None:  # rounding happens at the raw logit's size, before the cap squashes it
         s = case.softcap * torch.tanh(s / case.softcap)
     bias_max = s.new_zeros(())
@@ -89,7 +94,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
         bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
         s = s - bias
-    logit_max = torch.maximum(raw_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else raw_max)
+    logit_size = torch.maximum(raw_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else raw_max)
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
         sink_col = sink.to(s.dtype)[:, None, None].expand(-1, s.shape[1], 1)
@@ -100,7 +105,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s - lse_safe[..., None])
-    return _weighted_values(p, v, head_map), lse, torch.stack([logit_max, bias_max]), ~visible.any(-1)
+    return _weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -161,7 +166,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
         # the inputs' dtype: D moves by this much, and dQ / dK with it (oracles/grade.py, _gradient_terms).
         shift = ((out.to(t.q.dtype).to(dtype) - out) * t.dout.to(device, dtype)).sum(-1)
         d_rounding = float(shift.abs().max())
-    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_max=float(maxima[0]), empty=empty,
+    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_size=float(maxima[0]), empty=empty,
                      bias_max=float(maxima[1]),
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
                      d_rounding=d_rounding)

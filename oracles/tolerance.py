@@ -26,9 +26,12 @@ Why these k:
   uses 2 plus a larger absolute floor).
 The floor allows the final rounding of a correct value to the dtype, twice, and a rounding of every logit in the
 precision kernels compute logits in (fp32, or fp64 for fp64 inputs), which moves a softmax-weighted value by up to
-that error times the value: 2 * (eps(dtype) + eps(logits) * max|logit|) * max|f64|, plus 1e-7 absolute so an
-all-tiny output is not graded on subnormals. (Without the logit term, fp32 cases with logits ~20 failed correct
-kernels: both the naive and the kernel error are then rounding noise, and the naive one can land low.) Gradients
+that error times the value: 2 * (eps(dtype) + eps(logits) * L) * max|f64|, plus 1e-7 absolute so an all-tiny output
+is not graded on subnormals. L (the reference's `logit_size`) is what a logit's rounding scales with: the sum of its
+dot product's terms, scale * sum_d |q_d k_d|, which is |logit| or larger when the terms cancel (CUDA's efficient
+kernel, fp32, d = 64: an LSE 1.08 * eps * that sum off, where |logit| was 7% of it). (Without the logit term, fp32
+cases with logits ~20 failed correct kernels: both the naive and the kernel error are then rounding noise, and the
+naive one can land low.) Gradients
 that cancel (dQ is exactly 0 with one key) add (8 * eps(compute) + 2 * eps(logits) * max|logit|) times a bound on
 the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij carries its logit's rounding, and the sum
 does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
@@ -91,7 +94,7 @@ class Check:
 
 
 def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
-          family: str, quantity: str, dtype: str, logit_max: float = 0.0, scale_of_terms: float = 0.0,
+          family: str, quantity: str, dtype: str, logit_size: float = 0.0, scale_of_terms: float = 0.0,
           inherited: float = 0.0, bias_max: float = 0.0) -> Check:
     """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
     outside `where` are not graded. Non-finite values count as infinite error. `scale_of_terms` bounds the terms
@@ -108,7 +111,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, 
     logit_eps = EPS["float64"] if dtype == "float64" else EPS["float32"]
     # Where ALiBi can only reach the kernel as a bias tensor in the input dtype (SDPA's additive float mask), each
     # logit carries that bias's rounding in the dtype too: the API's error, not the kernel's.
-    logit_err = logit_eps * logit_max + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
+    logit_err = logit_eps * logit_size + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
     if quantity == "lse":  # absolute: exp(lse + e) = exp(lse) * (1 + e); kernels keep it in fp32
         low = dtype in LOW_PRECISION
         floor = (2 * (EPS[dtype] / 4 if low else 0.0)

@@ -151,3 +151,27 @@ def test_gradients_from_d_of_the_rounded_output_pass_and_a_wrong_dq_does_not(dty
     wrong = Output(out=out, lse=None, dq=dq_bug.to(low), dk=dk_bug.to(low), dv=dv.to(low))
     verdict = grade(case, t, wrong, oracle=oracle)
     assert verdict.status == "FAIL" and "dq" in verdict.message, verdict
+
+
+# sdpa-efficient on the H200 (bench/throughput.py, 2026-11-30): fp32, sq = skv = 1, d = 64, seed 1251. Its LSE was
+# -0.344574 for the float64 -0.3445752: 9.0e-7 off, i.e. 1.08 * eps(fp32) * scale * sum_d |q_d k_d| (= 6.96). The
+# LSE of one key is that key's logit, so that is the dot product's own accumulation rounding: it scales with the
+# terms summed, not with |logit| = 0.34, which they cancel down to. The floor used |logit|, and failed it by 1.39x.
+TF32_LSE_CASE = dict(sq=1, skv=1, d_qk=64, d_v=64, seed=1251)
+
+
+def test_a_logit_is_allowed_the_rounding_of_the_terms_it_sums_and_no_more():
+    from strategies.case import Case
+    case = Case(**TF32_LSE_CASE)
+    t = materialize(case, "cpu")
+    oracle = Oracle.of(case, t)
+    q, k = (x[0, 0, 0].double() for x in (t.q, t.k))
+    terms = case.softmax_scale * (q.abs() @ k.abs()).item()
+    assert abs(terms - 6.96) < 0.01 and abs(oracle.ref.lse.item() + 0.3445752) < 1e-7  # the H200 case, redrawn
+    as_measured = oracle.ref.lse.float() + 1.08 * 2.0**-23 * terms
+    verdict = grade(case, t, Output(oracle.ref.out.float(), lse=as_measured), oracle=oracle)
+    assert verdict.status == "PASS", verdict.message
+    # control: twice the rounding of the largest term-sum a correct fp32 kernel can make on this case still fails
+    wrong = oracle.ref.lse.float() + 2 * (2 * 2.0**-23 * (1 + terms) + 1e-7)
+    verdict = grade(case, t, Output(oracle.ref.out.float(), lse=wrong), oracle=oracle)
+    assert verdict.status == "FAIL" and verdict.diagnosis == "LSE", verdict

@@ -29,6 +29,8 @@ TRAITS = {
     "gqa": lambda c: c.h != c.hk,
     "sq_longer": lambda c: c.sq > c.skv,
     "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
+    # an unbounded window side spelled as the legacy -1 sentinel, whatever else the spelling says ("seqused+neg")
+    "negative_bound": lambda c: "neg" in c.spelling.split("+"),
     # more than one sequence passed as varlen: packed (thd), with lengths, or as TE's padding mask type
     "padded_batch": lambda c: c.b > 1 and (c.layout == "thd" or c.padded or c.spelling == "padding"),
 }

@@ -161,6 +161,21 @@ def test_a_known_bug_can_be_narrowed_by_a_trait_field_equality_cannot_say(tmp_pa
     assert known("te-fused", empty_q.replace(seqlens_q=(2, 1)), grads_fail) is None
 
 
+def test_a_spelling_trait_takes_every_spelling_that_passes_the_sentinel(tmp_path):
+    """FA4's (-1, 0) window read as an empty band (#2490) fails the same way through seqused (found on the H200 as
+    'seqused+neg' while the entry named 'neg'): the trait takes both, and not the spellings without -1."""
+    neg = Case(sq=2, skv=1, d_qk=8, d_v=8, dtype="float16", causal=True, spelling="neg")
+    rows_zeroed = V.Verdict(V.FAIL, V.TOLERANCE, "out: diff_max=1.509e+00")
+    corpus_io.save(tmp_path, _entry(case=neg, backend="fa4", verdict=rows_zeroed,
+                                    known_bug={"link": "https://example.org/fa", "when": {"negative_bound": True}}),
+                   repro=False)
+    known = corpus_io.known_bugs(tmp_path)
+    for spelling in ("neg", "causal+neg", "seqused+neg", "seqused+causal+neg"):
+        assert known("fa4", neg.replace(spelling=spelling), rows_zeroed) is not None, spelling
+    for spelling in ("", "window", "causal+window", "seqused+window", "wide"):
+        assert known("fa4", neg.replace(spelling=spelling), rows_zeroed) is None, spelling
+
+
 def test_a_when_naming_neither_a_field_nor_a_trait_is_a_named_error(tmp_path):
     path = corpus_io.save(tmp_path, _entry(), repro=False)
     data = json.loads(path.read_text())

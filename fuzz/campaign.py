@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from fuzz import corpus as corpus_io
+from fuzz import poison
 from fuzz.coverage import Coverage
 from fuzz.report import build_report
 
@@ -51,6 +52,7 @@ def add_parser(sub) -> None:
                    "timed-out case is run again in a fresh worker with twice the limit and is a HANG only if that "
                    "times out too (a HANG costs 3 x this)")
     p.add_argument("--max-len", type=int, help="longest sequence drawn")
+    p.add_argument("--poison-memory", action="store_true", help=poison.HELP)
     p.add_argument("--replay-only", action="store_true", help="replay the database's failures once, draw nothing new")
     p.add_argument("--known", type=Path, default=Path("corpus"), help="corpus whose known bugs are expected failures")
 
@@ -102,6 +104,7 @@ def new_config(args) -> dict:
             "db": args.db or "db", "round_examples": args.round_examples or 200,
             "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
             "case_timeout": args.case_timeout or 120.0, "max_len": args.max_len, "replay_only": args.replay_only,
+            "poison_memory": args.poison_memory,
             "known": str(args.known.resolve()), "versions": versions,
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 

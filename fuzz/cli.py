@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import campaign, caselog, report, shrink, triage, versiondiff
+from fuzz import campaign, caselog, poison, report, shrink, triage, versiondiff
 from fuzz import corpus as corpus_io
 from fuzz.backends import factories, get
 from fuzz.harness import Tally, fuzz
@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--case-timeout", type=float, default=300.0, help="seconds one isolated case may take (default "
                      "300); one that takes longer is run again in a fresh worker with twice the limit, and is a HANG "
                      "only if that times out too (a HANG costs 3 x this); a slow case that finishes keeps its verdict")
+    run.add_argument("--poison-memory", action="store_true", help=poison.HELP)
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                         "crashes or poisons CUDA costs itself only")
     replay.add_argument("--case-timeout", type=float, default=300.0, help="with --isolate, seconds one entry may "
                         "take before a fresh worker tries it with twice that; silent again, it is a HANG")
+    replay.add_argument("--poison-memory", action="store_true", help=poison.HELP)
     replay.add_argument("--json", action="store_true")
     mark = sub.add_parser("known", help="mark a corpus entry as a known bug (an expected failure) with its link")
     mark.add_argument("entry", type=Path, help="the corpus entry's JSON file")
@@ -296,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
                 "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
                 "shrink": shrink.cmd_shrink}
+    if getattr(args, "poison_memory", False):
+        poison.enable()  # before any worker process or campaign lane starts: they inherit it
     try:
         return commands[args.command](args)
     except UsageError as e:

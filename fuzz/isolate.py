@@ -18,6 +18,7 @@ import multiprocessing
 import signal
 import time
 
+from fuzz import poison
 from oracles import verdict as V
 from strategies.case import Case
 
@@ -28,9 +29,11 @@ STARTUP_S = 300
 PRELOAD = ["torch", "fuzz.harness", "fuzz.backends"]
 
 
-def _serve(conn, spec: str, device: str, threads: int) -> None:
+def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
     import torch
     torch.set_num_threads(threads)
+    if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
+        poison.enable()
     from fuzz.backends import get
     from fuzz.harness import run_case
     backend = get(spec, device)
@@ -76,7 +79,8 @@ class Worker:
 
     def _start(self) -> None:
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(child, self.spec, self.device, self.threads), daemon=True)
+        self._process = self._context.Process(target=_serve, daemon=True,
+                                              args=(child, self.spec, self.device, self.threads, poison.enabled()))
         self._process.start()
         child.close()
         self._conn = parent

@@ -23,7 +23,7 @@ from pathlib import Path
 from hypothesis import Phase
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from fuzz import caselog
+from fuzz import caselog, poison
 from fuzz import corpus as corpus_io
 from fuzz.backends import get
 from fuzz.harness import Tally, fuzz, mark_known, run_case
@@ -179,6 +179,8 @@ class Lane:
         done = load_log(self.log_path)
         space = Space(max_len=cfg["max_len"]) if cfg.get("max_len") else Space()
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
+        if cfg.get("poison_memory"):
+            poison.enable()  # before the workers start: they inherit it
         workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
         with self.log_path.open("a") as log:
             runners = {}

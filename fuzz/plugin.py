@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fuzz import poison
 from fuzz.profiles import PROFILES
 
 _OPTIONS = pytest.StashKey["Options"]()
@@ -49,6 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds one isolated case may take (default 300); one that takes longer is run again in a "
                          "fresh worker with twice the limit, and is a HANG only if that times out too (a HANG costs "
                          "3 x this); a slow case that finishes keeps its verdict")
+    group.addoption("--poison-memory", action="store_true", dest="attnfuzz_poison_memory", help=poison.HELP)
     group.addoption("--corpus", default="corpus", dest="attnfuzz_corpus",
                     help="folder where findings are saved and from which `pytest corpus` replays (default corpus)")
 
@@ -59,6 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--threads={threads}: give 1 or more")
     import torch
     torch.set_num_threads(threads)
+    if config.getoption("attnfuzz_poison_memory"):
+        poison.enable()  # before any isolated worker starts: they inherit it
     config.stash[_OPTIONS] = Options(
         backends=tuple(config.getoption("attnfuzz_backends")), device=config.getoption("attnfuzz_device"),
         profile=config.getoption("attnfuzz_profile"), max_examples=config.getoption("attnfuzz_max_examples"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from fuzz import corpus as corpus_io
+from fuzz import poison
 from oracles import verdict as V
 from strategies.case import Case
 from strategies.cases import HEAD_DIMS
@@ -122,6 +123,7 @@ def add_parser(sub) -> None:
     p.add_argument("--isolate", action="store_true", help="run each case in a worker process (crashes, hangs)")
     p.add_argument("--case-timeout", type=float, default=120.0, help="seconds one isolated case may take")
     p.add_argument("--max-runs", type=int, default=400, help="the most cases to run (default 400)")
+    p.add_argument("--poison-memory", action="store_true", help=poison.HELP)
 
 
 def cmd_shrink(args) -> int:

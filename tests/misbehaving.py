@@ -84,3 +84,27 @@ def versioned(q, k, v, *, causal, window, bottom_right, scale):
 
 
 versioned.supports = segfault_when_causal.supports
+
+
+def skips_empty_sequences(q, k, v, *, causal, window, bottom_right, scale, seqlens_kv=None):
+    """Right, except that the rows of a sequence with no keys are never written (TE FusedAttention's bug, corpus
+    te-fused-FLAKY-*): they hold whatever the output's memory held, 0 when it is fresh."""
+    out = torch.empty(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+    lens = seqlens_kv.tolist() if seqlens_kv is not None else [k.shape[1]] * q.shape[0]
+    for i, n in enumerate(lens):
+        if n:
+            out[i:i + 1] = _plain(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], scale)
+    return out
+
+
+skips_empty_sequences.supports = lambda case: case.left is None and case.right is None or "a plain kernel: no band"
+
+
+def zero_when_poisoned(q, k, v, *, causal, window, bottom_right, scale):
+    """Zeros when memory poisoning is on in its process, else right: tells a test where the switch reached."""
+    from fuzz import poison
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out * 0 if poison.enabled() else out
+
+
+zero_when_poisoned.supports = segfault_when_causal.supports

@@ -5,7 +5,8 @@ process, stale values or NaN in a long-lived one), which is how a FLAKY entry fl
 
     python3 bench/probe_unwritten.py corpus/ENTRY.json [--runs 3]
 
-Fills: 0xFF (NaN in fp16, bf16 and fp32), 0x42 (finite: 3.13 in fp16, 48.5 in bf16) and 0x00.
+Fills: none (the allocator as it is), 0xFF (NaN in fp16, bf16 and fp32), 0x42 (finite: 3.13 in fp16, 48.5 in bf16)
+and 0x00. Beside the unwritten rows it prints the largest |output| of the rows that see a key (0: all-zero).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from oracles.grade import valid_rows
 from oracles.reference import reference
 from strategies.materialize import draw_on_cpu
 
-FILLS = (0xFF, 0x42, 0x00)
+FILLS = (None, 0xFF, 0x42, 0x00)
 
 
 def fill_free_memory(byte: int) -> None:
@@ -54,16 +55,20 @@ def main() -> None:
     empty = reference(case, drawn, grads=False).empty  # [b, sq] rows that see no key
     rows = valid_rows(case, "cpu")
     print(f"{entry.backend}: {case}\n  valid rows that see no key: {int((empty & rows).sum())} of {int(rows.sum())}")
+    seen = rows & ~empty
     for byte in FILLS:
         for run in range(args.runs):
-            fill_free_memory(byte)
+            if byte is not None:
+                fill_free_memory(byte)
             out = backend.run(case, drawn.to("cuda")).out
             torch.cuda.synchronize()
-            hit = holds_pattern(out, byte).cpu().flatten(2).all(-1)  # [b, sq]: the whole row still holds it
-            print(f"  fill 0x{byte:02X} run {run}: rows left as the fill: {int((hit & rows).sum())} "
-                  f"(of them empty: {int((hit & rows & empty).sum())}); non-finite elements: "
-                  f"{int((~torch.isfinite(out.float())).sum())}; max |empty rows|: "
-                  f"{out.float().cpu()[empty & rows].abs().max().item() if (empty & rows).any() else 0:.4g}")
+            hit = holds_pattern(out, byte).cpu().flatten(2).all(-1) if byte is not None else torch.zeros_like(rows)
+            host = out.float().cpu()
+            print(f"  fill {'none' if byte is None else f'0x{byte:02X}'} run {run}: rows left as the fill: "
+                  f"{int((hit & rows).sum())} (of them empty: {int((hit & rows & empty).sum())}); non-finite "
+                  f"elements: {int((~torch.isfinite(host)).sum())}; max |empty rows|: "
+                  f"{host[empty & rows].abs().max().item() if (empty & rows).any() else 0:.4g}; max |rows that see "
+                  f"a key|: {host[seen].abs().max().item() if seen.any() else 0:.4g}")
 
 
 if __name__ == "__main__":

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
                 "shrink": shrink.cmd_shrink}
     if getattr(args, "poison_memory", False):
-        poison.enable()  # before any worker process or campaign lane starts: they inherit it
+        poison.enable()  # before any worker process or campaign lane starts, so they run with it
     try:
         return commands[args.command](args)
     except UsageError as e:

@@ -180,7 +180,7 @@ class Lane:
         space = Space(max_len=cfg["max_len"]) if cfg.get("max_len") else Space()
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
         if cfg.get("poison_memory"):
-            poison.enable()  # before the workers start: they inherit it
+            poison.enable()  # before the workers start: each is handed it
         workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
         with self.log_path.open("a") as log:
             runners = {}

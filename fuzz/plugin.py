@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
     torch.set_num_threads(threads)
     if config.getoption("attnfuzz_poison_memory"):
-        poison.enable()  # before any isolated worker starts: they inherit it
+        poison.enable()  # before any isolated worker starts: each is handed it
     config.stash[_OPTIONS] = Options(
         backends=tuple(config.getoption("attnfuzz_backends")), device=config.getoption("attnfuzz_device"),
         profile=config.getoption("attnfuzz_profile"), max_examples=config.getoption("attnfuzz_max_examples"),

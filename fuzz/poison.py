@@ -7,9 +7,9 @@ holds free is filled with 0xFF bytes (NaN in fp16, bf16, fp32 and fp64) right be
 of such blocks is kept in the cache, so the backend's outputs are cut from NaN memory: an element it never writes is
 NaN and grades NONFINITE, in every process.
 
-Turned on by ATTNFUZZ_POISON_MEMORY=1, which `attnfuzz run|replay|campaign --poison-memory` and
-`pytest --poison-memory` set, so that isolated workers and campaign lanes inherit it. It does nothing on the CPU
-(torch's CPU allocator keeps no cache to fill).
+Turned on by ATTNFUZZ_POISON_MEMORY=1, which `attnfuzz run|replay|shrink|campaign --poison-memory` and
+`pytest --poison-memory` set: campaign lanes inherit it, isolated workers are handed it (fuzz/isolate.py). It does
+nothing on the CPU (torch's CPU allocator keeps no cache to fill).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ BYTE = 0xFF
 SMALL_LIMIT = 1 << 20        # the caching allocator serves requests up to 1 MiB from its small pool (2 MiB segments)
 RESERVE = {"small": 4 << 20, "large": 64 << 20}   # poisoned free bytes kept in each pool: new outputs come from them
 PIECE = {"small": 256 << 10, "large": 16 << 20}   # what the reserve is allocated in
-
-
 HELP = ("fill the CUDA caching allocator's free memory with NaN before every backend call, so output a kernel never "
         "writes reads NaN (NONFINITE) every time instead of 0 in a fresh process; no-op on the CPU")
 

@@ -86,7 +86,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         visible = visible & mask
     # A dot product's rounding scales with the sum of its terms' sizes, which can far exceed |q.k| when they cancel
     terms = _scores(q.detach().abs(), k.detach().abs(), case.h, head_map) * abs(scale)
-    raw_max = terms.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
+    terms_max = terms.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
     if case.softcap is not None:  # rounding happens at the raw logit's size, before the cap squashes it
         s = case.softcap * torch.tanh(s / case.softcap)
     bias_max = s.new_zeros(())
@@ -94,7 +94,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
         bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
         s = s - bias
-    logit_size = torch.maximum(raw_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else raw_max)
+    logit_size = torch.maximum(terms_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else terms_max)
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
         sink_col = sink.to(s.dtype)[:, None, None].expand(-1, s.shape[1], 1)

@@ -31,9 +31,8 @@ is not graded on subnormals. L (the reference's `logit_size`) is what a logit's 
 dot product's terms, scale * sum_d |q_d k_d|, which is |logit| or larger when the terms cancel (CUDA's efficient
 kernel, fp32, d = 64: an LSE 1.08 * eps * that sum off, where |logit| was 7% of it). (Without the logit term, fp32
 cases with logits ~20 failed correct kernels: both the naive and the kernel error are then rounding noise, and the
-naive one can land low.) Gradients
-that cancel (dQ is exactly 0 with one key) add (8 * eps(compute) + 2 * eps(logits) * max|logit|) times a bound on
-the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij carries its logit's rounding, and the sum
+naive one can land low.) Gradients that cancel (dQ is exactly 0 with one key) add (8 * eps(compute) + 2 *
+eps(logits) * L) times a bound on the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij carries its logit's rounding, and the sum
 does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
 dQ and dK also add twice what they inherit from D = rowsum(dO * O) taken from the output rounded to the dtype, as
 FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without).

@@ -11,9 +11,9 @@ Indices count the log's lines from 0; cases the backend refused (UNSUPPORTED in 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from fuzz import caselog
 from fuzz.backends import get
 from fuzz.harness import run_case
 from strategies.case import Case
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quiet", action="store_true", help="print only verdicts that differ from the log's")
     args = parser.parse_args()
-    logged = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
+    logged = list(caselog.rows(args.log))  # a line cut by a kill is skipped, as everywhere logs are read
     backend = get(logged[0]["backend"], args.device)
     differ = 0
     for i in indices(args.cases, logged):

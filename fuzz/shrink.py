@@ -132,11 +132,11 @@ def cmd_shrink(args) -> int:
     from fuzz.isolate import isolated
     try:
         entry = corpus_io.load(args.entry)
-        backend = get(entry.backend, args.device or entry.device)
+        device = args.device or entry.device
+        backend = get(entry.backend, device)
     except (corpus_io.CorpusError, ValueError) as e:
         print(f"attnfuzz shrink: {e}", file=sys.stderr)
         return 2
-    device = args.device or entry.device
     why = None if args.isolate else backend.available()  # an isolated worker judges it in its own process
     if why is not None:
         print(f"attnfuzz shrink: {entry.backend} is not available on {device}: {why}", file=sys.stderr)

@@ -110,7 +110,7 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
                                        f"{list(failed.index)}; every other row passes", failed, failed.ratio)
     for diagnosis, description, overrides in alternatives(o.case):
         alt_case = overrides.pop("case", o.case)
-        alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)
+        alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
         c = check_out(o, out, alt.out, family)
         if c.diff_max <= failed.bound:
             return _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
@@ -153,7 +153,7 @@ def _lse_baseline(o: Oracle) -> torch.Tensor:
     from the same inputs (for fp16/bf16 the naive dtype-precision LSE would allow 100x too much)."""
     if o.case.dtype in ("float32", "float64"):
         return o.naive.lse
-    return reference(o.case, o.tensors, dtype=torch.float32, device=o.ref.lse.device, grads=False).lse
+    return reference(o.case, o.tensors, dtype=torch.float32, device=o.ref.lse.device, grads=False, terms=False).lse
 
 
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:

@@ -70,7 +70,7 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
 
 
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
-           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None):
+           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, and
     which rows see no key. `bounds` and `scale` override the case's band and
@@ -85,8 +85,9 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     if mask is not None:
         visible = visible & mask
     # A dot product's rounding scales with the sum of its terms' sizes, which can far exceed |q.k| when they cancel
-    terms = _scores(q.detach().abs(), k.detach().abs(), case.h, head_map) * abs(scale)
-    terms_max = terms.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
+    # (one more matmul: only for the reference whose logit_size the tolerance reads)
+    sizes = _scores(q.detach().abs(), k.detach().abs(), case.h, head_map) * abs(scale) if terms else s.detach().abs()
+    terms_max = sizes.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
     if case.softcap is not None:  # rounding happens at the raw logit's size, before the cap squashes it
         s = case.softcap * torch.tanh(s / case.softcap)
     bias_max = s.new_zeros(())
@@ -113,8 +114,9 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
     low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
-    `terms=False` skips dv_terms and d_rounding (an extra backward pass), which only the oracle's own reference feeds
-    to the tolerance: the naive baselines do not need them."""
+    `terms=False` skips dv_terms and d_rounding (an extra backward pass) and the sizes of the logits' terms
+    (logit_size is then the largest |logit|), which only the oracle's own reference feeds to the tolerance: the naive
+    baselines and the diagnoses' alternatives do not need them."""
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -126,7 +128,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     alibi = t.alibi.to(device, dtype) if t.alibi is not None else None
     maxima = torch.zeros(2, dtype=dtype, device=device)  # largest visible |logit|, largest |ALiBi bias|
     empty = torch.zeros(case.b, case.sq, dtype=torch.bool, device=device)
-    terms = grads and terms
+    logit_terms, terms = terms, grads and terms
     dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
@@ -147,7 +149,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
                 o_c, l_c, m_c, e_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
-                                  head_map=head_map, bounds=bounds, scale=scale)
+                                  head_map=head_map, bounds=bounds, scale=scale, terms=logit_terms)
             out[n, rows] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)
             empty[n, rows] = e_c

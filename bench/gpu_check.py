@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strategies.case import Case  # noqa: E402
+from attnfuzz.strategies.case import Case  # noqa: E402
 
 BACKENDS = ("fa2", "fa3", "fa4", "te-flash", "te-fused", "te-unfused")
 TORCH_BACKENDS = ("sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex-eager", "flex-compiled")  # on request
@@ -70,9 +70,9 @@ def run_one(backend, case: Case, device: str = "cuda") -> dict:
     """One case through one backend: UNSUPPORTED, CRASH (with the exception), or the graded verdict."""
     import torch
 
-    from fuzz.backends.base import Unsupported
-    from oracles.grade import Oracle, grade
-    from strategies.materialize import materialize
+    from attnfuzz.backends.base import Unsupported
+    from attnfuzz.oracles.grade import Oracle, grade
+    from attnfuzz.strategies.materialize import materialize
 
     row = {"backend": backend.name, "case": case.to_dict(), "label": "", "ratio": None, "ran": "", "message": ""}
     start = time.perf_counter()
@@ -108,7 +108,7 @@ def line(row: dict) -> str:
 
 def child(name: str, out: Path, budget_s: float, device: str = "cuda") -> None:
     """Run every fixed case (and its spellings) through one backend, appending rows to out/<name>.jsonl."""
-    from fuzz.backends import get
+    from attnfuzz.backends import get
 
     backend = get(name, device)
     rows_path = out / f"{name}.jsonl"

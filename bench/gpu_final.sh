@@ -7,17 +7,17 @@ out=$1; secs=$2
 export PYTHONWARNINGS=ignore PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
 w=$(mktemp -d); cp -r corpus "$w/corpus"
 for b in te-cp-all_gather-flash te-cp-p2p-flash; do
-  timeout -k 10 "$secs" python3 -m fuzz run --backend "$b" --device cuda --profile ci --max-examples 200 \
+  timeout -k 10 "$secs" python3 -m attnfuzz run --backend "$b" --device cuda --profile ci --max-examples 200 \
     --corpus "$w/corpus" --log "$out/$b.jsonl" > /dev/null 2> "$out/$b.err" &
 done
 gpu=0
 for b in fa4 te-flash; do
-  CUDA_VISIBLE_DEVICES=$gpu timeout -k 10 "$secs" python3 -m fuzz run --backend "$b" --device cuda --profile ci \
+  CUDA_VISIBLE_DEVICES=$gpu timeout -k 10 "$secs" python3 -m attnfuzz run --backend "$b" --device cuda --profile ci \
     --max-examples 500 --isolate --case-timeout 120 --corpus "$w/corpus" --log "$out/$b.jsonl" > /dev/null \
     2> "$out/$b.err" &
   gpu=$((1 - gpu))
 done
-timeout -k 10 "$secs" python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate -q -p no:cacheprovider -rfEX \
+timeout -k 10 "$secs" python3 -m pytest corpus -p attnfuzz.plugin --device cuda --isolate -q -p no:cacheprovider -rfEX \
   > "$out/corpus_replay.txt" 2>&1 &
 wait
 python3 bench/summarize.py "$out"/*.jsonl > "$out/summary.txt" 2>&1

@@ -14,12 +14,12 @@ ngpu=$(python3 -c 'import torch; print(max(torch.cuda.device_count(), 1))')
 i=0
 for b in "$@"; do
   gpu=$(((i + ${FIRST_GPU:-0}) % ngpu)); i=$((i + 1))
-  CUDA_VISIBLE_DEVICES=$gpu PYTHONUNBUFFERED=1 timeout -k 10 "$secs" python3 -m fuzz run --backend "$b" \
+  CUDA_VISIBLE_DEVICES=$gpu PYTHONUNBUFFERED=1 timeout -k 10 "$secs" python3 -m attnfuzz run --backend "$b" \
     --device cuda --profile ci --max-examples "$n" --corpus "$work/corpus" --log "$work/$b.jsonl" --json ${RUN_OPTIONS:-} \
     > "$work/$b.json" 2> "$work/$b.err" &
 done
 wait
 python3 bench/summarize.py "$work"/*.jsonl | tee "$out/summary.txt"
-python3 -m fuzz triage "$work" --corpus "$work/corpus" > "$out/triage.md"   # which known bug took which failures
+python3 -m attnfuzz triage "$work" --corpus "$work/corpus" > "$out/triage.md"   # which known bug took which failures
 tail -n 3 "$work"/*.err > "$out/stderr_tails.txt"
 tar czf "$out/runs.tgz" -C "$work" .

@@ -11,11 +11,11 @@ bash bench/gpu_fuzz.sh "$w/single" "$secs" 500 fa4 te-flash te-fused te-unfused 
 mkdir -p "$w/cp"; cp -r corpus "$w/cp/corpus"
 for b in ring-allgather ring-alltoall te-cp-p2p-fused te-cp-p2p-flash te-cp-all_gather-fused te-cp-all_gather-flash \
          te-cp-a2a-fused te-cp-a2a-flash; do
-  timeout -k 10 "$secs" python3 -m fuzz run --backend "$b" --device cuda --profile ci --max-examples 200 \
+  timeout -k 10 "$secs" python3 -m attnfuzz run --backend "$b" --device cuda --profile ci --max-examples 200 \
     --corpus "$w/cp/corpus" --log "$w/cp/$b.jsonl" > /dev/null 2> "$w/cp/$b.err" &
   sleep 1
 done
-timeout -k 10 "$secs" python3 -m pytest corpus -p fuzz.plugin --device cuda -q -p no:cacheprovider -rA \
+timeout -k 10 "$secs" python3 -m pytest corpus -p attnfuzz.plugin --device cuda -q -p no:cacheprovider -rA \
   > "$w/corpus_replay.txt" 2>&1 &
 wait
 python3 bench/summarize.py "$w"/cp/*.jsonl > "$w/cp_summary.txt"

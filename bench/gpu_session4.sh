@@ -27,7 +27,7 @@ else
   python3 bench/first_verdict.py --device cuda --timeout 60 sdpa-math sdpa-flash sdpa-cudnn fa4 te-fused te-flash \
     flex-compiled > "$out/first_verdict.txt" 2>&1
   bash bench/gpu_campaign.sh "$out" 300 0.175 > "$out/campaign_part2.txt" 2>&1 &
-  timeout -k 10 320 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate -q -p no:cacheprovider -rfEX \
+  timeout -k 10 320 python3 -m pytest corpus -p attnfuzz.plugin --device cuda --isolate -q -p no:cacheprovider -rfEX \
     > "$out/corpus_replay.txt" 2>&1 &
   wait
   cat "$out/throughput.txt" "$out/first_verdict.txt"; head -n 60 "$out/profile_math.txt"; cat "$out/campaign_part2.txt"

@@ -21,7 +21,7 @@ if [ "$part" = fuzz ]; then
   cat "$out"/flex_seed*/summary.txt "$out/fa4/summary.txt"
 elif [ "$part" = replay ]; then
   replay() {
-    timeout -k 10 540 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate --case-timeout 120 -v \
+    timeout -k 10 540 python3 -m pytest corpus -p attnfuzz.plugin --device cuda --isolate --case-timeout 120 -v \
       -p no:cacheprovider -rfEXs -k "$2" > "$out/replay_$1.txt" 2>&1
   }
   replay te "te-" &

@@ -34,7 +34,7 @@ elif [ "$part" = final ]; then
   RUN_OPTIONS="--isolate --case-timeout 120 --poison-memory --seed 1" FIRST_GPU=1 \
     bash bench/gpu_fuzz.sh "$work/te_fused" 200 500 te-fused > /dev/null 2>&1 &
   export CUDA_VISIBLE_DEVICES=0
-  timeout -k 10 150 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate --case-timeout 120 -v \
+  timeout -k 10 150 python3 -m pytest corpus -p attnfuzz.plugin --device cuda --isolate --case-timeout 120 -v \
     -p no:cacheprovider -rfEXxs -k "107394195030 or be80e7d200ca or 894ed0196ccb" > "$work/replay.txt" 2>&1
   timeout 90 python3 bench/probe_unwritten.py corpus/te-fused-FLAKY-FAIL-ALL_ZERO-894ed0196ccb.json --runs 4 \
     > "$work/probe_894ed0196ccb.txt" 2>&1
@@ -45,7 +45,7 @@ elif [ "$part" = final ]; then
   tail -n 8 "$work/replay.txt"; cat "$work/probe_894ed0196ccb.txt"
   cat "$work/te_fused/summary.txt" "$work/te_fused/triage.md" "$work/fa4/summary.txt" "$work/fa4/triage.md"
 elif [ "$part" = poison ]; then
-  CUDA_VISIBLE_DEVICES=1 timeout -k 10 420 python3 -m fuzz shrink corpus/fa4-FAIL-GRADIENT-752a9a929091.json \
+  CUDA_VISIBLE_DEVICES=1 timeout -k 10 420 python3 -m attnfuzz shrink corpus/fa4-FAIL-GRADIENT-752a9a929091.json \
     --device cuda --isolate --case-timeout 120 --max-runs 150 > "$work/shrink_752a.txt" 2>&1 &
   export CUDA_VISIBLE_DEVICES=0
   timeout 120 python3 -m pytest tests/test_poison.py -v -p no:cacheprovider > "$work/test_poison.txt" 2>&1
@@ -55,7 +55,7 @@ elif [ "$part" = poison ]; then
   ATTNFUZZ_POISON_MEMORY=1 timeout 90 python3 bench/throughput.py --backend sdpa-flash --device cuda --examples 800 \
     > "$work/throughput_sdpa-flash_poisoned.txt" 2>&1
   for i in 1 2 3; do
-    timeout -k 10 100 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate --poison-memory -v \
+    timeout -k 10 100 python3 -m pytest corpus -p attnfuzz.plugin --device cuda --isolate --poison-memory -v \
       -p no:cacheprovider -rfEXxs -k "6f13c6fe7816 or 434dd626f52e" > "$work/replay_poisoned_$i.txt" 2>&1
   done
   unset CUDA_VISIBLE_DEVICES
@@ -73,7 +73,7 @@ else
   for e in te-fused-FLAKY-FAIL-EMPTY_ROWS-6f13c6fe7816 te-fused-FLAKY-FAIL-NONFINITE-434dd626f52e; do
     timeout 60 python3 bench/probe_unwritten.py "corpus/$e.json" > "$work/probe_$e.txt" 2>&1
   done
-  timeout -k 10 180 python3 -m pytest corpus -p fuzz.plugin --device cuda --isolate --case-timeout 120 -v \
+  timeout -k 10 180 python3 -m pytest corpus -p attnfuzz.plugin --device cuda --isolate --case-timeout 120 -v \
     -p no:cacheprovider -rfEXxs -k "6cbb11acdcc4 or 6f13c6fe7816 or 752a9a929091 or 7a17e613ad9f" \
     > "$work/replay.txt" 2>&1
   unset CUDA_VISIBLE_DEVICES

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from fuzz.backends import get
-from fuzz.harness import fuzz
-from fuzz.isolate import Worker
-from fuzz.profiles import profile
-from strategies.space import Space
+from attnfuzz.backends import get
+from attnfuzz.harness import fuzz
+from attnfuzz.isolate import Worker
+from attnfuzz.profiles import profile
+from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
 

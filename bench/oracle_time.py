@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from oracles.grade import Oracle
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.oracles.grade import Oracle
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 SHAPES = {
     "small  (b=2, s=64, h=4/2, d=64, causal)": Case(b=2, sq=64, skv=64, h=4, hk=2, d_qk=64, d_v=64,

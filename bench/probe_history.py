@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fuzz import caselog
-from fuzz.backends import get
-from fuzz.harness import run_case
-from strategies.case import Case
+from attnfuzz import caselog
+from attnfuzz.backends import get
+from attnfuzz.harness import run_case
+from attnfuzz.strategies.case import Case
 
 
 def indices(spec: str, logged: list[dict]) -> list[int]:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from fuzz.backends import get
-from fuzz.corpus import load
-from oracles.grade import valid_rows
-from oracles.reference import reference
-from strategies.materialize import draw_on_cpu
+from attnfuzz.backends import get
+from attnfuzz.corpus import load
+from attnfuzz.oracles.grade import valid_rows
+from attnfuzz.oracles.reference import reference
+from attnfuzz.strategies.materialize import draw_on_cpu
 
 FILLS = (None, 0xFF, 0x42, 0x00)
 

@@ -13,10 +13,10 @@ import cProfile
 import io
 import pstats
 
-from fuzz.backends import get
-from fuzz.harness import fuzz
-from fuzz.profiles import profile
-from strategies.space import Space
+from attnfuzz.backends import get
+from attnfuzz.harness import fuzz
+from attnfuzz.profiles import profile
+from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
 

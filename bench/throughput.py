@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from strategies.space import Space
+from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
 
@@ -28,12 +28,12 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     """One process's run: warm up, (wait for `go` to exist,) fuzz `examples` cases, and split the time."""
     import torch
 
-    import fuzz.harness as harness_module
-    from fuzz.backends import get
-    from fuzz.corpus import known_bugs
-    from fuzz.harness import fuzz
-    from fuzz.profiles import profile
-    from oracles import grade as grade_module
+    import attnfuzz.harness as harness_module
+    from attnfuzz.backends import get
+    from attnfuzz.corpus import known_bugs
+    from attnfuzz.harness import fuzz
+    from attnfuzz.profiles import profile
+    from attnfuzz.oracles import grade as grade_module
 
     backend = get(backend_name, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)

@@ -3,7 +3,7 @@ backend bug; one line per run. Once, on the 2-GPU runner (after `source /tmp/att
 
     python3 bench/verify_cp.py [--corpus .gpu-findings/cp/corpus] [--budget-s 180] [--jsonl verify_cp.jsonl]
 
-Every run is graded against the float64 oracle (oracles.grade). Beside the grade, a line shows the CP-vs-non-CP
+Every run is graded against the float64 oracle (attnfuzz.oracles.grade). Beside the grade, a line shows the CP-vs-non-CP
 agreement of the same backend (all TE's own CP suite checks) and the oracle's grade of that non-CP run, so item 2
 prints the seed story's table. Where the triage names a mechanism, the output is also compared with a model of it
 (`model=`): a defect reproduced to rounding is a mechanism confirmed. Each line ends with whether it came out as the
@@ -32,18 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fuzz.backends import get  # noqa: E402
-from fuzz.backends.base import Hang, Unsupported  # noqa: E402
-from fuzz.backends.cp import BACKENDS as CP_BACKENDS, CPBackend, cudnn_version  # noqa: E402
-from fuzz.cp.agreement import cp_vs_nocp  # noqa: E402
-from fuzz.cp.capabilities import CUDNN_THD_SINKS, RING_LSE_PADDING  # noqa: E402
-from fuzz.cp.pool import CPPool  # noqa: E402
-from fuzz.cp.te import TEEngine  # noqa: E402
-from oracles import verdict as V  # noqa: E402
-from oracles.grade import Oracle, grade  # noqa: E402
-from oracles.reference import reference  # noqa: E402
-from strategies.case import Case  # noqa: E402
-from strategies.materialize import Tensors, materialize  # noqa: E402
+from attnfuzz.backends import get  # noqa: E402
+from attnfuzz.backends.base import Hang, Unsupported  # noqa: E402
+from attnfuzz.backends.cp import BACKENDS as CP_BACKENDS, CPBackend, cudnn_version  # noqa: E402
+from attnfuzz.cp.agreement import cp_vs_nocp  # noqa: E402
+from attnfuzz.cp.capabilities import CUDNN_THD_SINKS, RING_LSE_PADDING  # noqa: E402
+from attnfuzz.cp.pool import CPPool  # noqa: E402
+from attnfuzz.cp.te import TEEngine  # noqa: E402
+from attnfuzz.oracles import verdict as V  # noqa: E402
+from attnfuzz.oracles.grade import Oracle, grade  # noqa: E402
+from attnfuzz.oracles.reference import reference  # noqa: E402
+from attnfuzz.strategies.case import Case  # noqa: E402
+from attnfuzz.strategies.materialize import Tensors, materialize  # noqa: E402
 
 CP = 2
 BF16 = dict(d_qk=64, d_v=64, dtype="bfloat16")
@@ -291,7 +291,7 @@ def efficient_lse_rows(device: str) -> str:
 
 def check_corpus(directory: Path) -> list[str]:
     """One note per corpus file: whether its case is the one built in here."""
-    from fuzz.corpus import load, entry_paths
+    from attnfuzz.corpus import load, entry_paths
 
     if not directory.is_dir():
         return [f"c corpus {directory}: not found; the built-in copies of its cases run instead"]

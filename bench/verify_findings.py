@@ -7,7 +7,7 @@ missing or different file is reported on the line) runs as-is and with the varia
 same values made contiguous, FA4 called directly next to TE's call of it, the other diagonal alignment where it
 changes nothing in the math, TE's own mask helpers probed directly, both padding-mask conventions, the adapter's
 capability rules bypassed so the library's own refusal shows. Every run is graded against the float64 oracle
-(oracles.grade). One line per variation: finding, group, variation, verdict label, ratio, whether it came out as
+(attnfuzz.oracles.grade). One line per variation: finding, group, variation, verdict label, ratio, whether it came out as
 predicted, what ran. Variations run in one child process per group (te-unfused, te-fused, te-flash, fa4), so a CUDA
 fault in one group cannot stop the others; every exception is recorded, never raised; a group past its share of the
 budget (the whole, less what the groups after it reserve) skips what is left. Writes DIR/verify.jsonl and
@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.verify_variations import FIRST_RUN, HEADLINES, Variation, variations  # noqa: E402
-from strategies.case import Case  # noqa: E402
+from attnfuzz.strategies.case import Case  # noqa: E402
 
 GROUPS = ("te-unfused", "te-fused", "te-flash", "fa4")       # run order; fa4 compiles most, it goes last
 RESERVE_S = {"te-unfused": 25, "te-fused": 20, "te-flash": 45, "fa4": 90}   # kept for each group still to run

@@ -13,7 +13,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strategies.case import Case  # noqa: E402
+from attnfuzz.strategies.case import Case  # noqa: E402
 
 TE_BACKENDS = "transformer_engine.pytorch.attention.dot_product_attention.backends"
 TE_UTILS = "transformer_engine.pytorch.attention.dot_product_attention.utils"
@@ -71,7 +71,7 @@ class Variation:
 
 # -- runners -----------------------------------------------------------------------------------------------------
 def _graded(case: Case, tensors, output, family: str, device: str) -> tuple[str, float, str]:
-    from oracles.grade import Oracle, grade
+    from attnfuzz.oracles.grade import Oracle, grade
 
     verdict = grade(case, tensors, output, family=family, oracle=Oracle.of(case, tensors, device=device))
     note = output.ran
@@ -84,7 +84,7 @@ def _graded(case: Case, tensors, output, family: str, device: str) -> tuple[str,
 
 def _zero_rows(dq, tensors, case: Case) -> str:
     """The query rows whose dq is exactly 0 where the oracle's is not, as 'count rows, first..last'."""
-    from oracles.reference import reference
+    from attnfuzz.oracles.reference import reference
 
     ref = reference(case, tensors, device=dq.device).dq
     rows = ((dq.abs().amax(dim=(2, 3)) == 0) & (ref.abs().amax(dim=(2, 3)) > 0)).any(0).nonzero().flatten().tolist()
@@ -97,9 +97,9 @@ def adapter(name: str, *, contiguous: bool = False, bypass_rules: bool = False, 
     capability rules bypassed (the library refuses or not by itself), with TE's FA4 calls recorded or their negative
     window bounds normalised to None, or with the padding masks handed to TE inverted (True = keep)."""
     def run(case: Case, device: str):
-        from fuzz.backends import get
-        from fuzz.backends import transformer_engine as te_adapter
-        from strategies.materialize import materialize
+        from attnfuzz.backends import get
+        from attnfuzz.backends import transformer_engine as te_adapter
+        from attnfuzz.strategies.materialize import materialize
 
         backend = get(name, device)
         why = backend.available() if str(device).startswith("cuda") else None
@@ -131,8 +131,8 @@ def fa4_direct(causal: bool, window: tuple) -> Callable:
     def run(case: Case, device: str):
         import torch
 
-        from oracles.verdict import Output
-        from strategies.materialize import materialize
+        from attnfuzz.oracles.verdict import Output
+        from attnfuzz.strategies.materialize import materialize
 
         if case.layout != "bshd" or case.padded:
             raise ValueError(f"fa4_direct takes unpadded bshd cases, got layout={case.layout!r}")
@@ -152,8 +152,8 @@ def te_vs_fa4_dq(case: Case, device: str):
     """dq of te-flash next to dq of FA4 called directly on the same tensors: equal means TE adds nothing to it."""
     import torch
 
-    from fuzz.backends import get
-    from strategies.materialize import materialize
+    from attnfuzz.backends import get
+    from attnfuzz.strategies.materialize import materialize
 
     t = materialize(case, device)
     te_dq = get("te-flash", device).run(case, t).dq
@@ -168,7 +168,7 @@ def te_vs_fa4_dq(case: Case, device: str):
 
 def probe_qkv_layout(case: Case, device: str):
     """What TE's get_qkv_layout makes of the case's q/k/v views, and their strides against bshd's."""
-    from strategies.materialize import materialize
+    from attnfuzz.strategies.materialize import materialize
 
     t = materialize(case, device)
     layout = importlib.import_module(TE_UTILS).get_qkv_layout(t.q, t.k, t.v, qkv_format="bshd")[0]

@@ -52,11 +52,11 @@ def attention(q, k, v):
 
 
 def main():
-    from strategies import Case, materialize  # too large to inline: regenerated from the seed
+    from attnfuzz.strategies import Case, materialize  # too large to inline: regenerated from the seed
     _t = materialize(Case.from_dict(CASE), DEVICE)
     q, k, v = _t.q, _t.k, _t.v
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    from oracles.reference import reference
+    from attnfuzz.oracles.reference import reference
     EXPECTED = reference(Case.from_dict(CASE), _t).out
     DOUT = _t.dout
     _ref = reference(Case.from_dict(CASE), _t)

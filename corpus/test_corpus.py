@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz import corpus as corpus_io
-from fuzz.cli import changed_label, replay_outcome
+from attnfuzz import corpus as corpus_io
+from attnfuzz.cli import changed_label, replay_outcome
 
 
 def test_entry(corpus_entry, attnfuzz, attnfuzz_workers) -> None:

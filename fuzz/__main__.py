@@ -1,7 +1,7 @@
-"""python -m fuzz: the attnfuzz command line."""
+"""python3 -m attnfuzz: the attnfuzz command line."""
 
 import sys
 
-from fuzz.cli import main
+from attnfuzz.cli import main
 
 sys.exit(main())

@@ -21,10 +21,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from fuzz import corpus as corpus_io
-from fuzz import poison
-from fuzz.coverage import Coverage
-from fuzz.report import build_report
+from attnfuzz import corpus as corpus_io
+from attnfuzz import poison
+from attnfuzz.coverage import Coverage
+from attnfuzz.report import build_report
 
 RESTARTS = 3  # a lane that dies is restarted this many times (it resumes from its log)
 
@@ -80,7 +80,7 @@ def new_config(args) -> dict:
             raise CampaignError("--gpus needs --device cuda; on cpu give --workers N")
         lanes = args.workers or 1
     backends = [b for b in args.backends.split(",") if b]
-    from fuzz.backends import get
+    from attnfuzz.backends import get
     versions, skipped = {}, {}
     for name in backends:
         try:
@@ -158,7 +158,7 @@ def start_lane(campaign: Path, index: int, config: dict) -> subprocess.Popen:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
         env["CUDA_VISIBLE_DEVICES"] = visible[index % gpus]  # lane i on GPU i mod gpus
     log = (campaign / "state" / f"lane{index}.stderr").open("a")
-    return subprocess.Popen([sys.executable, "-m", "fuzz.lane", str(campaign), str(index)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "attnfuzz.lane", str(campaign), str(index)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
 
 

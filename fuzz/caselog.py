@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from oracles.verdict import Verdict
-from strategies.case import Case
+from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.strategies.case import Case
 
 # The link a campaign gives a failure it counts as KNOWN because it saved that bug already (fuzz/lane.py, seen_in);
 # the report tells those apart from the corpus's known bugs by it.

@@ -10,16 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import campaign, caselog, poison, report, shrink, triage, versiondiff
-from fuzz import corpus as corpus_io
-from fuzz.backends import factories, get
-from fuzz.harness import Tally, fuzz
-from fuzz.isolate import Workers, isolated
-from fuzz.profiles import PROFILES, for_backend, profile
-from oracles import verdict as V
-from oracles.verdict import Verdict
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz import campaign, caselog, poison, report, shrink, triage, versiondiff
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import factories, get
+from attnfuzz.harness import Tally, fuzz
+from attnfuzz.isolate import Workers, isolated
+from attnfuzz.profiles import PROFILES, for_backend, profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 
 DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded default: CPU, small
 

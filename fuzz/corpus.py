@@ -16,8 +16,8 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracles.verdict import CRASH, FLAKY, Verdict
-from strategies.case import SCHEMA, Case
+from attnfuzz.oracles.verdict import CRASH, FLAKY, Verdict
+from attnfuzz.strategies.case import SCHEMA, Case
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
 
@@ -143,7 +143,7 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
     entry.environment = entry.environment or environment(entry.device)
     path.write_text(json.dumps(entry.to_dict(), indent=2, sort_keys=True) + "\n")
     if repro:
-        from fuzz.repro import write_repro
+        from attnfuzz.repro import write_repro
         write_repro(entry, path.with_suffix(".py"))
     return path
 
@@ -204,12 +204,12 @@ def known_bugs_of(entries: list[tuple[Path, Entry]]):
 
 
 def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
-    """Run the entry's case through its backend again (in `worker`, a fuzz.isolate.Worker for that backend, when
+    """Run the entry's case through its backend again (in `worker`, a attnfuzz.isolate.Worker for that backend, when
     given); UNSUPPORTED (with why) when the backend is unavailable, or when the entry hung and no worker is given
     (in-process, nothing could stop it)."""
-    from fuzz.backends import get
-    from fuzz.harness import run_case
-    from oracles.verdict import HANG, UNSUPPORTED
+    from attnfuzz.backends import get
+    from attnfuzz.harness import run_case
+    from attnfuzz.oracles.verdict import HANG, UNSUPPORTED
     device = device or entry.device
     backend = get(entry.backend, device)
     if worker is not None and not backend.own_processes:

@@ -24,8 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from oracles import verdict as V
-from strategies.case import DTYPES, LAYOUTS, Case
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import DTYPES, LAYOUTS, Case
 
 Cell = tuple[str, ...]
 

@@ -21,15 +21,15 @@ import hypothesis
 import torch
 from hypothesis import strategies as st
 
-from fuzz import poison
-from fuzz.backends.base import Backend, Hang, Unsupported
-from fuzz.caselog import known_bug_check
-from oracles import verdict as V
-from oracles.grade import Oracle, grade
-from strategies.case import Case
-from strategies.cases import attention_cases, pick
-from strategies.materialize import Tensors, draw_on_cpu
-from strategies.space import Space, narrow_to
+from attnfuzz import poison
+from attnfuzz.backends.base import Backend, Hang, Unsupported
+from attnfuzz.caselog import known_bug_check
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import Oracle, grade
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.cases import attention_cases, pick
+from attnfuzz.strategies.materialize import Tensors, draw_on_cpu
+from attnfuzz.strategies.space import Space, narrow_to
 
 
 class Finding(AssertionError):
@@ -223,7 +223,7 @@ def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, 
 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
-        if worker is not None:  # fuzz.isolate.Worker: the backend runs in a child process
+        if worker is not None:  # attnfuzz.isolate.Worker: the backend runs in a child process
             verdict = worker.run(case)
         else:
             verdict = run_case(backend, case, device=device, inflight=inflight)
@@ -273,7 +273,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     findings, one per distinct verdict label. Each finding's case is run `reruns` more times: a failure that does not
     come back every time (or that Hypothesis could not reproduce) is a FLAKY finding, with how often it failed.
 
-    `worker` is anything with run(case) -> Verdict (fuzz.isolate.Worker; a campaign's resumable cache); without one,
+    `worker` is anything with run(case) -> Verdict (attnfuzz.isolate.Worker; a campaign's resumable cache); without one,
     cases run in this process. `database_key` names the backend's failures in the settings' example database, so that
     runs with other seeds, other processes and other machines replay them (Hypothesis keys by function source
     otherwise, which is the same for every backend)."""

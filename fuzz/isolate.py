@@ -2,7 +2,7 @@
 case, not the run.
 
 The worker builds the backend from its spec (a registry name or package.module:function), then runs and grades
-cases (fuzz.harness.run_case) as they come. When it dies the case is a CRASH named after the signal or exit code.
+cases (attnfuzz.harness.run_case) as they come. When it dies the case is a CRASH named after the signal or exit code.
 When it does not answer within the timeout it is killed, and a fresh worker runs the same case once more with
 `confirm_factor` times the limit (default 2): a JIT compile can take minutes on a loaded host, and a slow case is
 not a hung one. If that attempt answers, its verdict stands, with a line among its checks saying the first attempt
@@ -18,15 +18,15 @@ import multiprocessing
 import signal
 import time
 
-from fuzz import poison
-from oracles import verdict as V
-from strategies.case import Case
+from attnfuzz import poison
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
 
 
 STARTUP_S = 300
 # Imported once by the fork server, so a fresh worker is a fork (tens of ms), not a new interpreter importing torch
 # (seconds): a crash that recurs on every shrink attempt stays cheap. Nothing here may initialise CUDA.
-PRELOAD = ["torch", "fuzz.harness", "fuzz.backends"]
+PRELOAD = ["torch", "attnfuzz.harness", "attnfuzz.backends"]
 
 
 def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
@@ -34,8 +34,8 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
     torch.set_num_threads(threads)
     if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
         poison.enable()
-    from fuzz.backends import get
-    from fuzz.harness import run_case
+    from attnfuzz.backends import get
+    from attnfuzz.harness import run_case
     backend = get(spec, device)
     # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
     unavailable = backend.available()

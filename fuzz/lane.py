@@ -23,15 +23,15 @@ from pathlib import Path
 from hypothesis import Phase
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from fuzz import caselog, poison
-from fuzz import corpus as corpus_io
-from fuzz.backends import get
-from fuzz.harness import Tally, fuzz, mark_known, run_case
-from fuzz.isolate import isolated
-from fuzz.profiles import for_backend, profile
-from oracles import verdict as V
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz import caselog, poison
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.harness import Tally, fuzz, mark_known, run_case
+from attnfuzz.isolate import isolated
+from attnfuzz.profiles import for_backend, profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 
 
 class TimeUp(BaseException):
@@ -276,7 +276,7 @@ class Lane:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m fuzz.lane CAMPAIGN_DIR INDEX (started by `attnfuzz campaign`)."""
+    """python -m attnfuzz.lane CAMPAIGN_DIR INDEX (started by `attnfuzz campaign`)."""
     argv = sys.argv[1:] if argv is None else argv
     import torch
     torch.set_num_threads(1)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import poison
-from fuzz.profiles import PROFILES
+from attnfuzz import poison
+from attnfuzz.profiles import PROFILES
 
 _OPTIONS = pytest.StashKey["Options"]()
 
@@ -74,11 +74,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     options = metafunc.config.stash[_OPTIONS]
     if "fuzz_backend" in metafunc.fixturenames:
-        from fuzz.backends import factories
+        from attnfuzz.backends import factories
         names = list(options.backends) or list(factories())
         metafunc.parametrize("fuzz_backend", names, ids=names)
     if "corpus_entry" in metafunc.fixturenames:
-        from fuzz.corpus import entry_paths
+        from attnfuzz.corpus import entry_paths
         paths = entry_paths(options.corpus) if options.corpus.exists() else []
         if paths:
             metafunc.parametrize("corpus_entry", paths, ids=[p.name for p in paths])
@@ -94,13 +94,13 @@ def attnfuzz(request: pytest.FixtureRequest) -> Options:
 
 @pytest.fixture(scope="session")
 def attnfuzz_workers(request: pytest.FixtureRequest):
-    """With --isolate: workers(backend, device) -> a fuzz.isolate.Worker kept for the session (a crash replaces its
+    """With --isolate: workers(backend, device) -> a attnfuzz.isolate.Worker kept for the session (a crash replaces its
     process, so an entry that poisons CUDA costs that entry only); None without --isolate."""
     options = request.config.stash[_OPTIONS]
     if not options.isolate:
         yield lambda backend, device: None
         return
-    from fuzz.isolate import Workers
+    from attnfuzz.isolate import Workers
     workers = Workers(options.case_timeout)
     yield workers
     workers.close()

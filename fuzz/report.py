@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fuzz import caselog
-from fuzz import corpus as corpus_io
-from fuzz.coverage import AXES, SPACE_SIZE, Coverage
+from attnfuzz import caselog
+from attnfuzz import corpus as corpus_io
+from attnfuzz.coverage import AXES, SPACE_SIZE, Coverage
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
 CRASHED = ("CRASH", "HANG", "FLAKY")
@@ -340,7 +340,7 @@ STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-col
 def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path | None = None) -> Path:
     """Read the campaign and write report.md, index.html and the plots into `out_dir` (default DIR/report, or
     report/ beside a single log file). Returns the path of index.html."""
-    from fuzz import report_plots as plots
+    from attnfuzz import report_plots as plots
     campaign_dir = Path(campaign_dir)
     c = read_campaign(campaign_dir, corpus)
     out_dir = Path(out_dir) if out_dir else (campaign_dir.parent if campaign_dir.is_file() else campaign_dir) / "report"
@@ -352,7 +352,7 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     if c.state:
         tables.append(state_table(c))
     if c.meta.get("known") and campaign_dir.is_dir():
-        from fuzz.triage import known_table
+        from attnfuzz.triage import known_table
         known = known_table(campaign_dir, Path(c.meta["known"]))
         if known is not None:
             tables.append(known)

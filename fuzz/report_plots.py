@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fuzz.coverage import AXES, Coverage
+from attnfuzz.coverage import AXES, Coverage
 
 RATIO_FLOOR, RATIO_CEIL = 1e-6, 1e6   # ratio 0 (exact) and inf are drawn at these edges of the log axis
 # outcome -> colour in the outcome bars

@@ -24,10 +24,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from fuzz.backends.source import literal
-from oracles.grade import Oracle, check_out, gradient_check
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends.source import literal
+from attnfuzz.oracles.grade import Oracle, check_out, gradient_check
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 INLINE = 1 << 16
 
@@ -35,8 +35,8 @@ _ADAPTER_CALL = '''
 
 def attention(q, k, v):
     """No standalone spelling for this backend or case: call it through attnfuzz's adapter."""
-    from fuzz.backends import get
-    from strategies import Case, materialize
+    from attnfuzz.backends import get
+    from attnfuzz.strategies import Case, materialize
     case = Case.from_dict(CASE)
     t = materialize(case, DEVICE)
     t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
@@ -68,9 +68,9 @@ def script(entry) -> str:
     if small:
         inputs, expected = _inputs(case, t), f"EXPECTED = {literal(oracle.ref.out)}"
     else:
-        inputs = ("from strategies import Case, materialize  # too large to inline: regenerated from the seed\n"
+        inputs = ("from attnfuzz.strategies import Case, materialize  # too large to inline: regenerated from the seed\n"
                   "_t = materialize(Case.from_dict(CASE), DEVICE)\nq, k, v = _t.q, _t.k, _t.v")
-        expected = ("from oracles.reference import reference\n"
+        expected = ("from attnfuzz.oracles.reference import reference\n"
                     "EXPECTED = reference(Case.from_dict(CASE), _t).out")
     constants = ""
     if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
@@ -182,7 +182,7 @@ def _expected_grads(entry, oracle: Oracle, t, small: bool) -> tuple[str, str]:
 
 def written_call(entry) -> str | None:
     """The adapter's own source for `attention(q, k, v)`, or None where it has no writer for the case."""
-    from fuzz.backends import get
+    from attnfuzz.backends import get
     try:
         writer = get(entry.backend, entry.device).repro_source  # type: ignore[attr-defined]
     except (AttributeError, ValueError):
@@ -191,7 +191,7 @@ def written_call(entry) -> str | None:
 
 
 def get_family(entry) -> str:
-    from fuzz.backends import get
+    from attnfuzz.backends import get
     try:
         return get(entry.backend, entry.device).family
     except ValueError:

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-from fuzz import corpus as corpus_io
-from fuzz import poison
-from oracles import verdict as V
-from strategies.case import Case
-from strategies.cases import HEAD_DIMS
+from attnfuzz import corpus as corpus_io
+from attnfuzz import poison
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.cases import HEAD_DIMS
 
 SWITCHES = ("grads", "causal", "window", "mask_density", "softcap", "alibi_slopes", "scale", "softmax", "memory",
             "mean", "std", "alignment", "spelling", "dtype", "layout", "seed")
@@ -127,9 +127,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_shrink(args) -> int:
-    from fuzz.backends import get
-    from fuzz.harness import run_case
-    from fuzz.isolate import isolated
+    from attnfuzz.backends import get
+    from attnfuzz.harness import run_case
+    from attnfuzz.isolate import isolated
     try:
         entry = corpus_io.load(args.entry)
         device = args.device or entry.device

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from fuzz import corpus as corpus_io
-from fuzz.backends import get
-from fuzz.harness import fuzz
-from fuzz.isolate import isolated
-from fuzz.profiles import for_backend, profile
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.harness import fuzz
+from attnfuzz.isolate import isolated
+from attnfuzz.profiles import for_backend, profile
 
 
 def test_backend(fuzz_backend: str, attnfuzz) -> None:

@@ -15,10 +15,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fuzz import caselog
-from fuzz import corpus as corpus_io
-from oracles.verdict import FAILED, KNOWN, Verdict
-from strategies.case import Case
+from attnfuzz import caselog
+from attnfuzz import corpus as corpus_io
+from attnfuzz.oracles.verdict import FAILED, KNOWN, Verdict
+from attnfuzz.strategies.case import Case
 
 
 def add_parser(sub) -> None:
@@ -92,7 +92,7 @@ def markdown(result: dict) -> str:
 def known_table(campaign_dir: Path, known: Path):
     """For a campaign's report: which known bug of `known` (the campaign's --known corpus) took how many of its
     failures, and of what shapes; None when that corpus is not here."""
-    from fuzz.report import Table
+    from attnfuzz.report import Table
     if not known.is_dir():
         return None
     rows = _taken_rows(triage([campaign_dir], known))

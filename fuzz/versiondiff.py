@@ -17,11 +17,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fuzz import caselog
-from fuzz import corpus as corpus_io
-from fuzz.isolate import isolated
-from oracles import verdict as V
-from strategies.case import Case
+from attnfuzz import caselog
+from attnfuzz import corpus as corpus_io
+from attnfuzz.isolate import isolated
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
 
 FAILED = V.FAILED + (V.KNOWN,)
 
@@ -76,8 +76,8 @@ def snapshot(sources: list[Path], *, label: str = "", device: str | None = None,
              case_timeout: float = 120.0) -> dict:
     """Run every gathered case on this stack; the stack's versions and one result per case."""
     import torch
-    from fuzz.backends import get
-    from fuzz.harness import run_case
+    from attnfuzz.backends import get
+    from attnfuzz.harness import run_case
     cases = gather(sources, max_cases)
     results, versions, adapters, workers, unavailable = [], {}, {}, {}, {}
     try:

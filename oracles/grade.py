@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from oracles import verdict as V
-from oracles.reference import Reference, reference
-from oracles.tolerance import Check, check
-from strategies.case import Case
-from strategies.materialize import Tensors, torch_dtype
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.reference import Reference, reference
+from attnfuzz.oracles.tolerance import Check, check
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from oracles.masks import band, diagonal_offset, distance
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.oracles.masks import band, diagonal_offset, distance
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 CHUNK_BYTES = 64 * 2**20
 

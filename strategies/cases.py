@@ -12,8 +12,8 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 
 TILES = (16, 32, 64, 128, 256)
 HEAD_DIMS = (8, 16, 32, 64, 96, 128, 256)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies.case import Case
+from attnfuzz.strategies.case import Case
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                 "float64": torch.float64}

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, Case
+from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, Case
 
 
 def _positive(name: str, value) -> None:

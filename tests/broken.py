@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fuzz.backends.base import Backend, first_reason
-from fuzz.backends.layout import visibility_mask
-from oracles.verdict import Output
+from attnfuzz.backends.base import Backend, first_reason
+from attnfuzz.backends.layout import visibility_mask
+from attnfuzz.oracles.verdict import Output
 
 
 class Correct(Backend):

@@ -10,15 +10,15 @@ import sys
 import pytest
 import torch
 
-from fuzz.backends import factories, flash_common as fc
-from fuzz.backends.base import Unsupported
-from fuzz.backends.flash_attn2 import FlashAttn2
-from fuzz.backends.flash_attn3 import FlashAttn3
-from fuzz.backends.flash_attn4 import FlashAttn4
-from oracles import verdict as V
-from oracles.grade import grade
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends import factories, flash_common as fc
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.backends.flash_attn2 import FlashAttn2
+from attnfuzz.backends.flash_attn3 import FlashAttn3
+from attnfuzz.backends.flash_attn4 import FlashAttn4
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import grade
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 from tests.fakes import flash_attn as fakes
 
 ADAPTERS = {"fa2": (FlashAttn2, fakes.make_fa2), "fa3": (FlashAttn3, fakes.make_fa3),
@@ -322,7 +322,7 @@ def test_wide_bound_hides_no_key():
 def test_fa4_turns_its_disk_cache_on_before_import_unless_the_user_chose(monkeypatch, calls):
     """FA4 reads FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED once, at import: attnfuzz sets it first (every fresh worker
     would otherwise recompile each kernel), and a user's "0" stays."""
-    from fuzz.backends.flash_attn4 import DISK_CACHE
+    from attnfuzz.backends.flash_attn4 import DISK_CACHE
     seen = []
     fakes.install(monkeypatch, fakes.make_fa4(calls))
     real_import = importlib.import_module

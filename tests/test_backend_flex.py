@@ -12,15 +12,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from fuzz.backends import flex, get
-from fuzz.backends.base import Unsupported
-from fuzz.harness import cases_for
-from oracles import verdict as V
-from oracles.grade import Oracle, grade
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import materialize
-from strategies.space import Space
+from attnfuzz.backends import flex, get
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.harness import cases_for
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import Oracle, grade
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.space import Space
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 GQA = dict(h=4, hk=2)

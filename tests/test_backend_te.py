@@ -10,13 +10,13 @@ import os
 import pytest
 import torch
 
-from fuzz.backends import factories, te_select as sel
-from fuzz.backends import transformer_engine as te_adapter
-from fuzz.backends.base import Unsupported
-from oracles import verdict as V
-from oracles.grade import grade
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends import factories, te_select as sel
+from attnfuzz.backends import transformer_engine as te_adapter
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import grade
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 from tests.fakes import flash_attn as fake_fa
 from tests.fakes.transformer_engine import FakeTE, fa4_passthrough
 

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from fuzz import corpus as corpus_io
-from fuzz.cli import main
-from fuzz.harness import fuzz
-from fuzz.profiles import profile
-from oracles import verdict as V
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz import corpus as corpus_io
+from attnfuzz.cli import main
+from attnfuzz.harness import fuzz
+from attnfuzz.profiles import profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 from tests.broken import BROKEN, Correct
 
 CASE = Case(sq=3, skv=5, d_qk=8, d_v=8, dtype="float16", causal=True, alignment="bottom_right", seed=5)
@@ -137,7 +137,7 @@ def test_cli_backends_lists_every_backend_with_why_not(capsys):
 
 
 def test_cli_replay_isolate_reports_a_crashing_entry_and_goes_on(tmp_path, capsys):
-    from oracles.verdict import Verdict
+    from attnfuzz.oracles.verdict import Verdict
     spec = "tests.misbehaving:segfault_when_causal"
     corpus_io.save(tmp_path, corpus_io.Entry(spec, Case(sq=4, skv=4, d_qk=8, d_v=8, causal=True),
                                              Verdict("CRASH", "SIGSEGV")), repro=False)

@@ -7,10 +7,10 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from fuzz.coverage import AXES, AXIS_NAMES, SPACE_SIZE, Coverage, cell_of
-from strategies.case import Case
-from strategies.cases import attention_cases
-from strategies.space import Space
+from attnfuzz.coverage import AXES, AXIS_NAMES, SPACE_SIZE, Coverage, cell_of
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.cases import attention_cases
+from attnfuzz.strategies.space import Space
 
 PAD = dict(b=2, seqlens_q=(16, 9), seqlens_kv=(16, 12))
 

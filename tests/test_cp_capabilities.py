@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.errors import InvalidArgument
 
-from fuzz.cp.capabilities import (LSE_ALIGN, TE_COMM_TYPES, TE_KERNELS, ring_lse_align, ring_lse_padding_defect,
+from attnfuzz.cp.capabilities import (LSE_ALIGN, TE_COMM_TYPES, TE_KERNELS, ring_lse_align, ring_lse_padding_defect,
                                    ring_refusal, te_refusal)
-from fuzz.cp.cases import cp_cases
-from fuzz.cp.ring import RingEngine
-from fuzz.cp.te import TEEngine
-from strategies.case import Case
+from attnfuzz.cp.cases import cp_cases
+from attnfuzz.cp.ring import RingEngine
+from attnfuzz.cp.te import TEEngine
+from attnfuzz.strategies.case import Case
 
 ENGINES = [RingEngine("allgather"), RingEngine("alltoall"), RingEngine("allgather", 4),
            RingEngine("alltoall", 2, "cuda")] + [TEEngine(c, k, w) for c, w in TE_COMM_TYPES.items()

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fuzz.backends.cp import CPBackend
-from fuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
-from fuzz.cp.outcome import run_and_grade
-from fuzz.cp.pool import CPPool
-from fuzz.cp.ring import RingEngine
-from oracles import verdict as V
-from strategies.case import Case
+from attnfuzz.backends.cp import CPBackend
+from attnfuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
+from attnfuzz.cp.outcome import run_and_grade
+from attnfuzz.cp.pool import CPPool
+from attnfuzz.cp.ring import RingEngine
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
 
 FLAWS = ("", "drop_rank", "lse_max", "equal_weights")
 

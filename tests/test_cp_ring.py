@@ -10,16 +10,16 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from fuzz.backends.cp import BACKENDS, CPBackend
-from fuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect
-from fuzz.cp.cases import cp_cases
-from fuzz.cp.outcome import run_and_grade
-from fuzz.cp.pool import CPPool
-from fuzz.cp.ring import RingEngine, SdpaOps, sdpa_ops
-from oracles import verdict as V
-from oracles.grade import grade
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends.cp import BACKENDS, CPBackend
+from attnfuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect
+from attnfuzz.cp.cases import cp_cases
+from attnfuzz.cp.outcome import run_and_grade
+from attnfuzz.cp.pool import CPPool
+from attnfuzz.cp.ring import RingEngine, SdpaOps, sdpa_ops
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import grade
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 ROTATES = ("allgather", "alltoall")
 FAST_DTYPES = ("float32", "bfloat16", "float16")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from fuzz.cp import shard
-from fuzz.cp.pool import gather
-from strategies.case import Case
+from attnfuzz.cp import shard
+from attnfuzz.cp.pool import gather
+from attnfuzz.strategies.case import Case
 
 
 def _lists(parts):

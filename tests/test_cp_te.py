@@ -10,14 +10,14 @@ import os
 import pytest
 import torch
 
-from fuzz.backends.base import Unsupported
-from fuzz.cp import shard, te as te_mod
-from fuzz.cp.engine import RankContext
-from fuzz.cp.pool import gather
-from fuzz.cp.te import TEApi, TEEngine, translate
-from fuzz.cp.worker import local_inputs
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.cp import shard, te as te_mod
+from attnfuzz.cp.engine import RankContext
+from attnfuzz.cp.pool import gather
+from attnfuzz.cp.te import TEApi, TEEngine, translate
+from attnfuzz.cp.worker import local_inputs
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 NVTE = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fuzz.backends import factories, get
-from fuzz.backends.cp import BACKENDS as CP_BACKENDS
-from oracles.grade import Oracle
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends import factories, get
+from attnfuzz.backends.cp import BACKENDS as CP_BACKENDS
+from attnfuzz.oracles.grade import Oracle
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / ".gpu-findings" / "cp" / "corpus"

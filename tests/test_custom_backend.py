@@ -3,7 +3,7 @@ with the right diagnosis, cases needing a field the kernel lacks are refused, an
 
 `example_attention` below is a correct kernel of the contract (fuzz/backends/custom.py), written in plain torch:
 
-    python -m fuzz run --backend tests.test_custom_backend:example_attention
+    python3 -m attnfuzz run --backend tests.test_custom_backend:example_attention
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from fuzz.backends import get
-from fuzz.backends.base import Unsupported
-from fuzz.backends.custom import load_custom, needed_fields
-from fuzz.harness import cases_for
-from oracles import verdict as V
-from oracles.grade import grade
-from strategies.case import Case
-from strategies.materialize import materialize
-from strategies.space import Space
+from attnfuzz.backends import get
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.backends.custom import load_custom, needed_fields
+from attnfuzz.harness import cases_for
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import grade
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.space import Space
 
 HERE = __name__
 

@@ -3,11 +3,11 @@ that claims determinism must give the same bits on every run."""
 
 from __future__ import annotations
 
-from fuzz.harness import Finding, confirm, fuzz, run_case
-from fuzz.profiles import profile
-from oracles import verdict as V
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz.harness import Finding, confirm, fuzz, run_case
+from attnfuzz.profiles import profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 from tests.broken import BROKEN, Correct
 
 SPACE = Space(max_len=32)

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from oracles import verdict as V
-from oracles.grade import Oracle, alternatives, grade
-from oracles.reference import reference
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import Oracle, alternatives, grade
+from attnfuzz.oracles.reference import reference
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 BASE = Case(b=2, sq=40, skv=64, h=4, hk=2, d_qk=32, d_v=16, dtype="bfloat16", causal=True, seed=7)
 

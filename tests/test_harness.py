@@ -6,13 +6,13 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fuzz.harness import fuzz, run_case
-from fuzz.profiles import profile
-from oracles import verdict as V
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.space import Space
-from fuzz.backends.layout import visibility_mask
+from attnfuzz.harness import fuzz, run_case
+from attnfuzz.profiles import profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
+from attnfuzz.backends.layout import visibility_mask
 from tests.broken import BROKEN, Correct
 
 SPACE = Space(max_len=80)
@@ -119,7 +119,7 @@ def test_refused_features_are_not_drawn():
 
 def test_correct_custom_kernel_never_fails_over_2000_examples():
     """The bring-your-own contract end to end: tests/test_custom_backend.py's example kernel, loaded by spec."""
-    from fuzz.backends import get
+    from attnfuzz.backends import get
     backend = get("tests.test_custom_backend:example_attention")
     tally, findings = fuzz(backend, space=SPACE, settings=profile("ci", max_examples=2000))
     assert not findings, [f"{f.verdict.label} {f.verdict.message} {f.case!r}" for f in findings]
@@ -127,8 +127,8 @@ def test_correct_custom_kernel_never_fails_over_2000_examples():
 
 
 def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs():
-    from fuzz.harness import ORACLE_ON_CPU_UP_TO, oracle_inputs
-    from strategies.materialize import materialize
+    from attnfuzz.harness import ORACLE_ON_CPU_UP_TO, oracle_inputs
+    from attnfuzz.strategies.materialize import materialize
     small = Case(b=2, sq=16, skv=16, h=2, hk=2, d_qk=8, d_v=8)
     drawn = materialize(small, "cpu")
     on_device = materialize(small, "meta")  # stands in for the GPU copy
@@ -142,7 +142,7 @@ def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs
 def test_tensors_move_between_devices_in_their_memory_format():
     """Tensors.to keeps a head-major layout and a stride-0 KV head (it is how GPU inputs are made from the CPU draw,
     and how a small GPU case's inputs come back to the CPU oracle); "meta" stands in for a second device here."""
-    from strategies.materialize import materialize
+    from attnfuzz.strategies.materialize import materialize
     for memory in ("contiguous", "transposed", "expanded_kv"):
         case = Case(b=2, sq=5, skv=7, h=4, hk=2, d_qk=8, d_v=8, memory=memory, grads=True, mask_density=0.5)
         here = materialize(case, "cpu")

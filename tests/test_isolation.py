@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from fuzz.backends import get
-from fuzz.harness import fuzz
-from fuzz.isolate import Worker
-from fuzz.profiles import profile
-from oracles import verdict as V
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz.backends import get
+from attnfuzz.harness import fuzz
+from attnfuzz.isolate import Worker
+from attnfuzz.profiles import profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 from tests.misbehaving import SLOW_FIRST_MARKER
 
 PLAIN = Case(sq=4, skv=4, d_qk=8, d_v=8)
@@ -130,7 +130,7 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
     import sys
     from pathlib import Path
 
-    from fuzz import corpus as corpus_io
+    from attnfuzz import corpus as corpus_io
     spec = "tests.misbehaving:hangs"
     run = subprocess.Popen([sys.executable, "-m", "fuzz", "run", "--backend", spec, "--isolate", "--case-timeout",
                             "300", "--max-examples", "5", "--corpus", str(tmp_path)],
@@ -152,8 +152,8 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
 
 
 def _corpus_with_a_segfault_first(directory):
-    from fuzz import corpus as corpus_io
-    from oracles.verdict import Verdict
+    from attnfuzz import corpus as corpus_io
+    from attnfuzz.oracles.verdict import Verdict
     spec = "tests.misbehaving:segfault_when_causal"
     crash = corpus_io.Entry(spec, PLAIN.replace(causal=True), Verdict(V.CRASH, "SIGSEGV"),
                             known_bug={"link": "tests/misbehaving.py", "note": "segfaults under causal"})
@@ -189,8 +189,8 @@ def test_an_isolated_replay_asks_the_worker_whether_the_backend_is_available(mon
     """TE must be imported before torch loads cuDNN: a replay process that ran cuDNN entries cannot import it, but
     its fresh workers can. So availability is the worker's to judge, and an unavailable backend is UNSUPPORTED (a
     skip), not a crash of the worker's import."""
-    from fuzz import corpus as corpus_io
-    from fuzz.backends.flash_attn4 import FlashAttn4
+    from attnfuzz import corpus as corpus_io
+    from attnfuzz.backends.flash_attn4 import FlashAttn4
 
     def not_here(self):
         raise AssertionError("availability was asked in the replaying process")

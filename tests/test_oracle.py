@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from strategies.case import Case
-from strategies.materialize import materialize
-from oracles.reference import reference
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+from attnfuzz.oracles.reference import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,8 +131,8 @@ def test_chunking_does_not_change_the_result():
 
 def test_memory_stays_bounded_on_a_long_head():
     """16k x 16k scores would take 2 GiB in float64 unchunked; the chunked oracle stays far below."""
-    code = ("import resource, torch\nfrom strategies.case import Case\nfrom strategies.materialize import "
-            "materialize\nfrom oracles.reference import reference\n"
+    code = ("import resource, torch\nfrom attnfuzz.strategies.case import Case\nfrom attnfuzz.strategies.materialize import "
+            "materialize\nfrom attnfuzz.oracles.reference import reference\n"
             "c = Case(sq=16384, skv=16384, d_qk=8, d_v=8, dtype='bfloat16', causal=True)\n"
             "t = materialize(c)\nbase = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "reference(c, t, chunk_bytes=32 * 2**20)\n"
@@ -154,7 +154,8 @@ def independence_violations(source: str) -> list[str]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             for name in filter(None, names):
-                if name.split(".")[0] not in ALLOWED_IMPORTS or name.startswith(("torch.nn", "torch.ops")):
+                root = ".".join(name.split(".")[:2]) if name.startswith("attnfuzz.") else name.split(".")[0]
+                if root not in ALLOWED_IMPORTS or name.startswith(("torch.nn", "torch.ops")):
                     found.append(f"imports {name}")
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "case":
             continue  # a field of the case language, e.g. case.softmax
@@ -165,7 +166,7 @@ def independence_violations(source: str) -> list[str]:
     return found
 
 
-ALLOWED_IMPORTS = {"torch", "math", "dataclasses", "__future__", "oracles", "strategies", "typing"}
+ALLOWED_IMPORTS = {"torch", "math", "dataclasses", "__future__", "attnfuzz.oracles", "attnfuzz.strategies", "typing"}
 
 
 def test_oracle_calls_no_attention_backend():
@@ -178,6 +179,6 @@ def test_oracle_calls_no_attention_backend():
 @pytest.mark.parametrize("bad", ["import torch.nn.functional as F", "from torch.nn.attention import sdpa_kernel",
                                  "out = torch.softmax(s, -1)", "from flash_attn import flash_attn_func",
                                  "y = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)",
-                                 "from fuzz.backends import get"])
+                                 "from attnfuzz.backends import get"])
 def test_independence_check_fires(bad):
     assert independence_violations(bad), bad

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuzz import poison
-from fuzz.backends import get
-from fuzz.cli import main
-from fuzz.harness import run_case
-from strategies.case import Case
+from attnfuzz import poison
+from attnfuzz.backends import get
+from attnfuzz.cli import main
+from attnfuzz.harness import run_case
+from attnfuzz.strategies.case import Case
 
 MiB = 1 << 20
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import caselog
-from fuzz import corpus as corpus_io
-from fuzz.backends import get
-from fuzz.harness import fuzz
-from fuzz.profiles import profile
-from fuzz.report import add_parser, build_report, cmd_report, read_campaign
-from fuzz.report_plots import plot_coverage, plot_ratios
-from fuzz.coverage import Coverage
-from oracles.verdict import Verdict
-from strategies.case import Case
-from strategies.space import Space
+from attnfuzz import caselog
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.harness import fuzz
+from attnfuzz.profiles import profile
+from attnfuzz.report import add_parser, build_report, cmd_report, read_campaign
+from attnfuzz.report_plots import plot_coverage, plot_ratios
+from attnfuzz.coverage import Coverage
+from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
 from tests.broken import ZeroWhenCausal
 
 NASTY = '<script>alert("x")</script> & | pipes'
@@ -199,8 +199,8 @@ def test_markdown_escapes_pipes_and_lists_findings(campaign):
 def test_known_bugs_this_campaign_found_itself_are_counted_apart(tmp_path):
     """A campaign counts a failure KNOWN when a corpus known bug matches it, or when it saved that bug earlier
     itself (fuzz/lane.py, seen_in): the report says how many of the KNOWN were the latter."""
-    from fuzz.harness import mark_known
-    from fuzz.lane import seen_in
+    from attnfuzz.harness import mark_known
+    from attnfuzz.lane import seen_in
     case, fail = Case(causal=True), Verdict("FAIL", "ALL_ZERO", "every graded output element is 0")
     corpus_io.save(tmp_path / "corpus", corpus_io.Entry(backend="b", case=case, verdict=fail), repro=False)
     here = mark_known(seen_in(tmp_path / "corpus"), "b", case, fail)
@@ -247,6 +247,6 @@ def test_cli_report_command(campaign, tmp_path):
     assert cmd_report(parser.parse_args(["report", str(campaign[0]), "--out", str(out)])) == 0
     assert (out / "index.html").exists() and (out / "report.md").exists()
     assert cmd_report(parser.parse_args(["report", str(tmp_path / "missing")])) == 2
-    from fuzz.cli import main
+    from attnfuzz.cli import main
     assert main(["report", str(campaign[0]), "--out", str(tmp_path / "via-cli")]) == 0
     assert (tmp_path / "via-cli" / "index.html").exists()

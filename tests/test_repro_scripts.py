@@ -20,19 +20,19 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 
-from fuzz import corpus as corpus_io
-from fuzz.backends import get
-from fuzz.backends.flash_attn2 import FlashAttn2
-from fuzz.backends.flash_attn3 import FlashAttn3
-from fuzz.backends.flash_attn4 import FlashAttn4
-from fuzz.cp import shard
-from fuzz.cp.te import translate
-from fuzz.harness import cases_for
-from fuzz.repro import script
-from oracles import verdict as V
-from strategies.case import Case
-from strategies.materialize import materialize
-from strategies.space import Space
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.backends.flash_attn2 import FlashAttn2
+from attnfuzz.backends.flash_attn3 import FlashAttn3
+from attnfuzz.backends.flash_attn4 import FlashAttn4
+from attnfuzz.cp import shard
+from attnfuzz.cp.te import translate
+from attnfuzz.harness import cases_for
+from attnfuzz.repro import script
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.space import Space
 from tests.fakes import flash_attn as fake_fa
 from tests.fakes.transformer_engine import FakeTE
 

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from fuzz import corpus as corpus_io
-from fuzz.backends import get
-from fuzz.backends.sdpa import all_spellings
-from fuzz.repro import script
-from oracles.verdict import Verdict
-from strategies.case import Case
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.backends.sdpa import all_spellings
+from attnfuzz.repro import script
+from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.strategies.case import Case
 
 CASES = [Case(sq=3, skv=5, h=2, hk=1, d_qk=8, d_v=8, causal=True, alignment="bottom_right", layout="sbhd", grads=True),
          Case(sq=4, skv=4, h=2, hk=2, d_qk=8, d_v=8, alibi_slopes=(0.5, 0.25), dtype="float32"),

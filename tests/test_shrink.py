@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from fuzz import corpus as corpus_io
-from fuzz.backends import get
-from fuzz.cli import main
-from fuzz.harness import run_case
-from fuzz.shrink import candidates, shrink
-from oracles import verdict as V
-from strategies.case import Case
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.cli import main
+from attnfuzz.harness import run_case
+from attnfuzz.shrink import candidates, shrink
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
 
 BIG = Case(b=3, sq=40, skv=33, h=4, hk=2, d_qk=64, d_v=32, dtype="float32", causal=True, alignment="bottom_right",
            mean=(0.0, 3.0, 0.0), seed=77, memory="transposed")

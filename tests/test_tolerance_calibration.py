@@ -15,13 +15,13 @@ import torch
 from hypothesis import given
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fuzz.backends.layout import alibi_bias, visibility_mask
-from fuzz.profiles import profile
-from oracles.grade import Oracle, grade
-from oracles.verdict import Output
-from strategies.cases import attention_cases
-from strategies.materialize import materialize
-from strategies.space import Space
+from attnfuzz.backends.layout import alibi_bias, visibility_mask
+from attnfuzz.profiles import profile
+from attnfuzz.oracles.grade import Oracle, grade
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.cases import attention_cases
+from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.space import Space
 
 SPACE = Space(layouts=("bshd",), softmaxes=("vanilla",), softcap=False, grads=False, max_len=96)
 
@@ -86,9 +86,9 @@ LARGE_LOGITS = [dict(b=2, sq=sq, skv=skv, d_qk=96, d_v=96, dtype="float32", std=
 
 
 def test_fp32_dv_with_large_logits_is_graded_on_the_terms_it_sums():
-    from fuzz.backends import get
-    from fuzz.harness import run_case
-    from strategies.case import Case
+    from attnfuzz.backends import get
+    from attnfuzz.harness import run_case
+    from attnfuzz.strategies.case import Case
     for fields in LARGE_LOGITS:
         verdict = run_case(get("sdpa-flash"), Case(**fields))
         assert verdict.status == "PASS", (fields, verdict.message)
@@ -96,7 +96,7 @@ def test_fp32_dv_with_large_logits_is_graded_on_the_terms_it_sums():
 
 def test_the_dv_terms_bound_still_fails_a_wrong_dv():
     """Control: the looser dV floor is the size of a logit's rounding, far below a real error (dV scaled by 1.01)."""
-    from strategies.case import Case
+    from attnfuzz.strategies.case import Case
     case = Case(**LARGE_LOGITS[0])
     t = materialize(case, "cpu")
     oracle = Oracle.of(case, t)
@@ -137,7 +137,7 @@ def _flash_algorithm_backward(case, t, forget_d=False):
 @pytest.mark.parametrize("dtype, where, cudnn", [("float16", (0, 1, 0, 7), 0.362793),
                                                   ("bfloat16", (2, 1, 0, 1), -0.867188)])
 def test_gradients_from_d_of_the_rounded_output_pass_and_a_wrong_dq_does_not(dtype, where, cudnn):
-    from strategies.case import Case
+    from attnfuzz.strategies.case import Case
     case = Case(**CUDNN_D_CASE, dtype=dtype)
     t = materialize(case, "cpu")
     oracle = Oracle.of(case, t)
@@ -161,7 +161,7 @@ TF32_LSE_CASE = dict(sq=1, skv=1, d_qk=64, d_v=64, seed=1251)
 
 
 def test_a_logit_is_allowed_the_rounding_of_the_terms_it_sums_and_no_more():
-    from strategies.case import Case
+    from attnfuzz.strategies.case import Case
     case = Case(**TF32_LSE_CASE)
     t = materialize(case, "cpu")
     oracle = Oracle.of(case, t)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from fuzz import caselog
-from fuzz import corpus as corpus_io
-from fuzz.cli import main
-from fuzz.triage import triage
-from oracles import verdict as V
-from strategies.case import Case
+from attnfuzz import caselog
+from attnfuzz import corpus as corpus_io
+from attnfuzz.cli import main
+from attnfuzz.triage import triage
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
 
 ZERO = V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0")
 SHORT, LONG = Case(sq=2, skv=2, d_qk=8, d_v=8, causal=True), Case(sq=80, skv=80, d_qk=8, d_v=8, causal=True)
@@ -52,7 +52,7 @@ def test_the_command_exits_1_while_some_failure_is_taken_by_no_known_bug(tmp_pat
 
 
 def test_a_campaign_report_says_which_known_bug_took_its_failures(tmp_path):
-    from fuzz.report import build_report
+    from attnfuzz.report import build_report
     known = tmp_path / "known"
     corpus_io.save(known, corpus_io.Entry("b", LONG, ZERO, known_bug={"link": "l", "when": {"sq_over_64": True}}),
                    repro=False)

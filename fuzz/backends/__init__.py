@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from fuzz.backends.base import Backend, Unsupported
+from attnfuzz.backends.base import Backend, Unsupported
 
 ADAPTER_MODULES = ("sdpa", "flex", "flash_attn2", "flash_attn3", "flash_attn4", "transformer_engine", "cp")
 
@@ -20,9 +20,9 @@ def factories() -> dict[str, Callable[[str], Backend]]:
     found: dict[str, Callable[[str], Backend]] = {}
     for module in ADAPTER_MODULES:
         try:
-            mod = importlib.import_module(f"fuzz.backends.{module}")
+            mod = importlib.import_module(f"attnfuzz.backends.{module}")
         except ModuleNotFoundError as e:
-            if e.name == f"fuzz.backends.{module}":
+            if e.name == f"attnfuzz.backends.{module}":
                 continue  # adapter not written yet
             raise
         for name, factory in mod.BACKENDS.items():
@@ -40,7 +40,7 @@ def all_backends(device: str = "cpu") -> list[Backend]:
 def get(name: str, device: str = "cpu") -> Backend:
     """A backend by registry name, or a bring-your-own kernel given as 'package.module:function'."""
     if ":" in name:
-        from fuzz.backends.custom import load_custom
+        from attnfuzz.backends.custom import load_custom
         return load_custom(name, device)
     known = factories()
     if name not in known:

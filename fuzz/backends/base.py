@@ -18,9 +18,9 @@ and set none except FA4's persistent JIT cache (on unless the user turned it off
 
 from __future__ import annotations
 
-from strategies.case import Case
-from strategies.materialize import Tensors
-from oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
+from attnfuzz.oracles.verdict import Output
 
 
 class Unsupported(Exception):

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 
-from fuzz.backends.base import Backend, Unsupported
-from fuzz.cp.agreement import Agreement, cp_vs_nocp
-from fuzz.cp.capabilities import TE_COMM_TYPES, TE_KERNELS
-from fuzz.cp.engine import CPEngine
-from fuzz.cp.outcome import CollectiveHang, RankCrash, crash_message
-from fuzz.cp.pool import ERROR, HANG, OK, UNSUPPORTED, CPPool
-from fuzz.cp.ring import RingEngine
-from fuzz.cp.te import TEEngine
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends.base import Backend, Unsupported
+from attnfuzz.cp.agreement import Agreement, cp_vs_nocp
+from attnfuzz.cp.capabilities import TE_COMM_TYPES, TE_KERNELS
+from attnfuzz.cp.engine import CPEngine
+from attnfuzz.cp.outcome import CollectiveHang, RankCrash, crash_message
+from attnfuzz.cp.pool import ERROR, HANG, OK, UNSUPPORTED, CPPool
+from attnfuzz.cp.ring import RingEngine
+from attnfuzz.cp.te import TEEngine
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 
 class CPBackend(Backend):
@@ -66,9 +66,9 @@ class CPBackend(Backend):
         return ("",)
 
     def cases(self, **bounds):
-        """The Hypothesis strategy of cases this backend takes (fuzz.cp.cases.cp_cases): lengths in the engine's
+        """The Hypothesis strategy of cases this backend takes (attnfuzz.cp.cases.cp_cases): lengths in the engine's
         chunk units, so the harness should draw from it rather than narrow the general space."""
-        from fuzz.cp.cases import cp_cases
+        from attnfuzz.cp.cases import cp_cases
 
         return cp_cases(self.engine, **bounds)
 
@@ -98,14 +98,14 @@ class CPBackend(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` spawning the ranks and running the engine on each, for standalone repro
         scripts (fuzz/repro.py); None for a case the engine does not take."""
-        from fuzz.backends.cp_repro import cp_source
+        from attnfuzz.backends.cp_repro import cp_source
         return cp_source(self, case)
 
     def version(self) -> str:
         import torch
 
         if isinstance(self.engine, TEEngine):
-            from fuzz.backends.transformer_engine import te_version
+            from attnfuzz.backends.transformer_engine import te_version
             return f"transformer_engine {te_version() or 'not installed'}, torch {torch.__version__}"
         return f"torch {torch.__version__}"
 

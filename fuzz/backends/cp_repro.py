@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from fuzz.backends import source as src
-from fuzz.backends.te_repro import construction
-from fuzz.cp import shard
-from fuzz.cp.capabilities import common_refusal
-from fuzz.cp.ring import RingEngine, expands_kv, sdpa_ops
-from fuzz.cp.te import A2A_GROUPS, P2P_GROUPS, TEEngine, translate
-from strategies.case import Case
-from strategies.materialize import materialize, torch_dtype
+from attnfuzz.backends import source as src
+from attnfuzz.backends.te_repro import construction
+from attnfuzz.cp import shard
+from attnfuzz.cp.capabilities import common_refusal
+from attnfuzz.cp.ring import RingEngine, expands_kv, sdpa_ops
+from attnfuzz.cp.te import A2A_GROUPS, P2P_GROUPS, TEEngine, translate
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize, torch_dtype
 
 CONVENTION_WHY = {"contiguous": "one contiguous block per rank (load balancing off)",
                   "head_tail": "chunks r and 2W-1-r of 2W (torch's load balancing)",

@@ -9,7 +9,7 @@
 
     attention.supports = lambda case: case.dtype != "float64" or "no float64 path"   # optional
 
-    $ python -m fuzz run --backend mykernels.attn:attention --device cuda
+    $ python3 -m attnfuzz run --backend mykernels.attn:attention --device cuda
 
 Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_right=..., scale=..., **fields):
 - q, k, v: torch tensors in the case's dtype on the run's device, [b, s, heads, d] (maybe non-contiguous: the case's
@@ -44,11 +44,11 @@ import sys
 
 import torch
 
-from fuzz.backends import layout
-from fuzz.backends.base import Backend, Unsupported, first_reason
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends import layout
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 CORE = ("causal", "window", "bottom_right", "scale")
 FIELDS = ("softcap", "alibi_slopes", "sink_logits", "mask", "seqlens_q", "seqlens_kv")

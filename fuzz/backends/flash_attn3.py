@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-from fuzz.backends import flash_common as fc
-from fuzz.backends.base import Unsupported
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends import flash_common as fc
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 LIBRARY = "flash-attn 3"
 MODULE = "flash_attn_interface"

@@ -21,12 +21,12 @@ import importlib
 import os
 from importlib import metadata
 
-from fuzz.backends import flash_common as fc
-from fuzz.backends.base import Backend, Unsupported, first_reason
-from fuzz.backends.layout import cu_seqlens
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends import flash_common as fc
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.layout import cu_seqlens
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 LIBRARY = "flash-attn-4"
 MODULE = "flash_attn.cute"
@@ -150,7 +150,7 @@ class FlashAttn4(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/repro.py); None
         for a case the adapter cannot spell."""
-        from fuzz.backends.flash_repro import flash_source
+        from attnfuzz.backends.flash_repro import flash_source
         return flash_source(self, case, module=MODULE, library=LIBRARY, positional_varlen=False)
 
     def run(self, case: Case, tensors: Tensors) -> Output:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fuzz.backends.base import Backend, Unsupported, first_reason
-from fuzz.backends.layout import cu_seqlens, lse_from_packed, pack, to_layout, unpack
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.layout import cu_seqlens, lse_from_packed, pack, to_layout, unpack
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 Bounds = tuple  # (left, right): int >= 0, or None for unbounded
 
@@ -223,7 +223,7 @@ class NegativeUnboundedBand(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/repro.py); None
         for a case the adapter cannot spell."""
-        from fuzz.backends.flash_repro import flash_source
+        from attnfuzz.backends.flash_repro import flash_source
         return flash_source(self, case, module=self.api, library=self.library, positional_varlen=True)
 
     def run(self, case: Case, tensors: Tensors) -> Output:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from fuzz.backends import flash_common as fc
-from fuzz.backends import layout
-from fuzz.backends import source as src
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends import flash_common as fc
+from attnfuzz.backends import layout
+from attnfuzz.backends import source as src
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 
 def flash_source(backend, case: Case, *, module: str, library: str, positional_varlen: bool) -> str | None:

@@ -31,11 +31,11 @@ import itertools
 
 import torch
 
-from fuzz.backends import layout
-from fuzz.backends.base import Backend, Unsupported, first_reason
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends import layout
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 RECOMPILE_LIMIT = 4096  # graphs kept per code object while a campaign runs (dynamo's default is 8)
 
@@ -245,7 +245,7 @@ class FlexBackend(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` as run() calls flex, for standalone repro scripts (fuzz/repro.py); None
         for a case flex cannot express (a sink, an unknown spelling)."""
-        from fuzz.backends.flex_repro import flex_source
+        from attnfuzz.backends.flex_repro import flex_source
         expressible = case.softmax == "vanilla" and case.spelling in self.spellings(case)
         return flex_source(case, self.compiled) if expressible else None
 

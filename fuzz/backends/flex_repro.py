@@ -4,10 +4,10 @@ FlexBackend.run() makes them. Compiled flex is a fresh torch.compile(fullgraph=T
 
 from __future__ import annotations
 
-from fuzz.backends import flex, layout
-from fuzz.backends import source as src
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends import flex, layout
+from attnfuzz.backends import source as src
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 
 def _mods(case: Case) -> tuple[list[str], list[str], list]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 
 def cu_seqlens(lens: tuple[int, ...], device) -> torch.Tensor:

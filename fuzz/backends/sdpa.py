@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fuzz.backends import layout
-from fuzz.backends.base import Backend, Unsupported, first_reason
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors, torch_dtype
+from attnfuzz.backends import layout
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
            "sdpa-cudnn": "CUDNN_ATTENTION"}
@@ -239,8 +239,8 @@ class SdpaBackend(Backend):
         refused = self._static_refusal(case)
         if spelling is None or (refused is not None and refused != unavailable):
             return None
-        from fuzz.backends.source import literal
-        from strategies.materialize import materialize, torch_dtype
+        from attnfuzz.backends.source import literal
+        from attnfuzz.strategies.materialize import materialize, torch_dtype
         t = materialize(case, "cpu")
         masks = {"no_mask": "None", "is_causal": "None",
                  "causal_upper_left": f"torch.nn.attention.bias.causal_upper_left({case.sq}, {case.skv})",

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from fuzz.backends import layout
-from fuzz.backends import source as src
-from fuzz.backends import te_select as sel
-from fuzz.backends import transformer_engine as te_adapter
-from strategies.case import Case
-from strategies.materialize import materialize
+from attnfuzz.backends import layout
+from attnfuzz.backends import source as src
+from attnfuzz.backends import te_select as sel
+from attnfuzz.backends import transformer_engine as te_adapter
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
 
 WHY = {"attention_mask": "the arbitrary mask, True = masked out (TE's convention)",
        "alibi_slopes": "ALiBi slopes, one per query head"}

@@ -22,14 +22,14 @@ import importlib
 
 import torch
 
-from fuzz.backends import flash_common as fc
-from fuzz.backends import te_select as sel
-from fuzz.backends.flash_attn4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
-from fuzz.backends.base import Backend, Unsupported, first_reason
-from fuzz.backends.layout import cu_seqlens, to_layout, unpack, visibility_mask
-from oracles.verdict import Output
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends import flash_common as fc
+from attnfuzz.backends import te_select as sel
+from attnfuzz.backends.flash_attn4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.layout import cu_seqlens, to_layout, unpack, visibility_mask
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 LIBRARY = "transformer_engine"
 
@@ -39,7 +39,7 @@ def import_te():
     has already loaded its own cuDNN (torch.backends.cudnn, an SDPA cuDNN call), the mix fails with `undefined symbol`
     in libcudnn_heuristic. The error then says to give TE a process of its own. FA4's disk cache is turned on as
     for fa4: TE's FlashAttention is FA4 on the runner."""
-    from fuzz.backends.flash_attn4 import use_disk_cache
+    from attnfuzz.backends.flash_attn4 import use_disk_cache
     use_disk_cache()
     try:
         return importlib.import_module(f"{LIBRARY}.pytorch")
@@ -295,7 +295,7 @@ class TransformerEngineAttention(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` making run()'s construction and call with only this backend enabled, for
         standalone repro scripts (fuzz/repro.py); None for a spelling this backend does not take."""
-        from fuzz.backends.te_repro import te_source
+        from attnfuzz.backends.te_repro import te_source
         known = applicable_spellings(case, self.te_backend)
         return te_source(self, case) if case.spelling in known else None
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from oracles.verdict import Output
-from strategies.case import Case
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
 
 # Loose bounds in the spirit of TE's CP suite (atol = rtol): a sanity comparison, not a precision test.
 AGREE_TOL = {"float16": 5e-3, "bfloat16": 2.5e-2, "float32": 1e-5, "float64": 1e-12}

@@ -33,8 +33,8 @@ table and the triage say the same thing (.gpu-findings/cp, bench/verify_cp.py).
 
 from __future__ import annotations
 
-from fuzz.backends.base import first_reason
-from strategies.case import Case
+from attnfuzz.backends.base import first_reason
+from attnfuzz.strategies.case import Case
 
 TE_COMM_TYPES = {"p2p": 2, "all_gather": 2, "a2a": 2, "a2a+p2p": 4}  # comm type -> ranks it runs on here
 TE_KERNELS = ("fused", "flash")

@@ -13,11 +13,11 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from fuzz.cp.capabilities import CUDNN_THD_SINKS, TE_HEAD_DIMS, a2a_ranks, ring_lse_align, te_refuses_all
-from fuzz.cp.engine import CPEngine
-from fuzz.cp.ring import RingEngine
-from fuzz.cp.te import TEEngine
-from strategies.case import DTYPES, Case
+from attnfuzz.cp.capabilities import CUDNN_THD_SINKS, TE_HEAD_DIMS, a2a_ranks, ring_lse_align, te_refuses_all
+from attnfuzz.cp.engine import CPEngine
+from attnfuzz.cp.ring import RingEngine
+from attnfuzz.cp.te import TEEngine
+from attnfuzz.strategies.case import DTYPES, Case
 
 RING_DTYPES = ("float32", "bfloat16", "float16", "float64")
 TE_DTYPES = ("bfloat16", "float16")

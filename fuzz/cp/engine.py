@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 
 @dataclass
@@ -79,7 +79,7 @@ class CPEngine:
     world: int = 2
 
     def convention(self, case: Case) -> str:
-        """The sharding convention for this case (one of fuzz.cp.shard.CONVENTIONS)."""
+        """The sharding convention for this case (one of attnfuzz.cp.shard.CONVENTIONS)."""
         raise NotImplementedError
 
     def unsupported(self, case: Case) -> str | None:

@@ -1,12 +1,12 @@
 """From a CP backend's run to a Verdict: the exceptions a CP run raises besides Unsupported, and
 `run_and_grade`, which maps a refusal to UNSUPPORTED, a raising rank to CRASH, a hung collective to HANG and grades
-everything else against the float64 oracle of the whole sequence (oracles.grade.grade)."""
+everything else against the float64 oracle of the whole sequence (attnfuzz.oracles.grade.grade)."""
 
 from __future__ import annotations
 
-from fuzz.backends.base import Backend, Hang
-from oracles import verdict as V
-from strategies.case import Case
+from attnfuzz.backends.base import Backend, Hang
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
 
 
 class RankCrash(Exception):
@@ -34,8 +34,8 @@ class CollectiveHang(Hang):
 
 
 def run_and_grade(backend: Backend, case: Case, *, oracle_device: str = "cpu") -> V.Verdict:
-    """Run `case` on `backend` and grade it, as the harness does (fuzz.harness.run_case): a refusal is
+    """Run `case` on `backend` and grade it, as the harness does (attnfuzz.harness.run_case): a refusal is
     UNSUPPORTED, a raising rank CRASH, a hung collective HANG; the CP-vs-non-CP second signal, when the backend
     gives one, is appended to the verdict's checks, never graded."""
-    from fuzz.harness import run_case
+    from attnfuzz.harness import run_case
     return run_case(backend, case, device=oracle_device)

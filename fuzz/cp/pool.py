@@ -28,11 +28,11 @@ from pathlib import Path
 
 import torch
 
-from fuzz.cp import shard
-from fuzz.cp.engine import CPEngine
-from fuzz.cp.worker import loads, main as worker_main
-from oracles.verdict import Output
-from strategies.case import Case
+from attnfuzz.cp import shard
+from attnfuzz.cp.engine import CPEngine
+from attnfuzz.cp.worker import loads, main as worker_main
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
 
 OK, UNSUPPORTED, ERROR, HANG = "ok", "unsupported", "error", "hang"
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from fuzz.backends.base import Unsupported
-from fuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect, ring_refusal
-from fuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect, ring_refusal
+from attnfuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 ROTATES = ("allgather", "alltoall")
 RING_MODULES = ("torch.distributed.tensor.experimental._context_parallel._attention",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strategies.case import Case
+from attnfuzz.strategies.case import Case
 
 CONVENTIONS = ("contiguous", "head_tail", "dual_chunk")
 

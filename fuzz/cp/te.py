@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fuzz.backends.base import Unsupported
-from fuzz.cp.capabilities import TE_COMM_TYPES, te_refusal
-from fuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
-from fuzz.cp.shard import pack_padded, padded, unpack_padded
-from strategies.case import Case
-from strategies.materialize import Tensors
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.cp.capabilities import TE_COMM_TYPES, te_refusal
+from attnfuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
+from attnfuzz.cp.shard import pack_padded, padded, unpack_padded
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
 
 SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off-by-one", "learnable": "learnable"}
 A2A_GROUPS = [[0, 1], [2, 3]]   # a2a+p2p on 4 ranks: heads scattered inside each pair...
@@ -155,7 +155,7 @@ def refusal_reasons(records: list[str], kernel: str) -> str:
 
 def real_te_api() -> TEApi:
     try:
-        from fuzz.backends.transformer_engine import import_te
+        from attnfuzz.backends.transformer_engine import import_te
         te = import_te()
         import transformer_engine
         from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention as dpa_mod
@@ -209,7 +209,7 @@ class TEEngine(CPEngine):
     comm_type: str = "p2p"
     kernel: str = "fused"
     world: int = 2
-    api: str = "fuzz.cp.te:real_te_api"
+    api: str = "attnfuzz.cp.te:real_te_api"
     cudnn: int | None = None
     table: bool = True
 

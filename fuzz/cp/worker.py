@@ -17,11 +17,11 @@ from datetime import timedelta
 
 import torch
 
-from fuzz.backends.base import Unsupported
-from fuzz.cp import shard
-from fuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
-from strategies.case import Case
-from strategies.materialize import Tensors, materialize
+from attnfuzz.backends.base import Unsupported
+from attnfuzz.cp import shard
+from attnfuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors, materialize
 
 FIELDS = ("out", "lse", "dq", "dk", "dv")
 
@@ -84,7 +84,7 @@ def run_one(ctx: RankContext, engine_pickle: bytes, case_json: str, whole: bool)
 
 def main(rank: int, world: int, dist_backend: str, device_kind: str, init_method: str, conn,
          pg_timeout_s: float) -> None:
-    """Process entry point (spawned by fuzz.cp.pool)."""
+    """Process entry point (spawned by attnfuzz.cp.pool)."""
     import torch.distributed as dist
 
     try:

@@ -24,7 +24,7 @@ def first_verdict(backend: str, device: str, timeout: float) -> tuple[float | No
         log = Path(tmp) / "cases.jsonl"
         env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(Path(tmp) / "fa4-cache")}
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "fuzz", "run", "--backend", backend, "--device", device,
+        proc = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", backend, "--device", device,
                                  "--profile", "ci", "--max-examples", "200", "--corpus", str(Path(tmp) / "corpus"),
                                  "--log", str(log)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from attnfuzz import corpus as corpus_io
-from attnfuzz import poison
+from attnfuzz import options, poison
 from attnfuzz.coverage import Coverage
 from attnfuzz.report import build_report
 
@@ -37,24 +37,21 @@ def add_parser(sub) -> None:
     p = sub.add_parser("campaign", help="a long, resumable, multi-GPU fuzzing campaign with a report at the end")
     p.add_argument("--dir", type=Path, default=Path("campaign"), help="campaign directory; an existing one resumes")
     p.add_argument("--backends", help="comma-separated backend names or package.module:function specs")
-    p.add_argument("--hours", type=float, help="time budget in hours, over all resumes (default 1)")
+    p.add_argument("--hours", type=options.positive, help="time budget in hours, over all resumes (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     p.add_argument("--gpus", help="cuda: 'all' (default) or N: one lane per GPU")
-    p.add_argument("--workers", type=int, help="cpu: lanes to run (default 1); cuda: lanes per GPU (default 1: "
+    p.add_argument("--workers", type=options.count, help="cpu: lanes to run (default 1); cuda: lanes per GPU (default 1: "
                    "small cases are bound by the host's CPU, so more lanes per GPU use more of its cores)")
     p.add_argument("--db", help="example database: a directory (default db, inside --dir) or a redis:// URL")
-    p.add_argument("--round-examples", type=int, help="examples per backend per round (default 200)")
-    p.add_argument("--round-seconds", type=float, help="seconds per backend per round, shrinking included "
+    p.add_argument("--round-examples", type=options.count, help="examples per backend per round (default 200)")
+    p.add_argument("--round-seconds", type=options.positive, help="seconds per backend per round, shrinking included "
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "
                    "restart and is saved as PROCESS_DIED)")
-    p.add_argument("--case-timeout", type=float, help="seconds one isolated case may take (default 120); a "
-                   "timed-out case is run again in a fresh worker with twice the limit and is a HANG only if that "
-                   "times out too (a HANG costs 3 x this)")
-    p.add_argument("--max-len", type=int, help="longest sequence drawn")
-    p.add_argument("--poison-memory", action="store_true", help=poison.HELP)
+    options.add(p, "case-timeout", "max-len", "poison-memory", case_timeout={"default": None, "shown_default": 120})
     p.add_argument("--replay-only", action="store_true", help="replay the database's failures once, draw nothing new")
-    p.add_argument("--known", type=Path, default=Path("corpus"), help="corpus whose known bugs are expected failures")
+    p.add_argument("--known", type=Path, help="a corpus whose known bugs are expected failures, beside the corpus "
+                   "shipped with attnfuzz (default: the findings folder, see `attnfuzz run --help`)")
 
 
 def _gpu_count() -> int:
@@ -105,7 +102,7 @@ def new_config(args) -> dict:
             "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
             "case_timeout": args.case_timeout or 120.0, "max_len": args.max_len, "replay_only": args.replay_only,
             "poison_memory": args.poison_memory,
-            "known": str(args.known.resolve()), "versions": versions,
+            "known": str(corpus_io.findings_dir(args.known).resolve()), "versions": versions,
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

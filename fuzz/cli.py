@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from attnfuzz import campaign, caselog, poison, report, shrink, triage, versiondiff
+from attnfuzz import campaign, caselog, options, poison, report, shrink, triage, versiondiff
 from attnfuzz import corpus as corpus_io
 from attnfuzz.backends import factories, get
 from attnfuzz.harness import Tally, fuzz
 from attnfuzz.isolate import Workers, isolated
-from attnfuzz.profiles import PROFILES, for_backend, profile
+from attnfuzz.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.strategies.case import Case
@@ -33,32 +33,17 @@ def _parser() -> argparse.ArgumentParser:
                                 "kernels, graded against an independent float64 oracle.")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
-    run.add_argument("--backend", action="append", help="registry name or package.module:function (repeatable; "
-                     f"default: {', '.join(DEFAULT_BACKENDS)})")
-    run.add_argument("--max-examples", type=int, help="examples per backend (default: the profile's)")
-    run.add_argument("--seed", type=int, help="Hypothesis seed, for a reproducible run")
-    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    run.add_argument("--corpus", type=Path, default=Path("corpus"), help="where findings are saved (default corpus)")
-    run.add_argument("--profile", default="quick", help=f"one of {', '.join(PROFILES)} (default quick)")
-    run.add_argument("--max-len", type=int, help="longest sequence drawn (default 160)")
-    run.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: small cases are "
-                     "latency-bound, and intra-op threads cost 8x under load)")
-    run.add_argument("--isolate", action="store_true", help="run the backend in a worker process: a segfault, "
-                     "abort or fatal CUDA error costs one case (CRASH), a hang 3 x --case-timeout seconds (HANG)")
-    run.add_argument("--case-timeout", type=float, default=300.0, help="seconds one isolated case may take (default "
-                     "300); one that takes longer is run again in a fresh worker with twice the limit, and is a HANG "
-                     "only if that times out too (a HANG costs 3 x this); a slow case that finishes keeps its verdict")
-    run.add_argument("--poison-memory", action="store_true", help=poison.HELP)
+    options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
+                "isolate", "case-timeout", "poison-memory",
+                backend={"help": "registry name or package.module:function (repeatable; default: "
+                                 f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
-    replay.add_argument("paths", nargs="*", type=Path, default=[Path("corpus")], help="entry files or folders")
-    replay.add_argument("--device", help="run on this device instead of the entry's own")
-    replay.add_argument("--isolate", action="store_true", help="each backend in a worker process: an entry that "
-                        "crashes or poisons CUDA costs itself only")
-    replay.add_argument("--case-timeout", type=float, default=300.0, help="with --isolate, seconds one entry may "
-                        "take before a fresh worker tries it with twice that; silent again, it is a HANG")
-    replay.add_argument("--poison-memory", action="store_true", help=poison.HELP)
+    replay.add_argument("paths", nargs="*", type=Path, help="entry files or folders (default: the shipped corpus "
+                        "and the findings folder of --corpus)")
+    options.add(replay, "corpus", "device", "isolate", "case-timeout", "poison-memory",
+                device={"default": None, "help": "run on this device instead of the entry's own"})
     replay.add_argument("--json", action="store_true")
     mark = sub.add_parser("known", help="mark a corpus entry as a known bug (an expected failure) with its link")
     mark.add_argument("entry", type=Path, help="the corpus entry's JSON file")
@@ -74,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     triage.add_parser(sub)
     shrink.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
-    backends.add_argument("--device", default="cpu")
+    options.add(backends, "device")
     backends.add_argument("--json", action="store_true")
     return p
 
@@ -132,8 +117,6 @@ class CaseLog:
 
 def cmd_run(args) -> int:
     _check_device(args.device)
-    if args.threads < 1:
-        raise UsageError(f"--threads={args.threads}: give 1 or more")
     import torch
     torch.set_num_threads(args.threads)
     settings = profile(args.profile, max_examples=args.max_examples)
@@ -168,7 +151,7 @@ def cmd_run(args) -> int:
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,
-                                   known=corpus_io.known_bugs(args.corpus), worker=worker)
+                                   known=corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus), worker=worker)
         finally:
             if worker is not None:
                 worker.close()
@@ -209,7 +192,8 @@ def changed_label(entry: corpus_io.Entry, verdict: Verdict) -> str:
 
 def cmd_replay(args) -> int:
     paths = []
-    for path in args.paths:
+    shipped_and_findings = [corpus_io.shipped_dir()] + [args.corpus] * args.corpus.is_dir()
+    for path in args.paths or shipped_and_findings:
         if path.is_dir():
             paths.extend(corpus_io.entry_paths(path))
         elif path.exists():
@@ -300,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
                 "shrink": shrink.cmd_shrink}
     if getattr(args, "poison_memory", False):
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
+    if args.command in ("run", "replay"):
+        args.corpus = corpus_io.findings_dir(args.corpus)
     try:
         return commands[args.command](args)
-    except UsageError as e:
+    except (UsageError, corpus_io.CorpusError) as e:  # a corpus file that cannot be read would drop its known bug
         print(f"attnfuzz: {e}", file=sys.stderr)
         return 2
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,10 +181,41 @@ def _labels(saved: Verdict) -> tuple[str, ...]:
     return (saved.label, saved.diagnosis) if saved.status == FLAKY else (saved.label,)
 
 
-def known_bugs(directory: Path):
-    """A `known` predicate for the harness: the known_bug record that a (backend, verdict) failure matches, with the
-    file name of its entry under "entry"."""
-    return known_bugs_of(load_all(directory)[0] if Path(directory).exists() else [])
+def shipped_dir() -> Path:
+    """The corpus that ships with attnfuzz: the repository's corpus/ folder, installed as attnfuzz.shipped_corpus."""
+    from importlib.resources import files
+    return Path(str(files("attnfuzz.shipped_corpus")))
+
+
+def findings_dir(given: Path | None = None) -> Path:
+    """Where a run saves its findings: the folder given, else $ATTNFUZZ_CORPUS, else the per-user data folder
+    ($XDG_DATA_HOME/attnfuzz/corpus, ~/.local/share/attnfuzz/corpus). Never the shipped corpus unless named."""
+    if given is not None:
+        return Path(given)
+    if os.environ.get("ATTNFUZZ_CORPUS"):
+        return Path(os.environ["ATTNFUZZ_CORPUS"])
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data) / "attnfuzz" / "corpus"
+
+
+def known_bugs(*directories: Path):
+    """A `known` predicate for the harness over the entries of every folder given (each read once; a folder that
+    does not exist holds none): the known_bug record that a (backend, verdict) failure matches, with the file name of
+    its entry under "entry". An unreadable file raises CorpusError naming it: skipping it would drop its known bug
+    without a word, and its failures would be reported as new."""
+    entries, errors, seen = [], [], set()
+    for directory in directories:
+        directory = Path(directory).resolve()
+        if directory in seen or not directory.exists():
+            continue
+        seen.add(directory)
+        found, bad = load_all(directory)
+        entries += found
+        errors += bad
+    if errors:
+        raise CorpusError("; ".join(str(e) for e in errors) + " (fix or move away the file: a corpus file that "
+                          "cannot be read would drop its known bug)")
+    return known_bugs_of(entries)
 
 
 def known_bugs_of(entries: list[tuple[Path, Entry]]):

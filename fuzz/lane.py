@@ -155,7 +155,7 @@ class Lane:
         self.log_path = campaign / "cases" / f"lane{index}.jsonl"
         self.inflight = campaign / f".inflight-lane{index}.json"
         self.corpus = campaign / "corpus"
-        self.known_dir = Path(self.config.get("known") or "corpus")  # known bugs (expected failures) live here
+        self.known_dir = corpus_io.findings_dir(self.config.get("known"))  # known bugs beside the shipped ones
         self.started = time.perf_counter()
         self.deadline = self.started + self.config["hours"] * 3600 - self.state["elapsed"]
 
@@ -218,7 +218,7 @@ class Lane:
                                        print_blob=False), backend.cost, None)
         if cfg.get("replay_only"):
             settings = type(settings)(settings, phases=(Phase.reuse, Phase.shrink))
-        runner.known = either(corpus_io.known_bugs(self.known_dir), seen_in(self.corpus))
+        runner.known = either(corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir), seen_in(self.corpus))
         try:
             tally, findings = fuzz(backend, device=self.device, space=space, settings=settings, worker=runner,
                                    database_key=backend.name)  # no seed: Hypothesis ignores the database if seeded
@@ -249,7 +249,7 @@ class Lane:
             verdict = None
         elif self.config["isolate"]:
             runner = runners[backend.name]
-            runner.known = corpus_io.known_bugs(self.known_dir)
+            runner.known = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)
             verdict = runner.run(case)
         else:
             verdict = V.Verdict(V.CRASH, "PROCESS_DIED", "the lane died while this case was running")

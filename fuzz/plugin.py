@@ -1,8 +1,9 @@
 """The pytest plugin: `pytest fuzz` fuzzes every selected backend, `pytest corpus` replays the corpus.
 
-Every option is declared here, in pytest_addoption; the hooks only parametrize. Tests ask for the `attnfuzz`
-fixture (the parsed options, a frozen Options) and for `fuzz_backend` / `corpus_entry`, parametrized per backend name
-and per corpus file.
+pytest loads it into every session of the environment (entry point pytest11), so it stays inert there: its options
+are all named --attnfuzz-* (declared in attnfuzz.options, shared with the CLI), and nothing is imported or changed
+(torch threads, memory poisoning) until a test asks for the `attnfuzz` fixture. Tests ask for it (the parsed options,
+a frozen Options) and for `fuzz_backend` / `corpus_entry`, parametrized per backend name and per corpus file.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from attnfuzz import poison
-from attnfuzz.profiles import PROFILES
+from attnfuzz import options as opts
 
 _OPTIONS = pytest.StashKey["Options"]()
+SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "isolate", "case-timeout",
+          "poison-memory", "corpus")
 
 
 @dataclass(frozen=True)
@@ -24,50 +26,25 @@ class Options:
     device: str
     profile: str
     max_examples: int | None
-    corpus: Path
+    max_len: int | None
+    corpus: Path | None      # as given; fuzz targets save to corpus.findings_dir(corpus), replay reads it or the shipped
     seed: int | None
+    threads: int
     isolate: bool
     case_timeout: float
+    poison_memory: bool
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("attnfuzz", "attnfuzz: differential fuzzing of attention kernels")
-    group.addoption("--backend", action="append", default=[], dest="attnfuzz_backends",
-                    help="backend to fuzz: a registry name or package.module:function (repeatable; default: all)")
-    group.addoption("--device", default="cpu", dest="attnfuzz_device", help="cpu, cuda or cuda:N (default cpu)")
-    group.addoption("--fuzz-profile", default="quick", dest="attnfuzz_profile", choices=tuple(PROFILES),
-                    help="Hypothesis profile: quick (default), ci (derandomized) or campaign (large budget)")
-    group.addoption("--max-examples", type=int, default=None, dest="attnfuzz_max_examples",
-                    help="examples per backend, overriding the profile")
-    group.addoption("--fuzz-seed", type=int, default=None, dest="attnfuzz_seed", help="Hypothesis seed")
-    group.addoption("--threads", type=int, default=1, dest="attnfuzz_threads",
-                    help="torch CPU threads (default 1: small cases are latency-bound; intra-op threads cost 8x "
-                         "under load)")
-    group.addoption("--isolate", action="store_true", dest="attnfuzz_isolate",
-                    help="run each backend in a worker process: a segfault, abort or fatal CUDA error costs one case "
-                         "(CRASH), a hang 3 x --case-timeout seconds (HANG), not the test session")
-    group.addoption("--case-timeout", type=float, default=300.0, dest="attnfuzz_case_timeout",
-                    help="seconds one isolated case may take (default 300); one that takes longer is run again in a "
-                         "fresh worker with twice the limit, and is a HANG only if that times out too (a HANG costs "
-                         "3 x this); a slow case that finishes keeps its verdict")
-    group.addoption("--poison-memory", action="store_true", dest="attnfuzz_poison_memory", help=poison.HELP)
-    group.addoption("--corpus", default="corpus", dest="attnfuzz_corpus",
-                    help="folder where findings are saved and from which `pytest corpus` replays (default corpus)")
+    group = parser.getgroup("attnfuzz", "attnfuzz: differential fuzzing of attention kernels (pytest fuzz, pytest "
+                            "corpus)")
+    opts.add_to_pytest(group, *SHARED)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    threads = config.getoption("attnfuzz_threads")
-    if threads < 1:
-        raise pytest.UsageError(f"--threads={threads}: give 1 or more")
-    import torch
-    torch.set_num_threads(threads)
-    if config.getoption("attnfuzz_poison_memory"):
-        poison.enable()  # before any isolated worker starts: each is handed it
-    config.stash[_OPTIONS] = Options(
-        backends=tuple(config.getoption("attnfuzz_backends")), device=config.getoption("attnfuzz_device"),
-        profile=config.getoption("attnfuzz_profile"), max_examples=config.getoption("attnfuzz_max_examples"),
-        corpus=Path(config.getoption("attnfuzz_corpus")), seed=config.getoption("attnfuzz_seed"),
-        isolate=config.getoption("attnfuzz_isolate"), case_timeout=config.getoption("attnfuzz_case_timeout"))
+    given = {opts.OPTIONS[name].dest: config.getoption(f"attnfuzz_{opts.OPTIONS[name].dest}") for name in SHARED}
+    given["backends"] = tuple(given.pop("backend"))
+    config.stash[_OPTIONS] = Options(**given)
     config.addinivalue_line("markers", "attnfuzz: a fuzz target or corpus replay generated by attnfuzz")
 
 
@@ -78,25 +55,33 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         names = list(options.backends) or list(factories())
         metafunc.parametrize("fuzz_backend", names, ids=names)
     if "corpus_entry" in metafunc.fixturenames:
-        from attnfuzz.corpus import entry_paths
-        paths = entry_paths(options.corpus) if options.corpus.exists() else []
+        from attnfuzz.corpus import entry_paths, shipped_dir
+        folder = options.corpus or shipped_dir()  # --attnfuzz-corpus DIR replays DIR instead of the shipped corpus
+        paths = entry_paths(folder) if folder.exists() else []
         if paths:
             metafunc.parametrize("corpus_entry", paths, ids=[p.name for p in paths])
         else:
             metafunc.parametrize("corpus_entry", [pytest.param(None, marks=pytest.mark.skip(
-                reason=f"no corpus entries under {options.corpus}"))], ids=["empty"])
-
-
-@pytest.fixture
-def attnfuzz(request: pytest.FixtureRequest) -> Options:
-    return request.config.stash[_OPTIONS]
+                reason=f"no corpus entries under {folder}"))], ids=["empty"])
 
 
 @pytest.fixture(scope="session")
-def attnfuzz_workers(request: pytest.FixtureRequest):
-    """With --isolate: workers(backend, device) -> a attnfuzz.isolate.Worker kept for the session (a crash replaces its
-    process, so an entry that poisons CUDA costs that entry only); None without --isolate."""
+def attnfuzz(request: pytest.FixtureRequest) -> Options:
+    """The parsed --attnfuzz-* options; the first test that asks applies the process-wide ones."""
     options = request.config.stash[_OPTIONS]
+    import torch
+    torch.set_num_threads(options.threads)
+    if options.poison_memory:
+        from attnfuzz import poison
+        poison.enable()  # before any isolated worker starts: each is handed it
+    return options
+
+
+@pytest.fixture(scope="session")
+def attnfuzz_workers(attnfuzz: Options):
+    """With --attnfuzz-isolate: workers(backend, device) -> an attnfuzz.isolate.Worker kept for the session (a crash
+    replaces its process, so an entry that poisons CUDA costs that entry only); None without it."""
+    options = attnfuzz
     if not options.isolate:
         yield lambda backend, device: None
         return

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from attnfuzz import corpus as corpus_io
-from attnfuzz import poison
+from attnfuzz import options
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import HEAD_DIMS
@@ -119,11 +119,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("shrink", help="shrink a corpus entry's case to the plainest one that still fails the same "
                        "way; saves it beside the entry")
     p.add_argument("entry", type=Path, help="a corpus entry (.json)")
-    p.add_argument("--device", help="default: the entry's device")
-    p.add_argument("--isolate", action="store_true", help="run each case in a worker process (crashes, hangs)")
-    p.add_argument("--case-timeout", type=float, default=120.0, help="seconds one isolated case may take")
-    p.add_argument("--max-runs", type=int, default=400, help="the most cases to run (default 400)")
-    p.add_argument("--poison-memory", action="store_true", help=poison.HELP)
+    options.add(p, "device", "isolate", "case-timeout", "poison-memory",
+                device={"default": None, "help": "default: the entry's device"}, case_timeout={"default": 120.0})
+    p.add_argument("--max-runs", type=options.count, default=400, help="the most cases to run (default 400)")
 
 
 def cmd_shrink(args) -> int:

@@ -1,4 +1,4 @@
-"""Fuzz targets collected by `pytest fuzz`: one per backend (`--backend` narrows), graded against float64.
+"""Fuzz targets collected by `pytest fuzz`: one per backend (`--attnfuzz-backend` narrows), graded against float64.
 
 A backend that cannot run here is skipped with the reason; every failure is shrunk by Hypothesis, saved to the
 corpus (JSON + standalone repro script) and reported. The case being run waits on disk (`.inflight-<backend>.json`
@@ -15,6 +15,7 @@ from attnfuzz.backends import get
 from attnfuzz.harness import fuzz
 from attnfuzz.isolate import isolated
 from attnfuzz.profiles import for_backend, profile
+from attnfuzz.strategies.space import Space
 
 
 def test_backend(fuzz_backend: str, attnfuzz) -> None:
@@ -24,18 +25,20 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
-    attnfuzz.corpus.mkdir(parents=True, exist_ok=True)
-    died_on = corpus_io.recover_inflight(attnfuzz.corpus, backend)  # the case a killed session was running
+    findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
+    findings_dir.mkdir(parents=True, exist_ok=True)
+    died_on = corpus_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
+    space = Space(max_len=attnfuzz.max_len) if attnfuzz.max_len else Space()
     worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     try:
-        tally, findings = fuzz(backend, device=attnfuzz.device, settings=settings, seed=attnfuzz.seed,
-                               known=corpus_io.known_bugs(attnfuzz.corpus), worker=worker,
-                               inflight=corpus_io.inflight_path(attnfuzz.corpus, backend.name))
+        tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings, seed=attnfuzz.seed,
+                               known=corpus_io.known_bugs(corpus_io.shipped_dir(), findings_dir), worker=worker,
+                               inflight=corpus_io.inflight_path(findings_dir, backend.name))
     finally:
         if worker is not None:
             worker.close()
     print(f"{fuzz_backend}: {tally.to_dict()}")
-    saved = [corpus_io.save(attnfuzz.corpus, corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict,
+    saved = [corpus_io.save(findings_dir, corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict,
                                                              device=attnfuzz.device,
                                                              backend_version=backend.version()))
              for f in findings]

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("triage", help="which corpus known bug takes each failure in case logs; exit 1 when some "
                        "failure is taken by none")
     p.add_argument("logs", nargs="+", type=Path, help="case logs (.jsonl) or folders holding them (a campaign)")
-    p.add_argument("--corpus", type=Path, default=Path("corpus"), help="the known bugs to match (default corpus)")
+    p.add_argument("--corpus", type=Path, help="known bugs to match beside the corpus shipped with attnfuzz (default: "
+                   "the findings folder, see `attnfuzz run --help`)")
     p.add_argument("--json", action="store_true")
 
 
@@ -45,9 +46,10 @@ def _candidates(row: dict) -> list[Verdict]:
     return [Verdict(s, diagnosis or None, message) for s in statuses]
 
 
-def triage(paths: list[Path], corpus: Path) -> dict:
-    """{"taken": {entry: {"cases": n, "shapes": [...]}}, "untaken": {backend label: {"cases": n, "example": ...}}}"""
-    known = corpus_io.known_bugs(corpus)
+def triage(paths: list[Path], corpus: Path | None = None) -> dict:
+    """{"taken": {entry: {"cases": n, "shapes": [...]}}, "untaken": {backend label: {"cases": n, "example": ...}}}
+    over the known bugs of the shipped corpus and `corpus` (default: the findings folder)."""
+    known = corpus_io.known_bugs(corpus_io.shipped_dir(), corpus_io.findings_dir(corpus))
     taken: dict[str, dict] = defaultdict(lambda: {"cases": 0, "shapes": []})
     untaken: dict[str, dict] = defaultdict(lambda: {"cases": 0, "example": None})
     for row in (r for f in log_files(paths) for r in caselog.rows(f)):

@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from attnfuzz import caselog
+from attnfuzz import caselog, options
 from attnfuzz import corpus as corpus_io
 from attnfuzz.isolate import isolated
 from attnfuzz.oracles import verdict as V
@@ -33,8 +33,8 @@ def add_parsers(sub) -> None:
     snap.add_argument("--label", default="", help="a name for this stack, e.g. te-2.21")
     snap.add_argument("--device", help="run here instead of each case's own device (default: cpu for campaign "
                       "cases, the entry's device for corpus entries)")
-    snap.add_argument("--max-cases", type=int, default=500, help="campaign cases per backend (default 500)")
-    snap.add_argument("--case-timeout", type=float, default=120.0)
+    snap.add_argument("--max-cases", type=options.count, default=500, help="campaign cases per backend (default 500)")
+    options.add(snap, "case-timeout", case_timeout={"default": 120.0})
     diff = sub.add_parser("diff", help="compare two snapshots; exit 1 when a case newly fails or fails differently")
     diff.add_argument("old", type=Path)
     diff.add_argument("new", type=Path)

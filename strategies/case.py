@@ -33,6 +33,10 @@ MEMORY = ("contiguous", "transposed", "expanded_kv")
 SCHEMA = 1
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check(ok: bool, name: str, value, want: str) -> None:
     if not ok:
         raise ValueError(f"Case: invalid {name}={value!r}: {want}")
@@ -69,6 +73,17 @@ class Case:
     spelling: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("causal", "grads"):  # JSON's "yes" or 1 is not a switch: a corpus entry must say true or false
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
+        for name in ("dtype", "alignment", "softmax", "layout", "memory", "spelling"):
+            _check(isinstance(getattr(self, name), str), name, getattr(self, name), "a string")
+        for name in ("mask_density", "scale", "softcap"):
+            value = getattr(self, name)
+            _check(value is None or _is_number(value), name, value, "None or a number")
+        for name in ("alibi_slopes", "mean", "std"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, tuple) and all(map(_is_number, value))), name, value,
+                   "None or a list of numbers")
         for name in ("b", "sq", "skv", "h", "hk", "d_qk", "d_v"):
             value = getattr(self, name)
             _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
@@ -84,13 +99,14 @@ class Case:
             if lens is None:
                 continue
             _check(isinstance(lens, tuple) and len(lens) == self.b, name, lens, f"a tuple of b={self.b} ints")
-            _check(all(isinstance(n, int) and 0 <= n <= full for n in lens), name, lens,
+            _check(all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= full for n in lens), name, lens,
                    f"each length in 0..{full} ({'sq' if name == 'seqlens_q' else 'skv'})")
         _check(self.layout != "thd" or (self.seqlens_q is not None and self.seqlens_kv is not None), "layout",
                self.layout, "thd (packed) needs seqlens_q and seqlens_kv; give them or use bshd/sbhd")
         _check(isinstance(self.window, tuple) and len(self.window) == 2, "window", self.window,
                "a pair (left, right) of int >= 0 or None")
-        _check(all(w is None or (isinstance(w, int) and w >= 0) for w in self.window), "window", self.window,
+        _check(all(w is None or (isinstance(w, int) and not isinstance(w, bool) and w >= 0) for w in self.window),
+               "window", self.window,
                "bounds are ints >= 0, or None for unbounded")
         _check(not self.causal or self.window[1] in (None, 0), "window", self.window,
                "causal means right = 0; use causal=False with window=(left, right) for a band")
@@ -110,7 +126,8 @@ class Case:
             _check(isinstance(value, tuple) and len(value) == 3 and all(math.isfinite(x) for x in value), name,
                    value, "a tuple of three finite floats for (q, k, v)")
         _check(all(s >= 0 for s in self.std), "std", self.std, "standard deviations must be >= 0")
-        _check(isinstance(self.seed, int) and 0 <= self.seed < 2**63, "seed", self.seed, "an int in [0, 2**63)")
+        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**63, "seed",
+               self.seed, "an int in [0, 2**63)")
 
     # -- derived views -------------------------------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ MISBEHAVING = ["tests.misbehaving:segfault_when_causal", "tests.misbehaving:abor
 
 
 def campaign_command(directory: Path, *options: str) -> list[str]:
-    return [sys.executable, "-m", "fuzz", "campaign", "--dir", str(directory), "--max-len", "16", *options]
+    return [sys.executable, "-m", "attnfuzz", "campaign", "--dir", str(directory), "--max-len", "16", *options]
 
 
 def run_campaign(directory: Path, *options: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -97,13 +97,13 @@ def _pytest_fuzz(tmp_path, *options):
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, "-m", "pytest", str(root / "fuzz"), "-q", "-p", "no:cacheprovider",
-                           "--backend", "tests.misbehaving:segfault_when_causal", "--fuzz-profile", "ci",
-                           "--max-examples", "40", "--corpus", str(tmp_path), *options],
+                           "--attnfuzz-backend", "tests.misbehaving:segfault_when_causal", "--attnfuzz-profile",
+                           "ci", "--attnfuzz-max-examples", "40", "--attnfuzz-corpus", str(tmp_path), *options],
                           cwd=root, capture_output=True, text=True, timeout=600)
 
 
 def test_pytest_fuzz_isolate_turns_a_segfault_into_a_failed_test(tmp_path):
-    isolated = _pytest_fuzz(tmp_path, "--isolate", "--case-timeout", "20")
+    isolated = _pytest_fuzz(tmp_path, "--attnfuzz-isolate", "--attnfuzz-case-timeout", "20")
     assert isolated.returncode == 1, isolated.stdout + isolated.stderr   # a failed test, not a dead session
     assert "CRASH:SIGSEGV" in isolated.stdout and "1 failed" in isolated.stdout
     assert list(tmp_path.glob("*CRASH-SIGSEGV*.json")), "the crash was saved to the corpus"
@@ -116,7 +116,7 @@ def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
     assert bare.returncode < 0 or "Segmentation fault" in bare.stderr, (bare.returncode, bare.stdout[-500:])
     [left] = tmp_path.glob(".inflight-*.json")
     assert json.loads(left.read_text())["case"]["causal"], "the case the session died on"
-    again = _pytest_fuzz(tmp_path, "--isolate", "--case-timeout", "20")
+    again = _pytest_fuzz(tmp_path, "--attnfuzz-isolate", "--attnfuzz-case-timeout", "20")
     assert "CRASH:PROCESS_DIED" in again.stdout and again.returncode == 1, again.stdout[-2000:]
     assert list(tmp_path.glob("*CRASH-PROCESS_DIED*.json")) and not list(tmp_path.glob(".inflight-*.json"))
 
@@ -132,7 +132,7 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
 
     from attnfuzz import corpus as corpus_io
     spec = "tests.misbehaving:hangs"
-    run = subprocess.Popen([sys.executable, "-m", "fuzz", "run", "--backend", spec, "--isolate", "--case-timeout",
+    run = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", spec, "--isolate", "--case-timeout",
                             "300", "--max-examples", "5", "--corpus", str(tmp_path)],
                            cwd=Path(__file__).resolve().parents[1], start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -168,13 +168,13 @@ def _pytest_corpus(directory, *options):
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, "-m", "pytest", str(root / "corpus"), "-q", "-p", "no:cacheprovider",
-                           "--corpus", str(directory), "-rxX", *options], cwd=root, capture_output=True, text=True,
+                           "--attnfuzz-corpus", str(directory), "-rxX", *options], cwd=root, capture_output=True, text=True,
                           timeout=300)
 
 
 def test_pytest_corpus_isolate_replays_past_an_entry_that_crashes(tmp_path):
     _corpus_with_a_segfault_first(tmp_path)
-    isolated = _pytest_corpus(tmp_path, "--isolate", "--case-timeout", "20")
+    isolated = _pytest_corpus(tmp_path, "--attnfuzz-isolate", "--attnfuzz-case-timeout", "20")
     assert isolated.returncode == 0, isolated.stdout + isolated.stderr
     assert "1 passed, 1 xfailed" in isolated.stdout and "SIGSEGV" in isolated.stdout
 

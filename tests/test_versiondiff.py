@@ -34,7 +34,7 @@ def _campaign_dir(tmp_path: Path) -> Path:
 def _snapshot(tmp_path: Path, stack: str, source: Path) -> Path:
     out = tmp_path / f"{stack}.json"
     env = {**os.environ, "ATTNFUZZ_TEST_STACK": stack}
-    done = subprocess.run([sys.executable, "-m", "fuzz", "snapshot", str(source), "--label", stack, "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "attnfuzz", "snapshot", str(source), "--label", stack, "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return out
@@ -54,7 +54,7 @@ def test_diff_names_newly_failing_newly_passing_and_changed_diagnosis(tmp_path):
     assert [(r["old"], r["new"]) for r in changes["changed diagnosis"]] == [("FAIL:NONFINITE", "FAIL:ALL_ZERO")]
     assert not any(r["backend"] == "sdpa-math" for rows in changes.values() for r in rows), "sdpa-math did not change"
 
-    shown = subprocess.run([sys.executable, "-m", "fuzz", "diff", str(old), str(new)], cwd=ROOT, capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "attnfuzz", "diff", str(old), str(new)], cwd=ROOT, capture_output=True,
                            text=True)
     assert shown.returncode == 1, shown.stderr
     assert "## newly failing: 1" in shown.stdout and "old: old: torch" in shown.stdout
@@ -68,7 +68,7 @@ def test_identical_stacks_show_no_change(tmp_path):
     b.write_text(a.read_text())
     changes = versiondiff.diff(json.loads(a.read_text()), json.loads(b.read_text()))
     assert not any(changes.values())
-    assert subprocess.run([sys.executable, "-m", "fuzz", "diff", str(a), str(b)], cwd=ROOT,
+    assert subprocess.run([sys.executable, "-m", "attnfuzz", "diff", str(a), str(b)], cwd=ROOT,
                           capture_output=True).returncode == 0
 
 

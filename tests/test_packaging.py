@@ -74,3 +74,15 @@ def test_an_installed_wheel_replays_the_shipped_corpus(wheel_env, tmp_path):
     assert collected.returncode == 0, collected.stdout + collected.stderr
     names = [line for line in collected.stdout.splitlines() if "test_entry[" in line]
     assert len(names) == len(list((ROOT / "corpus").glob("*.json")))
+
+
+def test_the_wheel_claims_no_generic_top_level_name(wheel_env, tmp_path):
+    """fuzz, oracles and strategies are the card's folders, not import names: a user's own fuzz/ package wins."""
+    (tmp_path / "fuzz").mkdir()
+    (tmp_path / "fuzz" / "__init__.py").write_text("MINE = True\n")
+    script = ("import importlib.util as u, fuzz\n"
+              "print(fuzz.MINE, u.find_spec('oracles'), u.find_spec('strategies'))")
+    assert _in(tmp_path, wheel_env, "-c", script).stdout.split() == ["True", "None", "None"]
+    top = next(Path(_in(tmp_path, wheel_env, "-c", "import attnfuzz, os; print(os.path.dirname(attnfuzz.__file__))")
+                    .stdout.strip()).parent.glob("attnfuzz-*.dist-info"))
+    assert (top / "top_level.txt").read_text().split() == ["attnfuzz"]

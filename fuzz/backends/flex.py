@@ -28,6 +28,7 @@ backward (eager or compiled), and compiled flex has no LSE and no float64.
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import torch
 
@@ -253,7 +254,9 @@ class FlexBackend(Backend):
         """(out, lse, what ran). Compiled: raise the recompile limit for the call and tell a cached graph from a new
         one and a compiled run from an eager fallback."""
         if not self.compiled:
-            out, lse, _ = _flex_call(*args)
+            with warnings.catch_warnings():  # eager is this backend's point, not a mistake to warn a user about
+                warnings.filterwarnings("ignore", "flex_attention called without torch.compile", UserWarning)
+                out, lse, _ = _flex_call(*args)
             return out, lse, "flex_attention eager (dense math path)"
         import torch._dynamo
         static = case.layout == "thd" or case.mask_density is not None

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from attnfuzz import campaign, caselog, poison, report, shrink, triage, versiondiff
+from attnfuzz import bugreport
 from attnfuzz import corpus as corpus_io
 from attnfuzz.backends import factories, get
 from attnfuzz.harness import Tally, fuzz
@@ -73,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     triage.add_parser(sub)
     shrink.add_parser(sub)
+    bugreport.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     backends.add_argument("--device", default="cpu")
     backends.add_argument("--json", action="store_true")
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
                 "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
-                "shrink": shrink.cmd_shrink}
+                "shrink": shrink.cmd_shrink, "report-bug": bugreport.cmd_report_bug}
     if getattr(args, "poison_memory", False):
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
     try:

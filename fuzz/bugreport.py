@@ -295,22 +295,26 @@ def result(row: Row) -> str:
     return f"**{v.label}**: {row.detail}" if v is not None and v.failed else f"{row.outcome}: {row.detail}"
 
 
-def now_sentence(entry: corpus_io.Entry, own: Row) -> str:
+def now_sentence(entry: corpus_io.Entry, own: Row, device: str) -> str:
     """Whether the entry's failure came back here, in its own spelling."""
     saved, v = entry.verdict, own.verdict
-    name = f"{entry.backend} {own.version}".strip() if v is not None else entry.backend
     if v is None:
-        return (f"{name} cannot run on this machine ({own.detail.rstrip('.')}), so the failure is not confirmed "
-                f"here: the worst element below is the one recorded when it was found.")
+        return (f"{entry.backend} cannot run on this machine ({own.detail.rstrip('.')}), so the failure is not "
+                f"confirmed here: the worst element below is the one recorded when it was found.")
+    name = f"{entry.backend} {own.version}".strip()
+    on = f" on {device} (it was found on {entry.device}: another kernel)" \
+        if device.split(":")[0] != entry.device.split(":")[0] else ""
     if v.status == V.UNSUPPORTED:
-        return f"Here {name} refuses the case ({v.message}), so the failure is not confirmed here."
+        return f"Here{on} {name} refuses the case ({v.message}), so the failure is not confirmed here."
+    if v.failed and v.label == _saved_label(saved):
+        return (f"Here{on}, {name} fails the case the same way ({v.label})." if on
+                else f"It reproduces here: {name} fails the case again with {v.label}.")
     if v.failed:
-        return (f"It reproduces here: {name} fails the case again with {v.label}." if v.label == _saved_label(saved)
-                else f"It still fails here, but now as {v.label} (recorded as {saved.label}).")
+        return f"It still fails here{on}, but now as {v.label} (recorded as {saved.label})."
     if saved.status == V.FLAKY:
-        return (f"It did not fail in this one run here ({name} passed); the entry is flaky, so a pass is no evidence "
-                f"that it is fixed.")
-    return (f"It no longer reproduces here: {name} passes the case (error / bound {_num(v.ratio)}); compare the "
+        return (f"It did not fail in this one run here{on} ({name} passed); the entry is flaky, so a pass is no "
+                f"evidence that it is fixed.")
+    return (f"It no longer reproduces here{on}: {name} passes the case (error / bound {_num(v.ratio)}); compare the "
             f"environment it was found in, below.")
 
 
@@ -321,8 +325,15 @@ def others_sentence(entry: corpus_io.Entry, rows: list[Row]) -> str:
     same = list(dict.fromkeys(r.backend for r in ran if not r.own and r.verdict.label == label))
     other = list(dict.fromkeys(f"{r.backend} ({r.verdict.label}{', ' + r.note if r.note else ''})" for r in ran
                                if not r.own and r.verdict.failed and r.verdict.label != label))
-    parts = [f"On the same case here, {_join(passed)} {'pass' if len(passed) > 1 else 'passes'} against the float64 "
-             f"oracle." if passed else "No other backend passes the case here."]
+    refused = list(dict.fromkeys(r.backend for r in rows if not r.own and r.outcome == V.UNSUPPORTED))
+    if passed:
+        parts = [f"On the same case here, {_join(passed)} {'pass' if len(passed) > 1 else 'passes'} against the "
+                 f"float64 oracle."]
+    elif refused and not any(not r.own for r in ran):
+        parts = [f"No other backend that can run here takes the case: {_join(refused)} refuse"
+                 f"{'s' * (len(refused) == 1)} it (the table says why)."]
+    else:
+        parts = ["No other backend passes the case here."]
     parts += [f"{_join(same)} {'fail' if len(same) > 1 else 'fails'} the same way ({label})."] if same else []
     parts += [f"Failing differently: {_join(other)}."] if other else []
     mine_pass = [r.spelling for r in ran if r.own and r.verdict.status == V.PASS]
@@ -351,7 +362,7 @@ def _worst_row(entry: corpus_io.Entry, where: str, verdict: V.Verdict) -> list[s
                  else gradient_check(o, w.tensor, getattr(o.ref, w.tensor), family)).bound
         ratio = error / bound if bound > 0 and math.isfinite(error) else math.inf
     return [where, w.tensor, f"{list(w.index)} ({AXES.get(w.tensor, '')})", _num(w.got), _num(w.expected),
-            _num(error), _num(bound), _num(ratio)]
+            _num(error), "-" if bound != bound else _num(bound), _num(ratio)]
 
 
 def went_wrong(entry: corpus_io.Entry, own: Row, found_on: str) -> list[str]:
@@ -472,7 +483,7 @@ def render(entry: corpus_io.Entry, path: Path, device: str, moved: str, rows: li
     summary = (f"{entry.backend}{f' ({about})' if about else ''} {phrase} ({entry.verdict.label}) for {kind}"
                f"{' with ' + _join(rest) if rest else ''}, in {shape(entry.case)}. {why[0].upper()}{why[1:]}. Found by "
                f"attnfuzz on {found_on} with torch {rec.get('torch', '(version not recorded)')}"
-               f"{' on ' + entry.found[:10] if entry.found else ''}. {now_sentence(entry, own)} "
+               f"{' on ' + entry.found[:10] if entry.found else ''}. {now_sentence(entry, own, device)} "
                f"{others_sentence(entry, rows)}")
     parts = [f"# {entry.backend} {phrase} for {kind} ({shape(entry.case)})", "", summary]
     if entry.known_bug:

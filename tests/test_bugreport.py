@@ -157,3 +157,12 @@ def test_a_cuda_device_on_a_machine_without_one_exits_2(tmp_path, capsys):
     assert main(["report-bug", str(path), "--device", "cuda"]) == 2
     assert "--device='cuda'" in capsys.readouterr().err
     assert json.loads(path.read_text())["backend"] == ZERO
+
+
+def test_an_entry_found_on_another_device_is_not_said_to_reproduce_there(tmp_path, monkeypatch):
+    """The CPU runs another kernel than the GPU the entry was found on: the same failure is reported as such."""
+    path = _entry(tmp_path, ZERO, CAUSAL, run_case(get(ZERO, "cpu"), CAUSAL), device="cuda")
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path, "--device", "cpu")
+    assert "Here on cpu (it was found on cuda: another kernel)" in report
+    assert "It reproduces here" not in report

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from attnfuzz import campaign, caselog, catalog, options, poison, report, shrink, triage, versiondiff
+from attnfuzz import bugreport, campaign, caselog, catalog, options, poison, report, shrink, triage, versiondiff
 from attnfuzz import corpus as corpus_io
 from attnfuzz.backends import factories, get
 from attnfuzz.harness import Tally, fuzz
@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     triage.add_parser(sub)
     shrink.add_parser(sub)
     catalog.add_parser(sub)
+    bugreport.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
     options.add(backends, "device")
     backends.add_argument("--json", action="store_true")
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
                 "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
-                "shrink": shrink.cmd_shrink, "catalog": catalog.cmd_catalog}
+                "shrink": shrink.cmd_shrink, "catalog": catalog.cmd_catalog, "report-bug": bugreport.cmd_report_bug}
     if getattr(args, "poison_memory", False):
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
     if args.command in ("run", "replay"):

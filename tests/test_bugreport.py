@@ -1,0 +1,168 @@
+"""`attnfuzz report-bug ENTRY`: an issue-ready report, its case rerun through every backend that can run here.
+
+Planted kernels (tests/misbehaving.py as the entry's backend, tests/broken.py registered beside the real backends)
+make the verdicts known; the real CPU backends run too, their verdicts not asserted."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from attnfuzz import backends
+from attnfuzz import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.cli import main
+from attnfuzz.harness import run_case
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from tests.broken import Correct, ZeroWhenCausal
+
+ZERO = "tests.misbehaving:zero_when_causal"
+CAUSAL = Case(b=1, sq=3, skv=3, h=2, hk=1, d_qk=8, d_v=8, dtype="float32", causal=True, seed=5)
+
+
+def _planted(device):
+    """Two planted kernels registered under their own names: one correct, one with the entry's bug."""
+    return {"correct": lambda device: Correct(), "broken-zero-causal": lambda device: ZeroWhenCausal()}
+
+
+def _register(monkeypatch, keep=None):
+    """The real registry (or the names in `keep` of it) plus the planted kernels."""
+    real = backends.factories()
+    chosen = {n: f for n, f in real.items() if keep is None or n in keep}
+    monkeypatch.setattr(backends, "factories", lambda: {**chosen, **_planted("cpu")})
+
+
+def _report(tmp_path, path, *extra) -> str:
+    out = tmp_path / "report.md"
+    assert main(["report-bug", str(path), "--out", str(out), *extra]) == 0
+    return out.read_text()
+
+
+def _row(report: str, backend: str) -> str:
+    [line] = [ln for ln in report.splitlines() if ln.startswith((f"| {backend} |", f"| **{backend}** |"))]
+    return line
+
+
+def _entry(tmp_path, backend, case, verdict, **fields):
+    return corpus_io.save(tmp_path, corpus_io.Entry(backend, case, verdict, **fields))
+
+
+def test_report_has_the_repro_the_worst_element_and_a_row_per_backend_and_shows_the_disagreement(tmp_path, monkeypatch):
+    verdict = run_case(get(ZERO, "cpu"), CAUSAL)
+    assert verdict.label == "FAIL:ALL_ZERO"
+    path = _entry(tmp_path, ZERO, CAUSAL, verdict)
+    _register(monkeypatch)
+    report = _report(tmp_path, path)
+
+    assert report.startswith(f"# {ZERO} returns an all-zero output for causal (top-left) attention")
+    assert path.with_suffix(".py").read_text().rstrip() in report, "the repro script inline, whole"
+    w = verdict.worst
+    assert f"| out | {list(w.index)} (batch, query, head, channel) | 0 | {w.expected:.4g} |" in report
+    for name in backends.factories():
+        _row(report, name)  # exactly one row (context-parallel ones: one 'not run' row)
+    assert "not run: context parallel" in _row(report, "ring-allgather")
+    assert "**FAIL:ALL_ZERO**" in _row(report, ZERO)
+    assert "| correct | default | - | PASS (" in report
+    assert "**FAIL:ALL_ZERO**" in _row(report, "broken-zero-causal")
+    assert "It reproduces here" in report
+    assert "broken-zero-causal fails the same way (FAIL:ALL_ZERO)" in report
+    summary = report.split("\n\n")[1]
+    assert "correct" in summary.split("pass against the float64 oracle")[0], summary
+
+
+def test_a_spelling_the_entrys_backend_passes_in_shows_up_beside_the_one_it_fails_in(tmp_path, monkeypatch):
+    """sdpa-math, planted here to zero is_causal only: the causal spellings run side by side."""
+    import attnfuzz.backends.sdpa as sdpa
+
+    class ZeroIsCausal(sdpa.SdpaBackend):
+        def run(self, case, tensors):
+            output = super().run(case, tensors)
+            if self._resolve(case).mask == "is_causal":
+                output.out = output.out * 0
+            return output
+
+    monkeypatch.setattr(backends, "factories", lambda: {"sdpa-math": lambda device: ZeroIsCausal("sdpa-math", device),
+                                                        **_planted("cpu")})
+    case = CAUSAL.replace(h=1, spelling="is_causal")
+    path = _entry(tmp_path, "sdpa-math", case, run_case(ZeroIsCausal("sdpa-math", "cpu"), case))
+    report = _report(tmp_path, path)
+    rows = [ln for ln in report.splitlines() if ln.startswith("| **sdpa-math** |")]
+    assert "| is_causal |" in rows[0] and "**FAIL:ALL_ZERO**" in rows[0], "the entry's spelling first"
+    assert any("| causal_upper_left |" in r and "PASS" in r for r in rows)
+    assert not any("| default" in r for r in rows), "the default is is_causal again: not run twice"
+    assert "Of sdpa-math's spellings, is_causal fails and" in report
+
+
+def test_control_the_entrys_backend_now_passes(tmp_path, monkeypatch):
+    """Saved as an all-zero failure, but the case is not causal: the kernel passes it, and the report says so."""
+    plain = CAUSAL.replace(causal=False)
+    saved = V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0", V.Worst("out", (0, 1, 0, 2), 0.0, 0.75),
+                      math.inf)
+    path = _entry(tmp_path, ZERO, plain, saved)
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    assert "It no longer reproduces here" in report
+    assert "PASS" in _row(report, ZERO)
+    assert "It reproduces here" not in report
+
+
+def test_an_entry_whose_backend_cannot_run_here_still_gets_everything_else(tmp_path, monkeypatch):
+    """A TransformerEngine entry found on an H200, reported on this CPU machine."""
+    case = CAUSAL.replace(dtype="float16", alignment="bottom_right", h=1)
+    saved = V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0; the oracle's largest is 1.5",
+                      V.Worst("out", (0, 0, 0, 3), 0.0, -1.5), math.inf)
+    env = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "python": "3.12.3"}
+    path = _entry(tmp_path, "te-flash", case, saved, device="cuda", backend_version="2.20.2", environment=env,
+                  known_bug={"link": "https://example.org/te/issues/1", "note": "the -1 sentinel"})
+    _register(monkeypatch, keep=("te-flash", "sdpa-math"))
+    report = _report(tmp_path, path, "--device", "cpu")
+    assert "te-flash cannot run on this machine" in report
+    assert "cannot run here: TransformerEngine" in _row(report, "te-flash")
+    assert "| when found (NVIDIA H200) | out | [0, 0, 0, 3]" in report
+    assert "| GPU | NVIDIA H200 |" in report and "| TransformerEngine | 2.20.2 |" in report
+    assert "Tracked at https://example.org/te/issues/1: the -1 sentinel" in report
+    assert "| correct | default | - | PASS (" in report, "the other backends still ran on the same case"
+    assert path.with_suffix(".py").read_text().rstrip() in report
+    assert "needs only torch and TransformerEngine, and a CUDA device" in report
+
+
+def test_a_crashed_entry_runs_its_backend_in_a_worker_without_being_asked(tmp_path, monkeypatch):
+    crash = V.Verdict(V.CRASH, "SIGSEGV", "the worker process died (SIGSEGV) while running this case")
+    path = _entry(tmp_path, "tests.misbehaving:segfault_when_causal", CAUSAL, crash)
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path, "--case-timeout", "60")
+    assert "**CRASH:SIGSEGV**" in _row(report, "tests.misbehaving:segfault_when_causal")
+    assert "It reproduces here" in report and "No element to compare" in report
+    assert "| correct | default | - | PASS (" in report
+
+
+@pytest.mark.parametrize("content", [None, '{"backend": "x"}', "not json at all", "[1, 2]"])
+def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, content):
+    path = tmp_path / "entry.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["report-bug", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "report-bug" in err
+
+
+def test_a_cuda_device_on_a_machine_without_one_exits_2(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    path = _entry(tmp_path, ZERO, CAUSAL, V.Verdict(V.FAIL, V.ALL_ZERO))
+    assert main(["report-bug", str(path), "--device", "cuda"]) == 2
+    assert "--device='cuda'" in capsys.readouterr().err
+    assert json.loads(path.read_text())["backend"] == ZERO
+
+
+def test_an_entry_found_on_another_device_is_not_said_to_reproduce_there(tmp_path, monkeypatch):
+    """The CPU runs another kernel than the GPU the entry was found on: the same failure is reported as such."""
+    path = _entry(tmp_path, ZERO, CAUSAL, run_case(get(ZERO, "cpu"), CAUSAL), device="cuda")
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path, "--device", "cpu")
+    assert "Here on cpu (it was found on cuda: another kernel)" in report
+    assert "It reproduces here" not in report

@@ -27,6 +27,7 @@ from attnfuzz.coverage import Coverage
 from attnfuzz.report import build_report
 
 RESTARTS = 3  # a lane that dies is restarted this many times (it resumes from its log)
+LANE_STOP_S = 60  # how long an interrupted campaign waits for a lane to stop before it kills it
 
 
 class CampaignError(ValueError):
@@ -234,11 +235,16 @@ def run_campaign(args) -> int:
                 last_print = now
                 sys.stderr.write(("\r" + watch.line()[:150].ljust(150)) if tty else watch.line() + "\n")
                 sys.stderr.flush()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (attnfuzz.interrupt)
         for proc in lanes.values():
-            proc.terminate()
+            proc.terminate()  # each lane stops as interrupted: its case in progress is not a finding
+        for proc in lanes.values():  # let them finish: a lane dies with this process (PR_SET_PDEATHSIG)
+            try:
+                proc.wait(timeout=LANE_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         print(f"\nattnfuzz campaign: interrupted; run the same command to resume {campaign}", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_code", 130)
     watch.poll()
     print(("\n" if tty else "") + watch.line(), file=sys.stderr)
     found = corpus_io.entry_paths(campaign / "corpus")

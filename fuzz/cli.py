@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from attnfuzz import bugreport, campaign, caselog, catalog, options, poison, report, shrink, triage, versiondiff
+from attnfuzz import (bugreport, campaign, caselog, catalog, interrupt, options, poison, report, shrink, triage,
+                      versiondiff)
 from attnfuzz import corpus as corpus_io
 from attnfuzz.backends import factories, get
 from attnfuzz.harness import Tally, fuzz
@@ -136,10 +137,10 @@ def cmd_run(args) -> int:
             summary[name] = {"skipped": why}
             continue
         args.corpus.mkdir(parents=True, exist_ok=True)
-        saved = corpus_io.recover_inflight(args.corpus, backend)
-        for path in saved:
-            print(f"[{name}] the last run died or was killed on a case: saved as {path}; shrink it with "
-                  f"`attnfuzz shrink {path} --isolate`", file=sys.stderr)
+        recovered = corpus_io.recover_inflight(args.corpus, backend)
+        for r in recovered:
+            print(f"[{name}] {r.message}", file=sys.stderr)
+        saved = [r.path for r in recovered if r.finding]
         inflight = corpus_io.inflight_path(args.corpus, backend.name)
         backend_settings = for_backend(settings, backend.cost, args.max_examples)
         progress = Progress(name, backend_settings.max_examples)
@@ -154,6 +155,10 @@ def cmd_run(args) -> int:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,
                                    known=corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus), worker=worker)
+        except interrupt.Interrupted:
+            print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding, "
+                  f"and nothing of this backend's search is saved", file=sys.stderr)
+            raise
         finally:
             if worker is not None:
                 worker.close()
@@ -289,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "replay"):
         args.corpus = corpus_io.findings_dir(args.corpus)
     try:
-        return commands[args.command](args)
+        with interrupt.interruptible():  # SIGINT / SIGTERM end the command as an interruption, not a crash
+            return commands[args.command](args)
+    except interrupt.Interrupted as e:
+        print(f"attnfuzz {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except (UsageError, corpus_io.CorpusError) as e:  # a corpus file that cannot be read would drop its known bug
         print(f"attnfuzz: {e}", file=sys.stderr)
         return 2

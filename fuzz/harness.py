@@ -21,7 +21,7 @@ import hypothesis
 import torch
 from hypothesis import strategies as st
 
-from attnfuzz import poison
+from attnfuzz import interrupt, poison
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.caselog import known_bug_check
 from attnfuzz.oracles import verdict as V
@@ -100,16 +100,21 @@ def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Pat
 
 
 @contextlib.contextmanager
-def write_ahead(inflight: Path | None, backend: str, device: str, case: Case):
+def write_ahead(inflight: Path | None, backend: str, device: str, case: Case, *, isolated: bool = False):
     """Keep `case` on disk at `inflight` while it runs, so a process that dies or is killed meanwhile (a segfault in
-    process, a CI job's time limit, Ctrl-C) leaves the case behind; removed once the case has a verdict."""
-    if inflight is not None:
-        inflight.write_text(json.dumps({"backend": backend, "device": device, "case": case.to_dict()}))
+    process, a job's time limit) leaves the case behind; removed once the case has a verdict, and on the way out of
+    an interruption (attnfuzz.interrupt), which is not the case's doing. `isolated`: a worker process runs it, so a
+    case left behind was not what ended the run. A case that a SIGINT / SIGTERM interrupted gives no verdict."""
+    interrupt.check()  # a stop whose exception was swallowed between cases: do not start another
     try:
+        if inflight is not None:
+            inflight.write_text(json.dumps({"backend": backend, "device": device, "case": case.to_dict(),
+                                            "isolated": isolated}))
         yield
     finally:
         if inflight is not None:
             inflight.unlink(missing_ok=True)
+    interrupt.check()  # ... or during this one, whatever verdict the backend came back with
 
 
 class WrittenAhead:
@@ -120,7 +125,7 @@ class WrittenAhead:
         self.worker, self.inflight, self.backend, self.device = worker, inflight, backend, device
 
     def run(self, case: Case) -> V.Verdict:
-        with write_ahead(self.inflight, self.backend, self.device, case):
+        with write_ahead(self.inflight, self.backend, self.device, case, isolated=True):
             return self.worker.run(case)
 
     def __getattr__(self, name):  # rerun, restarts, close: the worker's own
@@ -288,6 +293,18 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         prop = hypothesis.seed(seed)(prop)
     if database_key is not None:
         prop._hypothesis_internal_database_key = database_key.encode()  # read by Hypothesis; set last, on the wrapper
+    # the crash record sits beside the write-ahead file: the next start tells a crash from a stop by it
+    with interrupt.crash_record(interrupt.record_path(inflight) if inflight is not None else None):
+        findings = _search(prop, tally)
+        if reruns > 0:
+            run = (getattr(worker, "rerun", worker.run) if worker is not None
+                   else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
+            findings = [confirm(f, run, reruns) for f in findings]
+    return tally, findings
+
+
+def _search(prop, tally: Tally) -> list[Finding]:
+    """Run the Hypothesis test: the minimal Findings it reports (FLAKY where it could not reproduce one)."""
     start = time.perf_counter()
     findings: list[Finding] = []
     try:
@@ -301,13 +318,17 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
                               f.verdict.worst, f.verdict.ratio)
             findings.append(Finding(f.backend, f.case, flaky))
     except (Finding, BaseExceptionGroup) as e:
+        stop = e.subgroup(KeyboardInterrupt) if isinstance(e, BaseExceptionGroup) else None
+        if stop is not None:  # an interruption travelling with findings: the run was stopped, keep none
+            raise next(_leaves(stop)) from e
         findings = findings_of(e)
         if not findings:
             raise
     finally:
         tally.seconds = time.perf_counter() - start
-    if reruns > 0:
-        run = (getattr(worker, "rerun", worker.run) if worker is not None
-               else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
-        findings = [confirm(f, run, reruns) for f in findings]
-    return tally, findings
+    return findings
+
+
+def _leaves(group: BaseExceptionGroup):
+    for sub in group.exceptions:
+        yield from (_leaves(sub) if isinstance(sub, BaseExceptionGroup) else (sub,))

@@ -18,7 +18,7 @@ import multiprocessing
 import signal
 import time
 
-from attnfuzz import poison
+from attnfuzz import interrupt, poison
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -30,6 +30,10 @@ PRELOAD = ["torch", "attnfuzz.harness", "attnfuzz.backends"]
 
 
 def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
+    # Ctrl-C reaches the whole foreground process group: the parent stops the run and then this worker, which must
+    # not die of it first (the parent would see a worker that died on its case: a CRASH). The fork server ignores it
+    # already (_start_fork_server); this holds for a server started elsewhere.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     torch.set_num_threads(threads)
     if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
@@ -39,15 +43,35 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
     backend = get(spec, device)
     # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
     unavailable = backend.available()
-    conn.send(("ready", unavailable))
-    while True:
-        case = conn.recv()
-        if case is None:
-            return
-        if unavailable is not None:
-            conn.send(V.Verdict(V.UNSUPPORTED, None, f"{spec} is not available here: {unavailable}"))
-        else:
-            conn.send(run_case(backend, case, device=device))
+    try:
+        conn.send(("ready", unavailable))
+        while True:
+            case = conn.recv()
+            if case is None:
+                return
+            if unavailable is not None:
+                conn.send(V.Verdict(V.UNSUPPORTED, None, f"{spec} is not available here: {unavailable}"))
+            else:
+                conn.send(run_case(backend, case, device=device))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone (a run interrupted while this worker started, before it knew its pid)
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (if not running) with SIGINT ignored, a disposition it and the workers forked from it
+    keep: a Ctrl-C meant for the run reaches the whole process group, and must not kill the server in its seconds of
+    importing torch, nor a worker mid-case (the run would see a CRASH). The run's own SIGINT is ignored only for the
+    spawn itself (milliseconds)."""
+    from multiprocessing import forkserver
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signal dispositions are the main thread's to set
+        forkserver.ensure_running()
+        return
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _death(exitcode: int | None) -> str:
@@ -81,6 +105,7 @@ class Worker:
         parent, child = self._context.Pipe()
         self._process = self._context.Process(target=_serve, daemon=True,
                                               args=(child, self.spec, self.device, self.threads, poison.enabled()))
+        _start_fork_server()
         self._process.start()
         child.close()
         self._conn = parent
@@ -98,9 +123,10 @@ class Worker:
                                f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
 
     def _stop(self) -> None:
-        if self._process is not None and self._process.is_alive():
+        started = self._process is not None and self._process.pid is not None  # a start may have been interrupted
+        if started and self._process.is_alive():
             self._process.kill()
-        if self._process is not None:
+        if started:
             self._process.join(timeout=10)
         self._process = self._conn = None
 
@@ -120,6 +146,9 @@ class Worker:
             process.join(timeout=30)
             name = _death(process.exitcode)
             self._stop()
+            if process.exitcode is not None and -process.exitcode in interrupt.STOPS:
+                # stopped from outside (a job's SIGTERM to every process of the run, a kill): not the case's doing
+                raise interrupt.Interrupted(-process.exitcode, where=f" (sent to the {self.spec} worker)")
             return (V.Verdict(V.CRASH, name, f"{self.spec}: the worker process died ({name}) while running this case"),
                     time.perf_counter() - start)
         self.restarts += 1  # silent: a hang, or a case slower than the limit

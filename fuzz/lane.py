@@ -23,7 +23,7 @@ from pathlib import Path
 from hypothesis import Phase
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from attnfuzz import caselog, poison
+from attnfuzz import caselog, interrupt, poison
 from attnfuzz import corpus as corpus_io
 from attnfuzz.backends import get
 from attnfuzz.harness import Tally, fuzz, mark_known, run_case
@@ -93,14 +93,18 @@ class Resumable:
         key = case_key(self.backend, case)
         if key in self.done:
             return self._mark(case, self.done[key])
-        self.inflight.write_text(json.dumps({"backend": self.backend, "case": case.to_dict()}))
-        start = time.perf_counter()
-        verdict = self._mark(case, self._run(case))
-        self.done[key] = verdict
-        self.log.write(caselog.record(self.backend, case, verdict, time.perf_counter() - start, lane=self.lane,
-                                      time=round(time.time(), 3), verdict=verdict.to_dict()))
-        self.log.flush()
-        self.inflight.unlink(missing_ok=True)
+        interrupt.check()
+        try:  # an interruption unwinds through here: its case is not the lane's crash (attnfuzz.interrupt)
+            self.inflight.write_text(json.dumps({"backend": self.backend, "case": case.to_dict()}))
+            start = time.perf_counter()
+            verdict = self._mark(case, self._run(case))
+            interrupt.check()  # stopped during the case: its verdict is not logged
+            self.done[key] = verdict
+            self.log.write(caselog.record(self.backend, case, verdict, time.perf_counter() - start, lane=self.lane,
+                                          time=round(time.time(), 3), verdict=verdict.to_dict()))
+            self.log.flush()
+        finally:
+            self.inflight.unlink(missing_ok=True)
         return verdict
 
     def _mark(self, case: Case, verdict: V.Verdict) -> V.Verdict:
@@ -156,6 +160,7 @@ class Lane:
         self.inflight = campaign / f".inflight-lane{index}.json"
         self.corpus = campaign / "corpus"
         self.known_dir = corpus_io.findings_dir(self.config.get("known"))  # known bugs beside the shipped ones
+        self.last_record = interrupt.Record(None, "")  # the crash record the last lane left, read in run()
         self.started = time.perf_counter()
         self.deadline = self.started + self.config["hours"] * 3600 - self.state["elapsed"]
 
@@ -182,7 +187,8 @@ class Lane:
         if cfg.get("poison_memory"):
             poison.enable()  # before the workers start: each is handed it
         workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
-        with self.log_path.open("a") as log:
+        self.last_record = interrupt.read_record(interrupt.record_path(self.inflight))  # before a new one replaces it
+        with self.log_path.open("a") as log, interrupt.crash_record(interrupt.record_path(self.inflight)):
             runners = {}
             for b in backends:
                 worker = workers[b.name]
@@ -237,25 +243,27 @@ class Lane:
         self.save_state()
 
     def _recover_inflight(self, backends, runners: dict[str, Resumable]) -> None:
-        """The case that was running when the lane was killed runs first: with isolation it is simply re-run (the
-        worker takes any crash; the file stays until it is logged); without, it may be what killed the lane, so it
-        is saved as a CRASH."""
-        if not self.inflight.exists():
+        """The case that was running when the lane ended runs first. With isolation it is simply re-run (the worker
+        takes any crash; the file stays until it is logged). Without, it is saved as a CRASH:PROCESS_DIED when the
+        crash record says a fatal signal killed the lane; else the lane was stopped from outside (the campaign's
+        SIGKILL when it died, the OOM killer) and the case is kept under corpus/.stopped/, not as a finding."""
+        inflight = self.inflight
+        if not inflight.exists():
             return
-        data = json.loads(self.inflight.read_text())
+        data = json.loads(inflight.read_text())
         backend = next((b for b in backends if b.name == data["backend"]), None)
         case = Case.from_dict(data["case"])
-        if backend is None:
-            verdict = None
-        elif self.config["isolate"]:
+        verdict = None
+        if backend is not None and self.config["isolate"]:
             runner = runners[backend.name]
             runner.known = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)
-            verdict = runner.run(case)
-        else:
-            verdict = V.Verdict(V.CRASH, "PROCESS_DIED", "the lane died while this case was running")
+            verdict = runner.run(case)  # re-runs it, and removes the write-ahead file; the old record goes below
+        elif backend is not None:  # judged as `attnfuzz run` judges what it finds on disk
+            r = corpus_io.recover_case(inflight, self.last_record, self.corpus, backend, self.device)
+            print(f"[lane {self.index}] {backend.name}: {r.message}", file=sys.stderr)
         if verdict is not None and verdict.failed:
             self.save_finding(backend, case, verdict)
-        self.inflight.unlink(missing_ok=True)
+        inflight.unlink(missing_ok=True)
 
     def _save_unsaved(self, backends, done: dict) -> None:
         """Failures in the log whose backend and label have no corpus entry yet (time ran out mid-shrink): the
@@ -280,7 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     import torch
     torch.set_num_threads(1)
-    return Lane(Path(argv[0]), int(argv[1])).run()
+    try:
+        with interrupt.interruptible():  # the campaign stops its lanes with SIGTERM; Ctrl-C reaches them too
+            return Lane(Path(argv[0]), int(argv[1])).run()
+    except interrupt.Interrupted as e:
+        print(f"[lane {argv[1]}] {e}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -164,14 +164,20 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
 
     steps = lambda case, verdict: print(f"  still {verdict.label}: {case!r}", file=sys.stderr)  # noqa: E731
     small, verdict, runs = shrink(entry.case, fails, max_runs=args.max_runs, on_step=steps)
-    if verdict is None:
+    # a stopped case (corpus/.stopped/, no verdict of its own) that fails here becomes a finding of the corpus
+    stopped = entry.verdict.status == V.STOPPED
+    target = args.entry.parent.parent if stopped and args.entry.parent.name == corpus_io.STOPPED_DIR \
+        else args.entry.parent
+    if verdict is None and not stopped:
         print(f"{args.entry}: {first.label}, already minimal ({runs} simpler cases tried, none fails the same way)")
         return 0
+    small, verdict = (small, verdict) if verdict is not None else (entry.case, first)
     note = f"shrunk by `attnfuzz shrink` from {args.entry.name} ({runs} runs)"
     known = dict(bug, note=f"{bug.get('note', '')} [{note}]".strip()) if bug else None
     shrunk = corpus_io.Entry(backend=entry.backend, case=small, verdict=verdict, device=device,
                              backend_version=version, known_bug=known)
-    path = corpus_io.save(args.entry.parent, shrunk)
-    print(f"{first.label}: {entry.case!r}\n  -> {small!r}\n  saved as {path} ({runs} runs); remove {args.entry.name} "
-          f"if it is the same bug")
+    path = corpus_io.save(target, shrunk)
+    after = (f"the stopped case it came from can go: rm {args.entry} {args.entry.with_suffix('.py')}" if stopped
+             else f"remove {args.entry.name} if it is the same bug")
+    print(f"{first.label}: {entry.case!r}\n  -> {small!r}\n  saved as {path} ({runs} runs); {after}")
     return 0

@@ -2,20 +2,29 @@
 
 A backend that cannot run here is skipped with the reason; every failure is shrunk by Hypothesis, saved to the
 corpus (JSON + standalone repro script) and reported. The case being run waits on disk (`.inflight-<backend>.json`
-in the corpus), so a session killed by a segfault or a job's time limit leaves it behind: the next session saves it
-as CRASH:PROCESS_DIED and fails with it.
+in the corpus), so a session killed by a segfault leaves it behind, with a crash record beside it: the next session
+saves it as CRASH:PROCESS_DIED and fails with it. Ctrl-C or SIGTERM interrupt the session (pytest's exit 2) and leave
+nothing; a case left by a session killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed
+on (attnfuzz.corpus.recover_inflight).
 """
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from attnfuzz import corpus as corpus_io
+from attnfuzz import interrupt
 from attnfuzz.backends import get
 from attnfuzz.harness import fuzz
 from attnfuzz.isolate import isolated
 from attnfuzz.profiles import for_backend, profile
 from attnfuzz.strategies.space import Space
+
+
+class StoppedCase(UserWarning):
+    """The last session stopped mid-case with nothing to show the case ended it: kept for replay, not a finding."""
 
 
 def test_backend(fuzz_backend: str, attnfuzz) -> None:
@@ -27,13 +36,18 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
                            attnfuzz.max_examples)
     findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
     findings_dir.mkdir(parents=True, exist_ok=True)
-    died_on = corpus_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
+    recovered = corpus_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
+    for r in recovered:
+        if not r.finding:
+            warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
     space = Space(max_len=attnfuzz.max_len) if attnfuzz.max_len else Space()
     worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     try:
-        tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings, seed=attnfuzz.seed,
-                               known=corpus_io.known_bugs(corpus_io.shipped_dir(), findings_dir), worker=worker,
-                               inflight=corpus_io.inflight_path(findings_dir, backend.name))
+        with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", and no finding
+            tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings,
+                                   seed=attnfuzz.seed, worker=worker,
+                                   known=corpus_io.known_bugs(corpus_io.shipped_dir(), findings_dir),
+                                   inflight=corpus_io.inflight_path(findings_dir, backend.name))
     finally:
         if worker is not None:
             worker.close()
@@ -44,8 +58,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
              for f in findings]
     lines = [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}\n    saved as {path}"
              for f, path in zip(findings, saved)]
-    lines += [f"CRASH:PROCESS_DIED: the last session died or was killed while running this case\n    saved as {path}"
-              f" (shrink it: attnfuzz shrink {path} --isolate)" for path in died_on]
+    lines += [f"CRASH:PROCESS_DIED: {r.message}" for r in recovered if r.finding]
     if lines:
         pytest.fail(f"{fuzz_backend}: {len(lines)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),
                     pytrace=False)

@@ -108,3 +108,33 @@ def zero_when_poisoned(q, k, v, *, causal, window, bottom_right, scale):
 
 
 zero_when_poisoned.supports = segfault_when_causal.supports
+
+
+NAP = "ATTNFUZZ_TEST_NAP"  # names a file: while it exists, the napping kernels below sleep on every call
+
+
+def _nap() -> None:
+    path = os.environ.get(NAP)
+    while path and os.path.exists(path):
+        time.sleep(0.05)
+
+
+def naps(q, k, v, *, causal, window, bottom_right, scale):
+    """Correct, but while the file named by ATTNFUZZ_TEST_NAP exists every call waits for it to go (a compile that
+    takes its time): a run interrupted meanwhile is interrupted mid-case."""
+    _nap()
+    return _plain(q, k, v, scale, causal, bottom_right)
+
+
+def naps_and_wraps(q, k, v, *, causal, window, bottom_right, scale):
+    """naps, but whatever interrupts the wait comes out as a RuntimeError, as from a JIT compiler that reports what
+    stopped its compile as its own failure: the KeyboardInterrupt of a Ctrl-C never reaches the harness itself."""
+    try:
+        _nap()
+    except BaseException as e:
+        raise RuntimeError(f"compile failed: {type(e).__name__}") from None
+    return _plain(q, k, v, scale, causal, bottom_right)
+
+
+naps.supports = segfault_when_causal.supports
+naps_and_wraps.supports = segfault_when_causal.supports

@@ -122,8 +122,9 @@ def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
 
 
 def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_path):
-    """`attnfuzz run --isolate` killed mid-case (a CI job's time limit) while its worker hangs: the case is on disk,
-    and the next run saves it as CRASH:PROCESS_DIED."""
+    """`attnfuzz run --isolate` killed mid-case (a CI job's time limit) while its worker hangs: the case is on disk.
+    The next run keeps it under .stopped/, replayable, and does not call it a finding: an isolated worker reports its
+    own crashes, so the case was not what ended the run (it used to be saved as CRASH:PROCESS_DIED)."""
     import os
     import signal
     import subprocess
@@ -145,10 +146,13 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
         run.wait()
     [left] = tmp_path.glob(".inflight-*.json")
     assert json.loads(left.read_text())["backend"] == spec
-    [saved] = corpus_io.recover_inflight(tmp_path, get(spec))
-    entry = corpus_io.load(saved)
-    assert entry.verdict.label == "CRASH:PROCESS_DIED" and "killed" in entry.verdict.message, entry.verdict
-    assert not left.exists()
+    assert json.loads(left.read_text())["isolated"] is True
+    [recovered] = corpus_io.recover_inflight(tmp_path, get(spec))
+    assert not recovered.finding and "isolated worker" in recovered.message, recovered
+    assert recovered.path.parent.name == ".stopped" and recovered.path.with_suffix(".py").exists()
+    assert corpus_io.load(recovered.path).verdict.status == V.STOPPED
+    assert not corpus_io.entry_paths(tmp_path), "nothing counts as a corpus entry"
+    assert not left.exists() and not list(tmp_path.glob(".inflight-*"))
 
 
 def _corpus_with_a_segfault_first(directory):

@@ -167,8 +167,9 @@ def cmd_run(args) -> int:
         for f in findings:
             entry = corpus_io.Entry(backend=name, case=f.case, verdict=f.verdict, device=args.device,
                                     backend_version=backend.version())
+            new = not (args.corpus / entry.filename).exists()
             saved.append(corpus_io.save(args.corpus, entry))
-            print(f"[{name}] {f.verdict.label}: {f.verdict.message}\n    {f.case!r}", file=sys.stderr)
+            print(f"[{name}] {corpus_io.describe_saved(entry, saved[-1], new=new)}", file=sys.stderr)
         found += len(saved)
         summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
         print(f"[{name}] {tally.examples} examples in {tally.seconds:.1f}s; "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnfuzz import interrupt
-from attnfuzz.oracles.verdict import CRASH, FLAKY, STOPPED, Verdict
+from attnfuzz.oracles.verdict import CRASH, FLAKY, HANG, STOPPED, Verdict
 from attnfuzz.strategies.case import SCHEMA, Case
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
@@ -148,6 +148,27 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
         from attnfuzz.repro import write_repro
         write_repro(entry, path.with_suffix(".py"))
     return path
+
+
+def replays_isolated(verdict: Verdict) -> bool:
+    """Whether an entry's case should be replayed in a worker: a hang, or a crash that kills or poisons a process."""
+    return verdict.status == HANG or (verdict.status == CRASH and (verdict.diagnosis or "").startswith(
+        ("SIG", "EXIT_", "PROCESS_DIED", "CUDA_")))
+
+
+def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool = True) -> str:
+    """What a user needs of a saved finding, one item a line: its label and message, its case, where its JSON and
+    repro script are, and the commands to replay it (and to shrink it, when nothing has shrunk it yet)."""
+    isolate = " --isolate" if replays_isolated(entry.verdict) else ""
+    script = path.with_suffix(".py")
+    lines = [f"{entry.verdict.label}: {entry.verdict.message}", f"    {entry.case!r}",
+             f"    saved:  {path}" + ("" if new else "  (the same bug as this entry, seen before: sighting counted)")]
+    if script.exists():
+        lines.append(f"    repro:  {script}")
+    lines.append(f"    replay: attnfuzz replay {path}{isolate}" + (f"   or   python3 {script}" if script.exists() else ""))
+    if not shrunk:
+        lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (nothing has shrunk this case yet)")
+    return "\n".join(lines)
 
 
 def load(path: Path) -> Entry:
@@ -310,9 +331,10 @@ def recover_case(inflight: Path, record: interrupt.Record, directory: Path, back
                           f"case (in process, without --isolate)", checks=(f"stack: {record.excerpt()}",))
         entry = Entry(backend=backend.name, case=case, verdict=verdict, device=device,
                       backend_version=backend.version())
+        new = not (Path(directory) / entry.filename).exists()
         path = save(directory, entry)
-        message = (f"the last run died of {record.fatal} while running a case: saved as CRASH:PROCESS_DIED {path}; "
-                   f"shrink it: attnfuzz shrink {path} --isolate")
+        message = (f"the last run died of {record.fatal} while running a case, saved as a finding: "
+                   + describe_saved(entry, path, new=new, shrunk=False))
         recovered = Recovered(path, True, message)
     else:
         if isolated:

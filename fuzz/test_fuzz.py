@@ -52,13 +52,13 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         if worker is not None:
             worker.close()
     print(f"{fuzz_backend}: {tally.to_dict()}")
-    saved = [corpus_io.save(findings_dir, corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict,
-                                                             device=attnfuzz.device,
-                                                             backend_version=backend.version()))
-             for f in findings]
-    lines = [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}\n    saved as {path}"
-             for f, path in zip(findings, saved)]
-    lines += [f"CRASH:PROCESS_DIED: {r.message}" for r in recovered if r.finding]
+    lines = []
+    for f in findings:
+        entry = corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict, device=attnfuzz.device,
+                                backend_version=backend.version())
+        new = not (findings_dir / entry.filename).exists()
+        lines.append(corpus_io.describe_saved(entry, corpus_io.save(findings_dir, entry), new=new))
+    lines += [r.message for r in recovered if r.finding]
     if lines:
         pytest.fail(f"{fuzz_backend}: {len(lines)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),
                     pytrace=False)

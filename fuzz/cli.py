@@ -166,7 +166,7 @@ def cmd_run(args) -> int:
         progress.update(tally, final=True)
         for f in findings:
             entry = corpus_io.Entry(backend=name, case=f.case, verdict=f.verdict, device=args.device,
-                                    backend_version=backend.version())
+                                    backend_version=backend.version(), attached=f.attached)
             new = not (args.corpus / entry.filename).exists()
             saved.append(corpus_io.save(args.corpus, entry))
             print(f"[{name}] {corpus_io.describe_saved(entry, saved[-1], new=new)}", file=sys.stderr)

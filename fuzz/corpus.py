@@ -4,7 +4,9 @@ Entry fields: schema, signature, backend, backend_version, device, environment, 
 seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}}: an expected failure until the bug
 is fixed; while fuzzing, a failure of the same backend and verdict label whose message contains `match` and whose
 case has the values in `when` (each optional) counts as this known bug, and the search goes on past it). `when` names
-Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query").
+Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). Optional:
+attached ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the
+entry, each a case and verdict; attnfuzz.harness.merge_root_causes), absent from entries that have none.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hashlib
 import json
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnfuzz import interrupt
@@ -59,6 +61,7 @@ class Entry:
     last_seen: str = ""
     seen: int = 1
     known_bug: dict | None = None
+    attached: list[tuple[Case, Verdict]] = field(default_factory=list)  # other labels of the same root cause
 
     @property
     def signature(self) -> str:
@@ -76,7 +79,9 @@ class Entry:
         return {"schema": SCHEMA, "signature": self.signature, "backend": self.backend,
                 "backend_version": self.backend_version, "device": self.device, "environment": self.environment,
                 "case": self.case.to_dict(), "verdict": self.verdict.to_dict(), "found": self.found,
-                "last_seen": self.last_seen, "seen": self.seen, "known_bug": self.known_bug}
+                "last_seen": self.last_seen, "seen": self.seen, "known_bug": self.known_bug,
+                **({"attached": [{"case": c.to_dict(), "verdict": v.to_dict()} for c, v in self.attached]}
+                   if self.attached else {})}
 
     @classmethod
     def from_dict(cls, data, where: str) -> Entry:
@@ -106,10 +111,18 @@ class Entry:
         if unknown:
             raise CorpusError(f"{where}: field 'known_bug.when' names {unknown}, which are neither Case fields nor "
                               f"traits ({', '.join(TRAITS)})")
+        attached = data.get("attached", [])
+        if not isinstance(attached, list) or not all(isinstance(a, dict) for a in attached):
+            raise CorpusError(f"{where}: field 'attached' must be a list of {{'case': ..., 'verdict': ...}} objects")
+        try:
+            attached = [(Case.from_dict(a["case"], where=f"{where}: field 'attached[{i}].case'"),
+                         Verdict.from_dict(a["verdict"])) for i, a in enumerate(attached)]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorpusError(f"{where}: field 'attached' is malformed ({type(e).__name__}: {e})") from None
         return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
                    backend_version=data.get("backend_version", ""), environment=data.get("environment"),
                    found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
-                   known_bug=known)
+                   known_bug=known, attached=attached)
 
 
 def environment(device: str) -> dict:
@@ -136,6 +149,8 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
         try:  # the same bug again: keep the first case (its repro script stays valid), count the sighting
             first = Entry.from_dict(json.loads(path.read_text()), str(path))
             first.seen, first.last_seen = first.seen + 1, stamp
+            labels = {v.label for _, v in first.attached}  # and keep a label it came with that the entry lacks
+            first.attached += [(c, v) for c, v in entry.attached if v.label not in labels]
             path.write_text(json.dumps(first.to_dict(), indent=2, sort_keys=True) + "\n")
             return path
         except (CorpusError, json.JSONDecodeError):
@@ -168,6 +183,9 @@ def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool =
     lines.append(f"    replay: attnfuzz replay {path}{isolate}" + (f"   or   python3 {script}" if script.exists() else ""))
     if not shrunk:
         lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (nothing has shrunk this case yet)")
+    for case, verdict in entry.attached:
+        lines.append(f"    also {verdict.label}, the same root cause (every such output of the run matched "
+                     f"{entry.verdict.diagnosis} too): {case!r}")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ class Finding(AssertionError):
     def __init__(self, backend: str, case: Case, verdict: V.Verdict):
         super().__init__(f"{backend}: {verdict.label}: {verdict.message}\n  {case!r}")
         self.backend, self.case, self.verdict = backend, case, verdict
+        self.attached: list[tuple[Case, V.Verdict]] = []  # the same root cause, seen under other labels (merge)
 
 
 _FINDING_TYPES: dict[str, type[Finding]] = {}
@@ -269,14 +270,62 @@ def confirm(finding: Finding, run: Callable[[Case], V.Verdict], reruns: int) -> 
     return Finding(finding.backend, finding.case, flaky)
 
 
+class Evidence:
+    """What a run's failing outputs said about each FAIL label: the ALTERNATIVE diagnoses that every output failing
+    with that label matched (its own, and the `also` of each verdict), over all the cases Hypothesis ran, shrinking
+    included. A diagnosis in that set explains the label: no case of it, in this run, told them apart. Labels graded
+    against no alternative (ALL_ZERO, NONFINITE, LSE, GRADIENT, TOLERANCE, crashes) are never explained; EMPTY_ROWS,
+    which is decided first, is when its outputs all matched an alternative too."""
+
+    def __init__(self) -> None:
+        self.common: dict[str, frozenset[str]] = {}
+
+    def add(self, verdict: V.Verdict) -> None:
+        if verdict.status != V.FAIL or verdict.diagnosis not in V.ALTERNATIVE + (V.EMPTY_ROWS,):
+            return  # a diagnosis graded against no alternative: nothing can explain it
+        matched = frozenset((verdict.diagnosis, *verdict.also))
+        self.common[verdict.label] = self.common.get(verdict.label, matched) & matched
+
+    def explains(self, root: Finding, other: Finding) -> bool:
+        """Whether `root`'s diagnosis explains every failing output of `other`'s label seen in this run."""
+        return (root is not other and root.verdict.status == V.FAIL and root.verdict.diagnosis in V.ALTERNATIVE
+                and root.verdict.diagnosis in self.common.get(other.verdict.label, ()))
+
+
+def merge_root_causes(findings: list[Finding], evidence: Evidence) -> list[Finding]:
+    """One finding per root cause. Hypothesis shrinks each verdict label on its own, so one bug can come back under
+    several labels: a kernel that drops the causal mask is MASK_IGNORED on sq = skv = 3, but WINDOW_OFF_BY_ONE on
+    sq = skv = 2 (the right bound moved by one hides every key too), MASK_ALIGNMENT on sq = 1, skv = 2 and
+    EMPTY_ROWS on a bottom-right sq = 2, skv = 1. A finding
+    B is attached to a finding A when A's diagnosis explains B's label (Evidence: every output of B's label in this
+    run matched A's alternative reference as well) and nothing explains A. A label with one output that A's
+    reference does not explain is another bug, and stays a finding of its own; so do findings that nothing
+    explains, and those explained only by an attached one (no chains). B goes to the explaining root whose
+    diagnosis comes last in the grader's order (the most general: no mask at all before one bound moved)."""
+    roots = [a for a in findings if not any(evidence.explains(b, a) for b in findings)]
+    merged = []
+    for f in findings:
+        if f in roots:
+            merged.append(f)
+            continue
+        by = [a for a in roots if evidence.explains(a, f)]
+        if not by:
+            merged.append(f)
+            continue
+        root = max(by, key=lambda a: V.ALTERNATIVE.index(a.verdict.diagnosis))
+        root.attached.append((f.case, f.verdict))
+    return merged
+
+
 def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
          seed: int | None = None, inflight: Path | None = None,
          on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
          known: KnownBugs | None = None, worker=None, reruns: int = 3,
          database_key: str | None = None) -> tuple[Tally, list[Finding]]:
     """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
-    findings, one per distinct verdict label. Each finding's case is run `reruns` more times: a failure that does not
-    come back every time (or that Hypothesis could not reproduce) is a FLAKY finding, with how often it failed.
+    findings, one per distinct verdict label, merged where one explains another (merge_root_causes: the others are
+    in its `attached`). Each finding's case is run `reruns` more times: a failure that does not come back every time
+    (or that Hypothesis could not reproduce) is a FLAKY finding, with how often it failed.
 
     `worker` is anything with run(case) -> Verdict (attnfuzz.isolate.Worker; a campaign's resumable cache); without one,
     cases run in this process. `database_key` names the backend's failures in the settings' example database, so that
@@ -285,7 +334,14 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     tally = Tally()
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
-    prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=on_case,
+    evidence = Evidence()
+
+    def seen(case: Case, verdict: V.Verdict, so_far: Tally) -> None:  # every case's verdict, for merge_root_causes
+        evidence.add(verdict)
+        if on_case is not None:
+            on_case(case, verdict, so_far)
+
+    prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=seen,
                          known=known, worker=worker)
     if settings is not None:
         prop = settings(prop)
@@ -300,7 +356,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
             run = (getattr(worker, "rerun", worker.run) if worker is not None
                    else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
             findings = [confirm(f, run, reruns) for f in findings]
-    return tally, findings
+    return tally, merge_root_causes(findings, evidence)
 
 
 def _search(prop, tally: Tally) -> list[Finding]:

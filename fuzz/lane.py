@@ -26,7 +26,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from attnfuzz import caselog, interrupt, poison
 from attnfuzz import corpus as corpus_io
 from attnfuzz.backends import get
-from attnfuzz.harness import Tally, fuzz, mark_known, run_case
+from attnfuzz.harness import Evidence, Finding, Tally, fuzz, mark_known, merge_root_causes, run_case
 from attnfuzz.isolate import isolated
 from attnfuzz.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
@@ -125,15 +125,22 @@ def load_log(path: Path) -> dict:
 
 def seen_in(directory: Path):
     """A `known` predicate: failures whose backend and label already have an entry in `directory`, so a campaign
-    searches past a bug it has saved instead of shrinking it again every round."""
+    searches past a bug it has saved instead of shrinking it again every round; and failures whose output an entry's
+    diagnosis explains as well (its label among the verdict's `also`: a dropped mask that reads as WINDOW_OFF_BY_ONE
+    on a small case, once MASK_IGNORED is saved), which are that entry's root cause again."""
     seen = {(e.backend, e.verdict.label) for _, e in corpus_io.load_all(directory)[0]} if directory.exists() else set()
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
-        if (backend, verdict.label) in seen:
+        if explained(seen, backend, verdict):
             return {"link": caselog.SEEN_HERE, "note": f"already found in this campaign ({directory})"}
         return None
 
     return known
+
+
+def explained(seen: set[tuple[str, str]], backend: str, verdict: V.Verdict) -> bool:
+    """Whether a (backend, label) in `seen` is this failure's label, or a diagnosis its output matched too."""
+    return (backend, verdict.label) in seen or any((backend, f"{verdict.status}:{d}") in seen for d in verdict.also)
 
 
 def either(*predicates):
@@ -171,9 +178,9 @@ class Lane:
         tmp.write_text(json.dumps(self.state, indent=1))
         tmp.replace(self.state_path)  # atomic: a kill never leaves half a state file
 
-    def save_finding(self, backend, case: Case, verdict: V.Verdict) -> Path:
+    def save_finding(self, backend, case: Case, verdict: V.Verdict, attached=()) -> Path:
         entry = corpus_io.Entry(backend=backend.name, case=case, verdict=verdict, device=self.device,
-                                backend_version=backend.version())
+                                backend_version=backend.version(), attached=list(attached))
         return corpus_io.save(self.corpus, entry)
 
     def run(self) -> int:
@@ -234,7 +241,7 @@ class Lane:
             tally, findings = Tally(examples=0), []  # the round's time is up; what it found is in the log
             self._save_unsaved([backend], runner.done)
         for f in findings:
-            path = self.save_finding(backend, f.case, f.verdict)
+            path = self.save_finding(backend, f.case, f.verdict, f.attached)
             print(f"[lane {self.index}] {backend.name}: {f.verdict.label} saved as {path}", file=sys.stderr)
         entry = self.state["backends"].setdefault(backend.name, {"rounds": 0, "examples": 0, "seconds": 0.0})
         entry["rounds"] = r + 1
@@ -266,21 +273,26 @@ class Lane:
         inflight.unlink(missing_ok=True)
 
     def _save_unsaved(self, backends, done: dict) -> None:
-        """Failures in the log whose backend and label have no corpus entry yet (time ran out mid-shrink): the
-        smallest one is saved as found, so nothing the campaign saw is lost."""
+        """Failures in the log whose backend and label have no corpus entry yet, nor one whose diagnosis explains
+        them (time ran out mid-shrink): the smallest one per label is saved as found, merged by root cause as a
+        round's findings are, so nothing the campaign saw is lost."""
         saved = {(e.backend, e.verdict.label) for _, e in corpus_io.load_all(self.corpus)[0]}
         by_name = {b.name: b for b in backends}
-        smallest = {}
+        smallest, evidence = {}, {name: Evidence() for name in by_name}
         for key, verdict in done.items():
             name, _, case_json = key.partition(" ")
-            if not verdict.failed or (name, verdict.label) in saved or name not in by_name:
+            if name in evidence:
+                evidence[name].add(verdict)
+            if not verdict.failed or explained(saved, name, verdict) or name not in by_name:
                 continue
             case = Case.from_dict(json.loads(case_json))
             size = case.b * (case.sq + case.skv) * case.h
             if (name, verdict.label) not in smallest or size < smallest[name, verdict.label][0]:
                 smallest[name, verdict.label] = (size, case, verdict)
-        for (name, _), (_, case, verdict) in smallest.items():
-            self.save_finding(by_name[name], case, verdict)
+        for name in by_name:
+            found = [Finding(name, case, verdict) for (n, _), (_, case, verdict) in smallest.items() if n == name]
+            for f in merge_root_causes(found, evidence[name]):
+                self.save_finding(by_name[name], f.case, f.verdict, f.attached)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
     lines = []
     for f in findings:
         entry = corpus_io.Entry(backend=fuzz_backend, case=f.case, verdict=f.verdict, device=attnfuzz.device,
-                                backend_version=backend.version())
+                                backend_version=backend.version(), attached=f.attached)
         new = not (findings_dir / entry.filename).exists()
         lines.append(corpus_io.describe_saved(entry, corpus_io.save(findings_dir, entry), new=new))
     lines += [r.message for r in recovered if r.finding]

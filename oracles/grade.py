@@ -7,6 +7,7 @@ when none does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -98,23 +99,40 @@ def alternatives(case: Case) -> list[tuple[str, str, dict]]:
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
-    """EMPTY_ROWS when only rows that see no key are wrong; else the alternative reference the failing output
-    matches, within the same bound; TOLERANCE otherwise."""
+    """EMPTY_ROWS when only rows that see no key are wrong; else the first alternative reference the failing output
+    matches, within the same bound; TOLERANCE otherwise. The verdict's `also` lists the other alternatives' diagnoses
+    the output matches too (a dropped causal mask on sq = skv = 2 matches both the right bound moved by one and no
+    mask at all; on a bottom-right sq = 2, skv = 1 it is EMPTY_ROWS and matches no mask at all)."""
     empty = o.ref.empty
     if bool(empty.any()) and bool(empty[failed.index[:2]]):
         seen = valid_rows(o.case, out.device) & ~empty
         rest = check("out", out, o.ref.out, o.naive.out, seen[:, :, None, None], family=family, quantity="out",
                      dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
         if rest.ok:
-            return _fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
-                                       f"{list(failed.index)}; every other row passes", failed, failed.ratio)
+            verdict = _fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
+                                          f"{list(failed.index)}; every other row passes", failed, failed.ratio)
+            return dataclasses.replace(verdict, also=tuple(d for d, _ in _matching(o, out, failed, family)))
+    matched = _matching(o, out, failed, family)
+    if matched:
+        (diagnosis, description), others = matched[0], matched[1:]
+        verdict = _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
+        return dataclasses.replace(verdict, also=tuple(d for d, _ in others))
+    return _fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
+
+
+def _matching(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> list[tuple[str, str]]:
+    """(diagnosis, description) of each alternative the output matches within the failed check's bound, in the
+    order alternatives() gives them, one per diagnosis."""
+    matched: list[tuple[str, str]] = []
     for diagnosis, description, overrides in alternatives(o.case):
+        if any(diagnosis == d for d, _ in matched):
+            continue  # one match per diagnosis is enough
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
         c = check_out(o, out, alt.out, family)
         if c.diff_max <= failed.bound:
-            return _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
-    return _fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
+            matched.append((diagnosis, description))
+    return matched
 
 
 def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "default",

@@ -30,6 +30,10 @@ NONDETERMINISTIC = "NONDETERMINISTIC"  # graded fine, but a backend that claims 
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
 DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE,
              GRADIENT, TOLERANCE, NONDETERMINISTIC)
+# The diagnoses that name an alternative reference the failing output matches (oracles/grade.py alternatives): one
+# output can match several, and then a verdict lists the others in `also`; so does an EMPTY_ROWS verdict, which is
+# decided first, with every alternative its output matches.
+ALTERNATIVE = (MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, MASK_IGNORED, GQA_MAPPING, SCALE)
 
 
 @dataclass
@@ -61,7 +65,9 @@ class Worst:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The grade of one run. `ratio` is the worst error over its bound (PASS means <= 1): what the search climbs."""
+    """The grade of one run. `ratio` is the worst error over its bound (PASS means <= 1): what the search climbs.
+    `also`: the other ALTERNATIVE diagnoses whose references the same failing output matches (the diagnosis is the
+    first that does, in the grader's order), so a finding can tell that another one's diagnosis explains it too."""
 
     status: str
     diagnosis: str | None = None
@@ -69,6 +75,7 @@ class Verdict:
     worst: Worst | None = None
     ratio: float = 0.0
     checks: tuple[str, ...] = field(default=())
+    also: tuple[str, ...] = field(default=())
 
     @property
     def failed(self) -> bool:
@@ -81,7 +88,8 @@ class Verdict:
     def to_dict(self) -> dict:
         return {"status": self.status, "diagnosis": self.diagnosis, "message": self.message,
                 "worst": self.worst.to_dict() if self.worst else None,
-                "ratio": self.ratio if self.ratio != float("inf") else "inf", "checks": list(self.checks)}
+                "ratio": self.ratio if self.ratio != float("inf") else "inf", "checks": list(self.checks),
+                **({"also": list(self.also)} if self.also else {})}  # absent when empty: older files stay as they are
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:
@@ -89,4 +97,5 @@ class Verdict:
         ratio = data.get("ratio", 0.0)
         return cls(status=data["status"], diagnosis=data.get("diagnosis"), message=data.get("message", ""),
                    worst=Worst(worst["tensor"], tuple(worst["index"]), worst["got"], worst["expected"]) if worst
-                   else None, ratio=float(ratio), checks=tuple(data.get("checks", ())))
+                   else None, ratio=float(ratio), checks=tuple(data.get("checks", ())),
+                   also=tuple(data.get("also", ())))

@@ -113,6 +113,45 @@ class DroppedBandWhenLonger(Correct):
         return Output(self.attend(case, t))
 
 
+class DroppedCausal(Correct):
+    """Drops the causal mask: a causal case attends to every key (its window with it). One bug, which the grader
+    names MASK_IGNORED, but WINDOW_OFF_BY_ONE on sq = skv = 2 (the right bound moved by one hides every key too) and
+    MASK_ALIGNMENT on sq = 1, skv = 2 (bottom-right alignment sees every key there)."""
+
+    name = "broken-causal-dropped"
+
+    def run(self, case, t):
+        if case.causal:
+            case = case.replace(causal=False, window=(None, None))
+        return Output(self.attend(case, t, mask=visibility_mask(case, t, t.q.device)))
+
+
+class DroppedCausalWhenSquareAndScale(Correct):
+    """Two independent bugs: the causal mask dropped when sq == skv, and the softmax scaled by 1/sqrt(d_v)."""
+
+    name = "broken-causal-square-and-scale"
+
+    def run(self, case, t):
+        scale = case.scale or 1 / math.sqrt(case.d_v)
+        if case.causal and case.sq == case.skv:
+            case = case.replace(causal=False, window=(None, None))
+        return Output(self.attend(case, t, mask=visibility_mask(case, t, t.q.device), scale=scale))
+
+
+class WindowOffByOneAndDroppedWhenLonger(Correct):
+    """Two independent bugs whose smallest cases both read as a band gone: the left window bound widened by one, and
+    the whole band dropped when sq > skv."""
+
+    name = "broken-window-and-mask-dropped"
+
+    def run(self, case, t):
+        if case.sq > case.skv:
+            case = case.replace(causal=False, window=(None, None))
+        elif case.left is not None:
+            case = case.replace(window=(case.left + 1, case.window[1]))
+        return Output(self.attend(case, t, mask=visibility_mask(case, t, t.q.device)))
+
+
 class LaterBatches(Correct):
     name = "broken-batch"
 
@@ -155,4 +194,5 @@ class Intermittent(Correct):
 
 BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads,
                                    ValueDimScale, NanOnEmptyRows, TileTail, DroppedBandWhenLonger, LaterBatches,
-                                   Jittery, Intermittent)}
+                                   Jittery, Intermittent, DroppedCausal, DroppedCausalWhenSquareAndScale,
+                                   WindowOffByOneAndDroppedWhenLonger)}

@@ -138,3 +138,12 @@ def naps_and_wraps(q, k, v, *, causal, window, bottom_right, scale):
 
 naps.supports = segfault_when_causal.supports
 naps_and_wraps.supports = segfault_when_causal.supports
+
+
+def drops_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """Attends to every key whatever `causal` says: one bug, that small cases name three ways (tests/broken.py
+    DroppedCausal)."""
+    return _plain(q, k, v, scale)
+
+
+drops_causal.supports = segfault_when_causal.supports

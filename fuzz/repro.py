@@ -33,14 +33,31 @@ INLINE = 1 << 16
 
 _ADAPTER_CALL = '''
 
+KERNEL_PATH = {kernel_path!r}  # the folder on sys.path that the fuzzing run imported the kernel's module from
+
+
+def _adapter():
+    """BACKEND's adapter, through attnfuzz; exits 2 (1 means the bug is there) when it cannot be made here."""
+    import os
+    if KERNEL_PATH and os.path.isdir(KERNEL_PATH) and KERNEL_PATH not in sys.path:
+        sys.path.insert(0, KERNEL_PATH)  # import the kernel's module the way the run did, from any folder
+    try:
+        from attnfuzz.backends import get
+        from attnfuzz.strategies import Case, materialize
+        return get(BACKEND, DEVICE), Case, materialize
+    except (ImportError, ValueError) as e:  # attnfuzz, or the kernel's module, is not importable here
+        where = f" (the run imported it from {{KERNEL_PATH}})" if KERNEL_PATH else ""
+        print(f"{{BACKEND}}: cannot run this repro here{{where}}: {{e}}", file=sys.stderr)
+        sys.exit(2)
+
+
 def attention(q, k, v):
     """No standalone spelling for this backend or case: call it through attnfuzz's adapter."""
-    from attnfuzz.backends import get
-    from attnfuzz.strategies import Case, materialize
+    backend, Case, materialize = _adapter()
     case = Case.from_dict(CASE)
     t = materialize(case, DEVICE)
     t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
-    return get(BACKEND, DEVICE).run(case, t).out
+    return backend.run(case, t).out
 '''
 
 # How materialize() lays the drawn values out in memory, rebuilt from the contiguous literals.
@@ -78,11 +95,16 @@ def script(entry) -> str:
         constants, body = _expected_grads(entry, oracle, t, small)
         expected += "\n" + body
     call = written_call(entry)
+    if call is None:
+        call = _ADAPTER_CALL.format(kernel_path=kernel_path(entry))
+        exits = "exits 1 while the bug is there, 2 when attnfuzz or the kernel cannot be imported here"
+    else:
+        exits = "exits 1 while the bug is there"
     rows_list = list(case.lens_q)
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
 {textwrap.fill(entry.verdict.message, 110)}
 
-Run with: python3 {Path(entry.filename).with_suffix(".py").name}   (exits 1 while the bug is there)
+Run with: python3 {Path(entry.filename).with_suffix(".py").name}   ({exits})
 """
 import sys
 
@@ -93,7 +115,7 @@ DEVICE = {entry.device!r}
 CASE = {case.to_dict()!r}
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
 BOUND = {c.bound!r}  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
-{constants}{(call or _ADAPTER_CALL).rstrip()}
+{constants}{call.rstrip()}
 
 
 def main():
@@ -188,6 +210,15 @@ def written_call(entry) -> str | None:
     except (AttributeError, ValueError):
         return None
     return writer(entry.case)
+
+
+def kernel_path(entry) -> str | None:
+    """For a bring-your-own kernel, the folder on sys.path its module was imported from in this process."""
+    from attnfuzz.backends import get
+    try:
+        return getattr(get(entry.backend, entry.device), "import_path", None)
+    except ValueError:
+        return None
 
 
 def get_family(entry) -> str:

@@ -67,8 +67,9 @@ def needed_fields(case: Case) -> tuple[str, ...]:
 class CustomBackend(Backend):
     family = "custom"
 
-    def __init__(self, spec: str, fn, device: str):
+    def __init__(self, spec: str, fn, device: str, import_path: str | None = None):
         self.name, self.fn, self.device = spec, fn, str(device)
+        self.import_path = import_path  # the sys.path folder its module came from (repro scripts put it back)
         self.deterministic = bool(getattr(fn, "deterministic", False))
         params = inspect.signature(fn).parameters.values()
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
@@ -187,5 +188,19 @@ def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
                              else "", f"missing keyword(s) {missing}" if missing else "",
                              f"parameter(s) {stray} have no default and are not contract fields {sorted(known)}"
                              if stray else ""])))
-    return CustomBackend(spec, fn, device)
+    return CustomBackend(spec, fn, device, import_path=_import_path(module, module_name))
+
+
+def _import_path(module, module_name: str) -> str | None:
+    """The folder that had to be on sys.path for `import module_name` to find `module`: its file's folder, one level
+    up per dotted part (mykernels.attn in /p/mykernels/attn.py -> /p); None for a module without a file."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    path = os.path.abspath(file)
+    if os.path.basename(path).startswith("__init__."):
+        path = os.path.dirname(path)
+    for _ in module_name.split("."):
+        path = os.path.dirname(path)
+    return path
 

@@ -66,14 +66,22 @@ def interruptible():
         yield  # not the main thread, or already inside interruptible()
         return
     previous = {s: signal.getsignal(s) for s in STOPS}
+    unraisable = sys.unraisablehook
     _received.clear()
     for s in STOPS:
         signal.signal(s, _handler)
+
+    def quiet(report) -> None:  # raised where Python drops exceptions (a gc callback, a __del__): check() raises it
+        if not isinstance(report.exc_value, Interrupted):
+            unraisable(report)
+
+    sys.unraisablehook = quiet
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        sys.unraisablehook = unraisable
         _received.clear()
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from attnfuzz.oracles import probe
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
 from attnfuzz.oracles.tolerance import Check, check
@@ -37,6 +39,21 @@ class Oracle:
             naive = reference(case, tensors, dtype=torch.float32, device=device, terms=False)
         return cls(case, tensors, ref, naive)
 
+    @cached_property
+    def lse_baseline(self) -> torch.Tensor:
+        """Kernels keep the LSE in fp32 whatever the input dtype, so its baseline is the reference computed in fp32
+        from the same inputs (for fp16/bf16 the naive dtype-precision LSE would allow 100x too much); computed once
+        per case, however many outputs are graded against it."""
+        if self.case.dtype in ("float32", "float64"):
+            return self.naive.lse
+        return reference(self.case, self.tensors, dtype=torch.float32, device=self.ref.lse.device, grads=False,
+                         terms=False).lse
+
+    @cached_property
+    def out_baseline(self) -> torch.Tensor:
+        """|naive - f64| of the output: what the diagnoses grade alternatives with."""
+        return (self.naive.out.to(torch.float64) - self.ref.out).abs().nan_to_num(nan=0.0, posinf=0.0)
+
 
 def _finite_where(naive: Reference, ref: Reference) -> bool:
     pairs = [(naive.out, ref.out), (naive.lse, ref.lse), (naive.dq, ref.dq), (naive.dk, ref.dk), (naive.dv, ref.dv)]
@@ -59,10 +76,15 @@ def _fail(diagnosis: str, message: str, c: Check | None = None, ratio: float = m
     return V.Verdict(V.FAIL, diagnosis, message, worst, ratio, tuple(checks))
 
 
-def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out") -> Check:
-    rows = valid_rows(o.case, ref_out.device)[:, :, None, None]
-    return check(name, out.to(ref_out.device), ref_out, o.naive.out, rows, family=family, quantity="out",
-                 dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
+def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out",
+              where: torch.Tensor | None = None) -> Check:
+    """The output graded row by row against `ref_out` (the oracle's, or an alternative's with the oracle's own
+    baseline), on the valid rows or on `where` [b, sq]."""
+    rows = (valid_rows(o.case, ref_out.device) if where is None else where)[:, :, None, None]
+    size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
+    return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
+                 dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
+                 baseline=o.out_baseline)
 
 
 def alternatives(case: Case) -> list[tuple[str, str, dict]]:
@@ -102,18 +124,17 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
     matches, within the same bound; TOLERANCE otherwise."""
     empty = o.ref.empty
     if bool(empty.any()) and bool(empty[failed.index[:2]]):
-        seen = valid_rows(o.case, out.device) & ~empty
-        rest = check("out", out, o.ref.out, o.naive.out, seen[:, :, None, None], family=family, quantity="out",
-                     dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
+        rest = check_out(o, out, o.ref.out, family, where=valid_rows(o.case, out.device) & ~empty)
         if rest.ok:
             return _fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
                                        f"{list(failed.index)}; every other row passes", failed, failed.ratio)
     for diagnosis, description, overrides in alternatives(o.case):
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
-        c = check_out(o, out, alt.out, family)
-        if c.diff_max <= failed.bound:
+        if check_out(o, out, alt.out, family).ok:  # every row within its own bound of the alternative
             return _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
+    if probe.applies(o.case):  # no alternative explains it: on a probe, the sign says a key too many or too few
+        return probe.name_failure(o, out, failed)
     return _fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
 
 
@@ -136,8 +157,15 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
             return _fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
                                      f"{o.ref.out[rows].abs().max().item():.6g}", checks[0])
         return diagnose(o, out, checks[0], family)
+    exact = probe.applies(case)
+    if exact:
+        verdict = probe.grade_out(o, out, checks)
+        if verdict is not None:
+            return verdict
     if output.lse is not None:
         verdict = _grade_lse(o, output.lse.to(device), family, checks)
+        if verdict is None and exact:
+            verdict = probe.grade_lse(o, output.lse.to(device), checks)
         if verdict is not None:
             return verdict
     if case.grads:
@@ -146,14 +174,6 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
             return verdict
     ratio = max(c.ratio for c in checks)
     return V.Verdict(V.PASS, None, "", None, ratio, tuple(c.describe() for c in checks))
-
-
-def _lse_baseline(o: Oracle) -> torch.Tensor:
-    """Kernels keep the LSE in fp32 whatever the input dtype, so its baseline is the reference computed in fp32
-    from the same inputs (for fp16/bf16 the naive dtype-precision LSE would allow 100x too much)."""
-    if o.case.dtype in ("float32", "float64"):
-        return o.naive.lse
-    return reference(o.case, o.tensors, dtype=torch.float32, device=o.ref.lse.device, grads=False, terms=False).lse
 
 
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:
@@ -167,8 +187,9 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
         c = Check("lse", math.inf, 0.0, 1.0, 0.0, idx, lse[idx].item(), ref[idx].item())
         return _fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
                             f"at {list(idx)}", c)
-    c = check("lse", lse, ref, _lse_baseline(o), rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_size=o.ref.logit_size, bias_max=o.ref.bias_max)
+    size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
+    c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
+              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max)
     checks.append(c)
     return None if c.ok else _fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 

@@ -224,6 +224,9 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
     error it inherits from D."""
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
     terms, inherited = _gradient_terms(o)[name]
+    if name == "dq" and o.ref.row_d_rounding is not None and inherited:
+        # dQ_i inherits D_i's rounding only: per query row (the maximum over rows set the bound of every row)
+        inherited = o.ref.row_d_rounding * (inherited / max(o.ref.d_rounding, 1e-300))
     return check(name, got, getattr(o.ref, name), getattr(o.naive, name), rows[:, :, None, None], family=family,
                  quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size, scale_of_terms=terms,
                  inherited=inherited, bias_max=o.ref.bias_max)

@@ -37,7 +37,7 @@ class Reference:
     dv_terms: float = 0.0              # max over keys of sum_i P_ij |dO_i|: the terms dV sums, where they can cancel
     d_rounding: float = 0.0            # max over rows of |rowsum(dO * (O rounded to the inputs' dtype - O))|
     row_logit_size: torch.Tensor | None = None  # [b, h, sq]: logit_size of each query row's visible logits
-    row_d_rounding: torch.Tensor | None = None  # [b, sq, h]: d_rounding of each query row
+    row_dv_terms: torch.Tensor | None = None    # [b, skv, hk]: dv_terms of each key row
     row_spread: torch.Tensor | None = None      # [b, sq, h]: max over channels of sum_j P_ij |V_j|, the terms a
     #                                             row's output sums (a weight's relative error moves it by that much)
 
@@ -179,14 +179,14 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 dq[n, rows] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
-    d_rounding, row_d_rounding = 0.0, None
+    d_rounding = 0.0
     if terms and out.numel():
         # Backward passes of the FlashAttention kind take D = rowsum(dO * O) from the output they stored, rounded to
         # the inputs' dtype: D moves by this much, and dQ / dK with it (oracles/grade.py, _gradient_terms).
         shift = ((out.to(t.q.dtype).to(dtype) - out) * t.dout.to(device, dtype)).sum(-1)
         d_rounding = float(shift.abs().max())
-        row_d_rounding = shift.abs()
     return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_size=float(maxima[0]), empty=empty,
                      bias_max=float(maxima[1]),
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
-                     d_rounding=d_rounding, row_d_rounding=row_d_rounding, row_logit_size=row_logit_size, row_spread=row_spread)
+                     row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
+                     d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread)

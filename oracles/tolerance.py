@@ -116,7 +116,8 @@ def _per_row(x: torch.Tensor, rowwise: bool) -> torch.Tensor:
 def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor | None, where: torch.Tensor, *,
           family: str, quantity: str, dtype: str, logit_size: float | torch.Tensor = 0.0,
           spread: torch.Tensor | None = None, scale_of_terms: float = 0.0, inherited: float = 0.0,
-          bias_max: float = 0.0, baseline: torch.Tensor | None = None) -> Check:
+          bias_max: float = 0.0, baseline: torch.Tensor | None = None, keys: int = 0,
+          row_terms: float | torch.Tensor = 0.0) -> Check:
     """Grade `got` against the float64 `ref`, row by row, at the elements `where` (bool, broadcast to got's shape);
     elements outside `where` are not graded. A row is all dims but the last for out / dq / dk / dv, one element for
     the LSE. Non-finite values count as infinite error. `logit_size` is a float or a per-row tensor (the shape of
@@ -151,7 +152,19 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
         moved = spread.to(torch.float64) if spread is not None else mag_r
         # the fast exp's relative error moves the weights like a logit error does (an output row by 2 e spread_i)
         weight_err = logit_err + (FAST_EXP if dtype in LOW_PRECISION and spread is not None else 0.0)
-        floor = (2 * EPS[dtype] * mag_r + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
+        # P V summed over up to `keys` terms in the compute precision: blocked sums err ~sqrt(n) ulps of the terms
+        # (a row's own naive baseline can be exact by luck: sdpa-math fp32 read 1 +- 3 ulps for a probe row of 26
+        # keys summing to exactly 1, whose fp32 naive was exact)
+        weight_err = weight_err + (2 + keys ** 0.5) * logit_eps / 2
+        # fp16 / bf16 backward passes round P to the dtype before dV = P^T dO (FlashAttention's and torch's math
+        # backward do): each term carries eps / 2, and a key row's sum moves by that times its own terms
+        # (`row_terms`, sum_i P_ij |dO_i|). The whole-tensor bound hid it behind the worst row's baseline; a row's
+        # own baseline can land low (sdpa-math fp16 dV of a probe case, d_v = 1: 1.9x over without it).
+        if dtype in LOW_PRECISION:
+            floor_terms = EPS[dtype] * row_terms
+        else:
+            floor_terms = 0.0
+        floor = (floor_terms + 2 * EPS[dtype] * mag_r + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
             logit_err.max() if isinstance(logit_err, torch.Tensor) and logit_err.numel() else logit_err))
             * scale_of_terms + 2 * inherited + 1e-7)
     k = k_for(family, quantity, dtype)

@@ -113,15 +113,17 @@ def test_lse_floor_is_per_row_and_not_half_the_dtype_eps():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_gradient_rows_are_graded_on_their_own(dtype):
-    """dQ of one row x 1.05. (Not in bf16: there the textbook bf16 backward, the baseline, is ~2 % off on such a
-    row, and k = 4 of it is 8.6 %; docs/grading.md.)"""
+    """dQ of one query row and dK, dV of one key row x 1.05 (bench/planted.py's bug). (Not in bf16: there the
+    textbook bf16 backward, the baseline, is ~2 % off on such a row, and k = 4 of it is 8.6 %; docs/grading.md.)"""
     case = Case(sq=256, skv=256, h=2, hk=2, d_qk=32, d_v=32, causal=True, dtype=dtype, grads=True, seed=5)
     t = materialize(case)
     oracle = Oracle.of(case, t)
     r = oracle.ref
     good = Output(r.out.to(t.q.dtype), dq=r.dq.to(t.q.dtype), dk=r.dk.to(t.q.dtype), dv=r.dv.to(t.q.dtype))
     assert grade(case, t, good, oracle=oracle).status == V.PASS                      # control
-    dq = r.dq.clone()
-    dq[0, 200, 1] *= 1.05
-    verdict = grade(case, t, Output(good.out, dq=dq.to(t.q.dtype), dk=good.dk, dv=good.dv), oracle=oracle)
+    dq, dk, dv = r.dq.clone(), r.dk.clone(), r.dv.clone()
+    for x in (dq, dk, dv):
+        x[0, 200, 1] *= 1.05
+    bad = Output(good.out, dq=dq.to(t.q.dtype), dk=dk.to(t.q.dtype), dv=dv.to(t.q.dtype))
+    verdict = grade(case, t, bad, oracle=oracle)
     assert verdict.diagnosis == V.GRADIENT and verdict.worst.index[:3] == (0, 200, 1), verdict

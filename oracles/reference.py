@@ -36,6 +36,10 @@ class Reference:
     bias_max: float = 0.0              # the largest |ALiBi bias| at a visible position
     dv_terms: float = 0.0              # max over keys of sum_i P_ij |dO_i|: the terms dV sums, where they can cancel
     d_rounding: float = 0.0            # max over rows of |rowsum(dO * (O rounded to the inputs' dtype - O))|
+    row_logit_size: torch.Tensor | None = None  # [b, h, sq]: logit_size of each query row's visible logits
+    row_dv_terms: torch.Tensor | None = None    # [b, skv, hk]: dv_terms of each key row
+    row_spread: torch.Tensor | None = None      # [b, sq, h]: max over channels of sum_j P_ij |V_j|, the terms a
+    #                                             row's output sums (a weight's relative error moves it by that much)
 
 
 def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -72,8 +76,8 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
-    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, and
-    which rows see no key. `bounds` and `scale` override the case's band and
+    keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
+    see no key, and (with `terms`) each row's logit size [h, r] and spread [r, h] (else None). `bounds` and `scale` override the case's band and
     scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
@@ -95,6 +99,10 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
         bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
         s = s - bias
+    row_size = None
+    if terms and s.numel():
+        row_size = torch.maximum(sizes.masked_fill(~visible, 0).amax(-1),
+                                 s.detach().masked_fill(~visible, 0).abs().amax(-1))
     logit_size = torch.maximum(terms_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else terms_max)
     s = s.masked_fill(~visible, float("-inf"))
     if sink is not None:
@@ -106,7 +114,9 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s - lse_safe[..., None])
-    return _weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1)
+    spread = _weighted_values(p.detach(), v.detach().abs(), head_map).amax(-1) if terms and v.shape[-1] else None
+    return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
+            spread)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -129,6 +139,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     maxima = torch.zeros(2, dtype=dtype, device=device)  # largest visible |logit|, largest |ALiBi bias|
     empty = torch.zeros(case.b, case.sq, dtype=torch.bool, device=device)
     logit_terms, terms = terms, grads and terms
+    row_logit_size = torch.zeros(case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
+    row_spread = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
@@ -148,8 +160,13 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # Textbook GQA repeats the KV heads, so dK / dV are per-query-head sums rounded in the dtype
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
-                o_c, l_c, m_c, e_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n,
-                                  head_map=head_map, bounds=bounds, scale=scale, terms=logit_terms)
+                o_c, l_c, m_c, e_c, size_c, spread_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
+                                                               alibi=alibi, sq_n=sq_n, head_map=head_map,
+                                                               bounds=bounds, scale=scale, terms=logit_terms)
+            if size_c is not None:
+                row_logit_size[n, :, rows] = size_c
+            if spread_c is not None:
+                row_spread[n, rows] = spread_c
             out[n, rows] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)
             empty[n, rows] = e_c
@@ -171,4 +188,5 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_size=float(maxima[0]), empty=empty,
                      bias_max=float(maxima[1]),
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
-                     d_rounding=d_rounding)
+                     row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
+                     d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread)

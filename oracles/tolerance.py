@@ -1,8 +1,9 @@
 """The tolerance model: one function, one table.
 
-A backend's value passes when
+A backend's value passes when, on every row (an output or dQ row: one batch, query and head; a dK / dV row: one
+batch, key and KV head; an LSE: one value),
 
-    max|got - f64|  <=  k * max|naive - f64|  +  floor
+    max|got - f64|  <=  k * max|naive - f64|  +  floor        (maxima over the row's channels)
 
 where `naive` is the reference run at the case's own dtype (a textbook implementation: logits, softmax and the
 weighted sum all rounded to that dtype) and `floor` is a rounding allowance proportional to the values' magnitude.
@@ -17,17 +18,25 @@ Why these k:
 - fp32 and fp64 get 4: naive and kernel errors are then both pure accumulation-order noise of similar size, so the
   ratio between them is wider (measured over thousands of random cases, tests/test_tolerance_calibration.py).
 - LSE is kept in fp32 by every kernel, so its baseline is the reference run in fp32 (not in the dtype, which would
-  allow 100x too much for bf16); k = 2 for fp16/bf16 then, 4 for fp32/fp64 where both are rounding noise. Kernels
-  use fast exp2 and blocked row sums, so the fp32 reference alone is too strict (torch's CPU flash kernel is off by
-  5e-5 absolute on bf16 inputs whose LSE is ~1e-4; CUDA's efficient kernel 2.4e-4 on fp16): the LSE floor for
-  fp16/bf16 adds half the dtype's eps, absolute. exp(lse + e) = exp(lse) * (1 + e), so an LSE error that small moves
-  the weights by less than the output's own rounding.
+  allow 100x too much for bf16); k = 2 for fp16/bf16 then, 4 for fp32/fp64 where both are rounding noise. Its floor
+  is what computing an LSE in fp32 can lose, per row, absolute (exp(lse + e) = exp(lse) * (1 + e)): the logits are
+  fp32 sums of exact products, each off by up to eps(fp32) * L_i, and the LSE is their weighted mean plus log of a
+  sum, so 2 * eps(logits) * L_i; the final log and the add of the row maximum, 2 * eps(fp32) * max(|lse_i|, 1); and
+  for fp16 / bf16 inputs an allowance for the fast exp of reduced-precision paths, FAST_EXP below (it replaces half
+  the dtype's eps, 2^-8 absolute in bf16, which was 66x what a real kernel shows).
 - Gradients go through two more matmuls and a rowsum (dS = P * (dP - rowsum(dO * O))): k = 4 (flash-attention
   uses 2 plus a larger absolute floor).
-The floor allows the final rounding of a correct value to the dtype, twice, and a rounding of every logit in the
-precision kernels compute logits in (fp32, or fp64 for fp64 inputs), which moves a softmax-weighted value by up to
-that error times the value: 2 * (eps(dtype) + eps(logits) * L) * max|f64|, plus 1e-7 absolute so an all-tiny output
-is not graded on subnormals. L (the reference's `logit_size`) is what a logit's rounding scales with: the sum of its
+Why per row: the error and the bound used to be maxima over the whole tensor, and the bound scaled with the largest
+reference value (row 0 of a causal case, |V_0| ~ 3), while a long row's output is ~1/sqrt(n): an element had to be
+off by several times its own row's size before it counted, and one wrong key on a row of 4096 never did. Each row
+now meets its own baseline and its own magnitude; the verdict names the worst row (the largest error / bound).
+The floor allows the final rounding of a correct value to the dtype, twice, 2 * eps(dtype) * max_row|f64|, and a
+rounding of every logit in the precision kernels compute logits in (fp32, or fp64 for fp64 inputs): a weight's
+relative error e moves an output row by at most e * sum_j P_ij |V_j - O_i| <= 2 e * sum_j P_ij |V_j| (the row's
+`spread`, which the reference computes), so the output floor adds 2 * (eps(logits) * L_i + FAST_EXP) * spread_i
+(FAST_EXP for fp16 / bf16 only, see below: a fast exp errs on the weights like a logit's rounding); gradients keep
+2 * eps(logits) * L * max_row|f64|. Plus 1e-7 absolute so an all-tiny row is not graded on subnormals. L_i (the
+reference's `row_logit_size`, its maximum `logit_size`) is what a logit's rounding scales with: the sum of its
 dot product's terms, scale * sum_d |q_d k_d|, which is |logit| or larger when the terms cancel (CUDA's efficient
 kernel, fp32, d = 64: an LSE 1.08 * eps * that sum off, where |logit| was 7% of it). (Without the logit term, fp32
 cases with logits ~20 failed correct kernels: both the naive and the kernel error are then rounding noise, and the
@@ -53,6 +62,12 @@ K = {
                 "grad": {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0}},
 }
 LOW_PRECISION = ("float16", "bfloat16")
+# torch's CPU flash kernel on fp16 and bf16 inputs takes a fast exp: its LSE is off by up to 6.2e-5 absolute,
+# the same in both dtypes and whatever the head dim (measured on rows of 2 to 1024 keys; with one key, where the
+# only exp is exp(0), it is off by 3e-8), i.e. a relative error of the row sum up to ~2^-14. Twice that, 2^-13 =
+# 1.2e-4, is the allowance. (CUDA's efficient kernel was 2.4e-4 off on fp16, but on a row with large logits, which
+# the per-row logit term now carries: 2 * eps(fp32) * L_i.)
+FAST_EXP = 2.0**-13
 BIAS_IN_INPUT_DTYPE = ("sdpa",)  # families whose API takes ALiBi only as a bias in the input dtype
 
 
@@ -63,7 +78,8 @@ def k_for(family: str, quantity: str, dtype: str) -> float:
 
 @dataclass(frozen=True)
 class Check:
-    """One quantity graded: its error, the bound it had to meet, and the worst element."""
+    """One quantity graded: at its worst row (largest error over bound), the row's error, baseline, floor and worst
+    element. `row` is the worst row's index (all dims but the channel), `rows` how many rows were graded."""
 
     name: str
     diff_max: float
@@ -73,6 +89,7 @@ class Check:
     index: tuple[int, ...]
     got: float
     expected: float
+    rows: int = 1
 
     @property
     def bound(self) -> float:
@@ -84,44 +101,82 @@ class Check:
 
     @property
     def ratio(self) -> float:
-        return self.diff_max / self.bound if self.bound > 0 else float("inf")
+        return self.diff_max / self.bound if self.bound > 0 else (0.0 if self.diff_max == 0 else float("inf"))
 
     def describe(self) -> str:
-        return (f"{self.name}: diff_max={self.diff_max:.3e} baseline_max={self.baseline_max:.3e} k={self.k:g} "
-                f"floor={self.floor:.3e} (ratio {self.ratio:.2f}) worst at {list(self.index)}: "
+        return (f"{self.name}: worst of {self.rows} rows at {list(self.index)}: diff_max={self.diff_max:.3e} "
+                f"baseline_max={self.baseline_max:.3e} k={self.k:g} floor={self.floor:.3e} (ratio {self.ratio:.2f}): "
                 f"got={self.got:.6g} expected={self.expected:.6g}")
 
 
-def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor, where: torch.Tensor, *,
-          family: str, quantity: str, dtype: str, logit_size: float = 0.0, scale_of_terms: float = 0.0,
-          inherited: float = 0.0, bias_max: float = 0.0) -> Check:
-    """Grade `got` against the float64 `ref` at the elements `where` (bool, broadcast to got's shape); elements
-    outside `where` are not graded. Non-finite values count as infinite error. `scale_of_terms` bounds the terms
-    that sum to the value in the kernel's compute precision, where they can cancel: a gradient that is 0 in exact
-    arithmetic comes out as fp32 rounding noise of the size of its terms, not of its own size. `inherited` is an
-    absolute error a correct kernel carries in from a rounded input (a gradient's from D)."""
-    got64, ref64, naive64 = got.to(torch.float64), ref.to(torch.float64), naive.to(torch.float64)
+def _per_row(x: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    return x.amax(-1) if rowwise else x
+
+
+def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor | None, where: torch.Tensor, *,
+          family: str, quantity: str, dtype: str, logit_size: float | torch.Tensor = 0.0,
+          spread: torch.Tensor | None = None, scale_of_terms: float = 0.0, inherited: float = 0.0,
+          bias_max: float = 0.0, baseline: torch.Tensor | None = None, keys: int = 0,
+          row_terms: float | torch.Tensor = 0.0) -> Check:
+    """Grade `got` against the float64 `ref`, row by row, at the elements `where` (bool, broadcast to got's shape);
+    elements outside `where` are not graded. A row is all dims but the last for out / dq / dk / dv, one element for
+    the LSE. Non-finite values count as infinite error. `logit_size` is a float or a per-row tensor (the shape of
+    the rows); `spread` (per row) bounds the terms an output row sums (see the module's docstring).
+    `scale_of_terms` bounds the terms that sum to the value in the kernel's compute precision, where they can
+    cancel: a gradient that is 0 in exact arithmetic comes out as fp32 rounding noise of the size of its terms, not
+    of its own size. `inherited` is an absolute error a correct kernel carries in from a rounded input (a
+    gradient's from D). `baseline` replaces |naive - ref| (the diagnoses grade against an alternative reference
+    with the baseline of the case's own)."""
+    rowwise = quantity != "lse"
+    got64, ref64 = got.to(torch.float64), ref.to(torch.float64)
     where = where.expand_as(ref64)
-    diff = torch.where(where, (got64 - ref64).abs(), torch.zeros((), dtype=torch.float64, device=ref64.device))
-    diff = torch.where(where & ~torch.isfinite(got64), float("inf"), diff)
-    diff = torch.nan_to_num(diff, nan=float("inf"))
-    baseline = torch.where(where, (naive64 - ref64).abs().nan_to_num(nan=0.0, posinf=0.0), 0.0)
-    magnitude = torch.where(where, ref64.abs(), 0.0).max().item() if where.any() else 0.0
+    zero = torch.zeros((), dtype=torch.float64, device=ref64.device)
+    diff = torch.where(where, (got64 - ref64).abs(), zero)
+    diff = torch.where(where & ~torch.isfinite(got64), float("inf"), diff).nan_to_num(nan=float("inf"))
+    if baseline is None:
+        baseline = (naive.to(torch.float64) - ref64).abs().nan_to_num(nan=0.0, posinf=0.0)
+    base_r = _per_row(torch.where(where, baseline, zero), rowwise)
+    mag_r = _per_row(torch.where(where, ref64.abs().nan_to_num(nan=0.0, posinf=0.0), zero), rowwise)
+    diff_r = _per_row(diff, rowwise)
+    graded_r = where.any(-1) if rowwise else where
     logit_eps = EPS["float64"] if dtype == "float64" else EPS["float32"]
     # Where ALiBi can only reach the kernel as a bias tensor in the input dtype (SDPA's additive float mask), each
     # logit carries that bias's rounding in the dtype too: the API's error, not the kernel's.
-    logit_err = logit_eps * logit_size + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
+    size = logit_size.to(torch.float64) if isinstance(logit_size, torch.Tensor) else logit_size
+    logit_err = logit_eps * size + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
     if quantity == "lse":  # absolute: exp(lse + e) = exp(lse) * (1 + e); kernels keep it in fp32
-        low = dtype in LOW_PRECISION
-        floor = (2 * (EPS[dtype] / 4 if low else 0.0)
-                 + 2 * ((logit_eps if low else EPS[dtype]) + logit_err) * max(magnitude, 1.0) + 1e-7)
+        fast_exp = FAST_EXP if dtype in LOW_PRECISION else 0.0
+        compute_eps = logit_eps if dtype in LOW_PRECISION else EPS[dtype]
+        floor = fast_exp + 2 * compute_eps * mag_r.clamp(min=1.0) + 2 * logit_err + 1e-7
     else:
-        floor = (2 * (EPS[dtype] + logit_err) * magnitude + (8 * logit_eps + 2 * logit_err) * scale_of_terms
-                 + 2 * inherited + 1e-7)
-    flat = int(torch.argmax(diff).item()) if diff.numel() else 0
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)) if diff.numel() else ()
-    return Check(name=name, diff_max=diff.max().item() if diff.numel() else 0.0,
-                 baseline_max=baseline.max().item() if baseline.numel() else 0.0,
-                 k=k_for(family, quantity, dtype), floor=floor, index=index,
-                 got=got64[index].item() if diff.numel() else 0.0,
-                 expected=ref64[index].item() if diff.numel() else 0.0)
+        moved = spread.to(torch.float64) if spread is not None else mag_r
+        # the fast exp's relative error moves the weights like a logit error does (an output row by 2 e spread_i)
+        weight_err = logit_err + (FAST_EXP if dtype in LOW_PRECISION and spread is not None else 0.0)
+        # P V summed over up to `keys` terms in the compute precision: blocked sums err ~sqrt(n) ulps of the terms
+        # (a row's own naive baseline can be exact by luck: sdpa-math fp32 read 1 +- 3 ulps for a probe row of 26
+        # keys summing to exactly 1, whose fp32 naive was exact)
+        weight_err = weight_err + (2 + keys ** 0.5) * logit_eps / 2
+        # fp16 / bf16 backward passes round P to the dtype before dV = P^T dO (FlashAttention's and torch's math
+        # backward do): each term carries eps / 2, and a key row's sum moves by that times its own terms
+        # (`row_terms`, sum_i P_ij |dO_i|). The whole-tensor bound hid it behind the worst row's baseline; a row's
+        # own baseline can land low (sdpa-math fp16 dV of a probe case, d_v = 1: 1.9x over without it).
+        if dtype in LOW_PRECISION:
+            floor_terms = EPS[dtype] * row_terms
+        else:
+            floor_terms = 0.0
+        floor = (floor_terms + 2 * EPS[dtype] * mag_r + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
+            logit_err.max() if isinstance(logit_err, torch.Tensor) and logit_err.numel() else logit_err))
+            * scale_of_terms + 2 * inherited + 1e-7)
+    k = k_for(family, quantity, dtype)
+    floor = torch.as_tensor(floor, dtype=torch.float64, device=ref64.device).expand_as(diff_r)
+    bound_r = k * base_r + floor
+    ratio_r = torch.where(bound_r > 0, diff_r / bound_r, torch.where(diff_r > 0, float("inf"), 0.0))
+    ratio_r = torch.where(graded_r, ratio_r.nan_to_num(nan=float("inf")), -1.0)
+    if not diff.numel():
+        return Check(name, 0.0, 0.0, k, 0.0, (), 0.0, 0.0, 0)
+    worst = int(torch.argmax(ratio_r).item())
+    row = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), ratio_r.shape))
+    index = row + ((int(torch.argmax(diff[row]).item()),) if rowwise else ())
+    return Check(name=name, diff_max=diff_r[row].item(), baseline_max=base_r[row].item(), k=k,
+                 floor=floor[row].item(), index=index, got=got64[index].item(), expected=ref64[index].item(),
+                 rows=int(graded_r.sum().item()))

@@ -21,6 +21,8 @@ EMPTY_ROWS = "EMPTY_ROWS"              # wrong only on rows that see no key (the
 MASK_ALIGNMENT = "MASK_ALIGNMENT"      # the output matches the other diagonal alignment
 MASK_IGNORED = "MASK_IGNORED"          # the output matches no causal mask / window at all: the band never applied
 WINDOW_OFF_BY_ONE = "WINDOW_OFF_BY_ONE"  # the output matches a window with one bound moved by one
+MASK_LEAK = "MASK_LEAK"                # a probe row counted a key it must not see (one past a band edge, padding)
+MASK_DROP = "MASK_DROP"                # a probe row lost a key it sees
 GQA_MAPPING = "GQA_MAPPING"            # the output matches query head i reading KV head i % hk
 SCALE = "SCALE"                        # the output matches another softmax scale
 LSE = "LSE"                            # the output passes, the log-sum-exp does not
@@ -28,8 +30,8 @@ GRADIENT = "GRADIENT"                  # the output passes, a gradient does not
 TOLERANCE = "TOLERANCE"                # wrong beyond the bound, and no alternative reference explains it
 NONDETERMINISTIC = "NONDETERMINISTIC"  # graded fine, but a backend that claims determinism differs bitwise on a rerun
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
-DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, GQA_MAPPING, SCALE, LSE,
-             GRADIENT, TOLERANCE, NONDETERMINISTIC)
+DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK, MASK_DROP,
+             GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC)
 # The diagnoses that name an alternative reference the failing output matches (oracles/grade.py alternatives): one
 # output can match several, and then a verdict lists the others in `also`; so does an EMPTY_ROWS verdict, which is
 # decided first, with every alternative its output matches.

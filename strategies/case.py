@@ -12,6 +12,11 @@ Semantics (the oracle grades every backend against these):
   logit per head, drawn from the seed), then times v.
 - A valid query row with no visible key has output 0 and LSE log(exp(sink)) (-inf for vanilla softmax).
 - Query rows past sq_n (padding) are not graded.
+- `values` says what q, k and v hold: "gaussian" (normal draws of the case's mean and std) or "probe": q = 0, so
+  every visible key of a row gets the same weight (logits are exactly 0 in any precision) and the LSE is
+  log(count + exp(sink)); k is drawn as for "gaussian"; v holds 0 and 1, channel c of KV head g is 1 on the keys j
+  with (j + g) % d_v == c. A row's output in channel c is then the share of its visible keys in that residue class:
+  0 exactly where it sees none, and one key more or less moves it by ~1/count_c, far beyond rounding.
 
 `layout` and `memory` say how the same logical tensors reach the backend (bshd / sbhd / packed thd; contiguous,
 head-major transposed views, or one KV head expanded with stride 0); `spelling` names how the adapter spells the
@@ -30,6 +35,10 @@ ALIGNMENTS = ("top_left", "bottom_right")
 SOFTMAXES = ("vanilla", "off_by_one", "learnable")
 LAYOUTS = ("bshd", "sbhd", "thd")
 MEMORY = ("contiguous", "transposed", "expanded_kv")
+VALUES = ("gaussian", "probe")
+# Fields added after cases were saved: left out of to_dict() at their default, so every saved case, corpus
+# signature (a hash of to_dict()), repro script and campaign log of before keeps its bytes.
+OMITTED_AT_DEFAULT = ("values",)
 SCHEMA = 1
 
 
@@ -71,11 +80,12 @@ class Case:
     seed: int = 0
     grads: bool = False
     spelling: str = ""
+    values: str = "gaussian"
 
     def __post_init__(self) -> None:
         for name in ("causal", "grads"):  # JSON's "yes" or 1 is not a switch: a corpus entry must say true or false
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "true or false")
-        for name in ("dtype", "alignment", "softmax", "layout", "memory", "spelling"):
+        for name in ("dtype", "alignment", "softmax", "layout", "memory", "spelling", "values"):
             _check(isinstance(getattr(self, name), str), name, getattr(self, name), "a string")
         for name in ("mask_density", "scale", "softcap"):
             value = getattr(self, name)
@@ -94,6 +104,7 @@ class Case:
         _check(self.softmax in SOFTMAXES, "softmax", self.softmax, f"one of {SOFTMAXES}")
         _check(self.layout in LAYOUTS, "layout", self.layout, f"one of {LAYOUTS}")
         _check(self.memory in MEMORY, "memory", self.memory, f"one of {MEMORY}")
+        _check(self.values in VALUES, "values", self.values, f"one of {VALUES}")
         for name, full in (("seqlens_q", self.sq), ("seqlens_kv", self.skv)):
             lens = getattr(self, name)
             if lens is None:
@@ -176,6 +187,8 @@ class Case:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name in OMITTED_AT_DEFAULT and value == f.default:
+                continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 

@@ -55,6 +55,15 @@ def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
     return draw_on_cpu(case).to(device)
 
 
+def probe_values(case: Case, heads: int, head_major: bool) -> torch.Tensor:
+    """v of a probe case: channel c of KV head g is 1 on the keys j with (j + g) % d_v == c, else 0."""
+    j = torch.arange(case.skv)[:, None, None]
+    g = torch.arange(heads)[None, :, None]
+    c = torch.arange(case.d_v)[None, None, :]
+    v = ((j + g) % case.d_v == c).to(torch.float32).expand(case.b, -1, -1, -1).contiguous()
+    return v.transpose(1, 2).contiguous().transpose(1, 2) if head_major else v
+
+
 def draw_on_cpu(case: Case) -> Tensors:
     """The case's tensors on the CPU, in its memory format (what materialize moves to the device)."""
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
@@ -75,6 +84,8 @@ def draw_on_cpu(case: Case) -> Tensors:
     q = qkv(case.sq, case.h, case.d_qk, case.mean[0], case.std[0])
     k = qkv(case.skv, hk_drawn, case.d_qk, case.mean[1], case.std[1])
     v = qkv(case.skv, hk_drawn, case.d_v, case.mean[2], case.std[2])
+    if case.values == "probe":  # drawn all the same, so the rest of the stream (mask, sink, dout) is the seed's
+        q, v = q.zero_(), probe_values(case, hk_drawn, head_major).to(dtype)
     if case.memory == "expanded_kv":
         k = k.expand(case.b, case.skv, case.hk, case.d_qk)
         v = v.expand(case.b, case.skv, case.hk, case.d_v)

@@ -48,6 +48,7 @@ class Space:
     split_head_dims: bool = True     # d_qk != d_v
     grads: bool = True
     extreme_logits: bool = True
+    probes: bool = True              # values="probe": inputs that make mask and weight errors exact checks
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim"):

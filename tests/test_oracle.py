@@ -166,7 +166,7 @@ def independence_violations(source: str) -> list[str]:
     return found
 
 
-ALLOWED_IMPORTS = {"torch", "math", "dataclasses", "__future__", "attnfuzz.oracles", "attnfuzz.strategies", "typing"}
+ALLOWED_IMPORTS = {"torch", "math", "dataclasses", "functools", "__future__", "attnfuzz.oracles", "attnfuzz.strategies", "typing"}
 
 
 def test_oracle_calls_no_attention_backend():

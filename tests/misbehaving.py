@@ -147,3 +147,14 @@ def drops_causal(q, k, v, *, causal, window, bottom_right, scale):
 
 
 drops_causal.supports = segfault_when_causal.supports
+
+
+def zero_on_default_isa(q, k, v, *, causal, window, bottom_right, scale):
+    """Right, except where torch's CPU kernels run unvectorised (ATen capability DEFAULT: ATEN_CPU_CAPABILITY=default,
+    or a CPU without AVX2), where it returns zeros: a kernel wrong on one vector ISA only, as compiled flex is on AVX2
+    (corpus flex-compiled-FAIL-*). Which ISA torch runs is fixed when it loads."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out * 0 if torch.backends.cpu.get_cpu_capability() == "DEFAULT" else out
+
+
+zero_on_default_isa.supports = segfault_when_causal.supports

@@ -1,8 +1,9 @@
 """The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge, and replay.
 
 Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
-seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}}: an expected failure until the bug
-is fixed; while fuzzing, a failure of the same backend and verdict label whose message contains `match` and whose
+seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}, "labels": [...]}: an expected
+failure until the bug is fixed; while fuzzing, a failure of the same backend and verdict label (or one of `labels`:
+a bug whose output is garbage reads 0, NaN or wrong values from run to run) whose message contains `match` and whose
 case has the values in `when` (each optional) counts as this known bug, and the search goes on past it). `when` names
 Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). Optional:
 attached ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the
@@ -40,6 +41,10 @@ TRAITS = {
     "negative_bound": lambda c: "neg" in c.spelling.split("+"),
     # more than one sequence passed as varlen: packed (thd), with lengths, or as TE's padding mask type
     "padded_batch": lambda c: c.b > 1 and (c.layout == "thd" or c.padded or c.spelling == "padding"),
+    # the key length a kernel call runs over (thd: the packed total) modulo 16: where a loop over 8- or 16-wide
+    # vectors (AVX2, AVX-512) leaves a tail
+    "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
+    "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
 }
 
 
@@ -110,6 +115,9 @@ class Entry:
             raise CorpusError(f"{where}: field 'known_bug' must be null or an object with a 'link'")
         if known is not None and not isinstance(known.get("when", {}), dict):
             raise CorpusError(f"{where}: field 'known_bug.when' must be an object of case fields and values")
+        labels = (known or {}).get("labels", [])
+        if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
+            raise CorpusError(f"{where}: field 'known_bug.labels' must be a list of verdict labels")
         unknown = sorted(set((known or {}).get("when", {})) - set(when_fields(case)))
         if unknown:
             raise CorpusError(f"{where}: field 'known_bug.when' names {unknown}, which are neither Case fields nor "
@@ -233,10 +241,11 @@ def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusErro
     return entries, errors
 
 
-def _labels(saved: Verdict) -> tuple[str, ...]:
-    """The labels a saved verdict's known bug answers to: its own, and for a FLAKY entry the label it flaked with
-    (a case fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded)."""
-    return (saved.label, saved.diagnosis) if saved.status == FLAKY else (saved.label,)
+def _labels(saved: Verdict, bug: dict | None = None) -> tuple[str, ...]:
+    """The labels a saved verdict's known bug answers to: its own, for a FLAKY entry the label it flaked with (a case
+    fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded), and the bug's other `labels`."""
+    own = (saved.label, saved.diagnosis) if saved.status == FLAKY else (saved.label,)
+    return own + tuple((bug or {}).get("labels", ()))
 
 
 def shipped_dir() -> Path:
@@ -284,7 +293,7 @@ def known_bugs_of(entries: list[tuple[Path, Entry]]):
         fields = when_fields(case)
         for path, e in entries:
             bug = e.known_bug
-            if (e.backend == backend and verdict.label in _labels(e.verdict)
+            if (e.backend == backend and verdict.label in _labels(e.verdict, bug)
                     and bug.get("match", "") in verdict.message
                     and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
                 return {**bug, "entry": path.name}

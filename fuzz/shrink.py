@@ -4,8 +4,8 @@ Hypothesis shrinks what it finds itself. A corpus entry can arrive unshrunk: a c
 process died on it (CRASH:PROCESS_DIED), one saved from a campaign log, or one found on another stack. This walks
 such a case toward the plainest one that still fails the same way: it tries simpler cases one field at a time (the
 switches off, then fewer sequences, shorter lengths, fewer heads, smaller head dims) and keeps each change under which
-the backend still fails with the same label (and, for a known bug, still fits its `match` and `when`), until no
-change keeps it. Each run goes through the backend's isolated worker when asked, so a crash or a hang costs one run.
+the backend still fails with the same label (or, for a known bug, one of its `labels`; and still fits its `match`
+and `when`), until no change keeps it. Each run goes through the backend's isolated worker when asked, so a crash or a hang costs one run.
 """
 
 from __future__ import annotations
@@ -156,10 +156,11 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
         return 1
     bug = entry.known_bug
     fits = corpus_io.known_bugs_of([(args.entry, entry)]) if bug else (lambda *_: True)
+    labels = {first.label, *(bug or {}).get("labels", ())}   # a known bug's other labels are the same failure
 
     def fails(case: Case) -> V.Verdict | None:
         verdict = run(case)
-        same = verdict.label == first.label and fits(entry.backend, case, verdict)
+        same = verdict.label in labels and fits(entry.backend, case, verdict)
         return verdict if same else None
 
     steps = lambda case, verdict: print(f"  still {verdict.label}: {case!r}", file=sys.stderr)  # noqa: E731

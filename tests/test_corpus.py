@@ -186,6 +186,30 @@ def test_a_spelling_trait_takes_every_spelling_that_passes_the_sentinel(tmp_path
         assert known("fa4", neg.replace(spelling=spelling), rows_zeroed) is None, spelling
 
 
+def test_a_known_bug_answers_to_the_other_labels_its_garbage_output_takes(tmp_path):
+    """Compiled flex on AVX2 returns rows of 0, NaN or wrong values from one call to the next: one known bug, saved
+    as TOLERANCE, takes the NONFINITE and ALL_ZERO failures of its shape too, and nothing else."""
+    garbage = V.Verdict(V.FAIL, V.TOLERANCE, "out: diff_max=1.0")
+    path = corpus_io.save(tmp_path, _entry(case=CASE.replace(skv=24), verdict=garbage), repro=False)
+    assert main(["known", str(path), "--link", "l", "--label", "PASS"]) == 2
+    assert main(["known", str(path), "--link", "l", "--label", "FAIL:NONFINITE", "--label", "FAIL:ALL_ZERO",
+                 "--label", "FAIL:TOLERANCE", "--when", "kv_len_mod_16=8"]) == 0
+    assert corpus_io.load(path).known_bug["labels"] == ["FAIL:ALL_ZERO", "FAIL:NONFINITE"]
+    known = corpus_io.known_bugs(tmp_path)
+    for label in (V.TOLERANCE, V.NONFINITE, V.ALL_ZERO):
+        assert known("sdpa-math", CASE.replace(skv=40), V.Verdict(V.FAIL, label, "x")) is not None, label
+    assert known("sdpa-math", CASE.replace(skv=40), V.Verdict(V.FAIL, V.GRADIENT, "x")) is None
+    assert known("sdpa-math", CASE.replace(skv=32), V.Verdict(V.FAIL, V.NONFINITE, "x")) is None   # outside `when`
+
+
+def test_the_key_length_trait_counts_the_keys_one_kernel_call_runs_over():
+    fields = corpus_io.when_fields
+    assert fields(Case(sq=2, skv=24))["kv_len_mod_16"] == 8
+    assert fields(Case(b=2, sq=12, skv=24, seqlens_q=(12, 5), seqlens_kv=(10, 14)))["kv_len_mod_16"] == 8   # padded
+    assert fields(Case(b=2, sq=12, skv=14, seqlens_q=(12, 5), seqlens_kv=(10, 14), layout="thd"))["kv_len_mod_16"] == 8
+    assert fields(Case(d_qk=16, d_v=32))["d_qk_at_most_16"] and not fields(Case(d_qk=32, d_v=16))["d_qk_at_most_16"]
+
+
 def test_a_when_naming_neither_a_field_nor_a_trait_is_a_named_error(tmp_path):
     path = corpus_io.save(tmp_path, _entry(), repro=False)
     data = json.loads(path.read_text())

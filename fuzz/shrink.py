@@ -175,6 +175,8 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
     small, verdict = (small, verdict) if verdict is not None else (entry.case, first)
     note = f"shrunk by `attnfuzz shrink` from {args.entry.name} ({runs} runs)"
     known = dict(bug, note=f"{bug.get('note', '')} [{note}]".strip()) if bug else None
+    if known and known.get("labels"):  # the entry's own label may be another now: the bug still answers to each
+        known["labels"] = sorted({entry.verdict.label, *known["labels"]} - {verdict.label})
     shrunk = corpus_io.Entry(backend=entry.backend, case=small, verdict=verdict, device=device,
                              backend_version=version, known_bug=known)
     path = corpus_io.save(target, shrunk)

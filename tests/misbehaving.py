@@ -158,3 +158,15 @@ def zero_on_default_isa(q, k, v, *, causal, window, bottom_right, scale):
 
 
 zero_on_default_isa.supports = segfault_when_causal.supports
+
+
+def garbage_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """One bug under two labels, as a kernel that leaves its output unwritten shows it: under causal the rows read NaN
+    once there are more than 4 of them and 0 below (NONFINITE, then ALL_ZERO as a shrink shortens the case)."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    if not causal:
+        return out
+    return out * float("nan") if q.shape[1] > 4 else out * 0
+
+
+garbage_when_causal.supports = segfault_when_causal.supports

@@ -5,7 +5,10 @@ process died on it (CRASH:PROCESS_DIED), one saved from a campaign log, or one f
 such a case toward the plainest one that still fails the same way: it tries simpler cases one field at a time (the
 switches off, then fewer sequences, shorter lengths, fewer heads, smaller head dims) and keeps each change under which
 the backend still fails with the same label (or, for a known bug, one of its `labels`; and still fits its `match`
-and `when`), until no change keeps it. Each run goes through the backend's isolated worker when asked, so a crash or a hang costs one run.
+and `when`), until no change keeps it. The case it ends on is run three more times, as the fuzzer confirms a
+finding: one that does not fail the same way every time is saved FLAKY (a known FLAKY bug that passes a replay is
+unreproduced, not fixed). Each run goes through the backend's isolated worker when asked, so a crash or a hang costs
+one run.
 """
 
 from __future__ import annotations
@@ -148,7 +151,11 @@ def cmd_shrink(args) -> int:
             worker.close()
 
 
+CONFIRM_RUNS = 3  # runs of the shrunk case after the one that kept it, as attnfuzz.harness.fuzz reruns a finding
+
+
 def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) -> int:
+    from attnfuzz.harness import Finding, confirm
     first = run(entry.case)
     if not first.failed:
         print(f"{args.entry}: the case does not fail here ({first.label}{': ' + first.message if first.message else ''}); "
@@ -173,10 +180,13 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
         print(f"{args.entry}: {first.label}, already minimal ({runs} simpler cases tried, none fails the same way)")
         return 0
     small, verdict = (small, verdict) if verdict is not None else (entry.case, first)
+    # confirmed as the fuzzer confirms a finding: a case that does not fail the same way every time is FLAKY
+    verdict = confirm(Finding(entry.backend, small, verdict), run, CONFIRM_RUNS).verdict
+    runs += CONFIRM_RUNS
     note = f"shrunk by `attnfuzz shrink` from {args.entry.name} ({runs} runs)"
     known = dict(bug, note=f"{bug.get('note', '')} [{note}]".strip()) if bug else None
     if known and known.get("labels"):  # the entry's own label may be another now: the bug still answers to each
-        known["labels"] = sorted({entry.verdict.label, *known["labels"]} - {verdict.label})
+        known["labels"] = sorted({entry.verdict.label, *known["labels"]} - {verdict.label, verdict.diagnosis})
     shrunk = corpus_io.Entry(backend=entry.backend, case=small, verdict=verdict, device=device,
                              backend_version=version, known_bug=known)
     path = corpus_io.save(target, shrunk)

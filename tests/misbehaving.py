@@ -170,3 +170,16 @@ def garbage_when_causal(q, k, v, *, causal, window, bottom_right, scale):
 
 
 garbage_when_causal.supports = segfault_when_causal.supports
+
+
+_CALLS = {"n": 0}
+
+
+def nan_every_other_call(q, k, v, *, causal, window, bottom_right, scale):
+    """NaN on every other call in a process, right on the rest: a failure that does not come back every run."""
+    _CALLS["n"] += 1
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out * float("nan") if _CALLS["n"] % 2 else out
+
+
+nan_every_other_call.supports = segfault_when_causal.supports

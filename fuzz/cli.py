@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
                       help="count it only for cases with this field or trait value, e.g. dtype='\"float64\"' or "
                            "empty_q_sequence=true (repeatable; traits: " + ", ".join(corpus_io.TRAITS) + ")")
+    mark.add_argument("--label", action="append", default=[], metavar="LABEL",
+                      help="count failures with this verdict label too, e.g. FAIL:NONFINITE, for a bug whose output "
+                           "reads 0, NaN or wrong values from run to run (repeatable)")
     campaign.add_parser(sub)
     versiondiff.add_parsers(sub)
     report.add_parser(sub)
@@ -256,7 +259,12 @@ def cmd_known(args) -> int:
         if field not in corpus_io.when_fields(entry.case):
             raise UsageError(f"--when {item!r}: {field!r} is neither a Case field nor a trait "
                              f"({', '.join(corpus_io.TRAITS)})")
+    bad = [label for label in args.label if label.split(":")[0] not in V.FAILED]
+    if bad:
+        raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
     entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
+    if args.label:
+        entry.known_bug["labels"] = sorted(set(args.label) - {entry.verdict.label})
     data = json.loads(args.entry.read_text())
     data["known_bug"] = entry.known_bug
     args.entry.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -106,7 +106,7 @@ def script(entry) -> str:
 
 Run with: python3 {Path(entry.filename).with_suffix(".py").name}   ({exits})
 """
-import sys
+{_isa_pin(entry)}import sys
 
 import torch
 
@@ -137,7 +137,7 @@ def main():
     if not err <= BOUND:
         problems.append(f"max |out - float64| = {{err:.4g}} > bound {{BOUND:.4g}}")
     print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}, bound {{BOUND:.4g}}")
-    if {case.grads!r}:
+{_isa_report(entry)}    if {case.grads!r}:
         problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
     if problems:
         print("  " + "\\n  ".join(problems))
@@ -148,6 +148,30 @@ def main():
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
 {_WATCHDOG if entry.verdict.status == "HANG" else ""}    sys.exit(main())
 '''
+
+
+def _isa(entry) -> str | None:
+    from attnfuzz.corpus import recorded_isa
+    return recorded_isa(entry, entry.device)
+
+
+def _isa_pin(entry) -> str:
+    """A CPU entry's script runs under the vector ISA the entry was found under, unless ATEN_CPU_CAPABILITY says
+    otherwise: torch reads it once, when it loads, so it is set before `import torch`."""
+    isa = _isa(entry)
+    if isa is None:
+        return ""
+    return (f"import os\n\nRECORDED_ISA = {isa!r}  # the CPU vector ISA this entry was found under\n"
+            f"os.environ.setdefault(\"ATEN_CPU_CAPABILITY\", RECORDED_ISA.lower())  # read once, when torch loads\n")
+
+
+def _isa_report(entry) -> str:
+    if _isa(entry) is None:
+        return ""
+    return ('''    isa = torch.backends.cpu.get_cpu_capability()
+    print(f"CPU ISA {isa}" + ("" if isa == RECORDED_ISA else f"; recorded on {RECORDED_ISA}, which this run is not "
+                                                             f"(ATEN_CPU_CAPABILITY, or a CPU without it)"))
+''')
 
 
 _WATCHDOG = '''    # the fuzzer saw this case hang: give up after WATCHDOG_S seconds and exit 1, as for any bug still there

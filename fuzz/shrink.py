@@ -4,8 +4,11 @@ Hypothesis shrinks what it finds itself. A corpus entry can arrive unshrunk: a c
 process died on it (CRASH:PROCESS_DIED), one saved from a campaign log, or one found on another stack. This walks
 such a case toward the plainest one that still fails the same way: it tries simpler cases one field at a time (the
 switches off, then fewer sequences, shorter lengths, fewer heads, smaller head dims) and keeps each change under which
-the backend still fails with the same label (and, for a known bug, still fits its `match` and `when`), until no
-change keeps it. Each run goes through the backend's isolated worker when asked, so a crash or a hang costs one run.
+the backend still fails with the same label (or, for a known bug, one of its `labels`; and still fits its `match`
+and `when`), until no change keeps it. The case it ends on is run three more times, as the fuzzer confirms a
+finding: one that does not fail the same way every time is saved FLAKY (a known FLAKY bug that passes a replay is
+unreproduced, not fixed). Each run goes through the backend's isolated worker when asked, so a crash or a hang costs
+one run.
 """
 
 from __future__ import annotations
@@ -148,7 +151,11 @@ def cmd_shrink(args) -> int:
             worker.close()
 
 
+CONFIRM_RUNS = 3  # runs of the shrunk case after the one that kept it, as attnfuzz.harness.fuzz reruns a finding
+
+
 def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) -> int:
+    from attnfuzz.harness import Finding, confirm
     first = run(entry.case)
     if not first.failed:
         print(f"{args.entry}: the case does not fail here ({first.label}{': ' + first.message if first.message else ''}); "
@@ -156,10 +163,11 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
         return 1
     bug = entry.known_bug
     fits = corpus_io.known_bugs_of([(args.entry, entry)]) if bug else (lambda *_: True)
+    labels = {first.label, *(bug or {}).get("labels", ())}   # a known bug's other labels are the same failure
 
     def fails(case: Case) -> V.Verdict | None:
         verdict = run(case)
-        same = verdict.label == first.label and fits(entry.backend, case, verdict)
+        same = verdict.label in labels and fits(entry.backend, case, verdict)
         return verdict if same else None
 
     steps = lambda case, verdict: print(f"  still {verdict.label}: {case!r}", file=sys.stderr)  # noqa: E731
@@ -172,8 +180,13 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
         print(f"{args.entry}: {first.label}, already minimal ({runs} simpler cases tried, none fails the same way)")
         return 0
     small, verdict = (small, verdict) if verdict is not None else (entry.case, first)
+    # confirmed as the fuzzer confirms a finding: a case that does not fail the same way every time is FLAKY
+    verdict = confirm(Finding(entry.backend, small, verdict), run, CONFIRM_RUNS).verdict
+    runs += CONFIRM_RUNS
     note = f"shrunk by `attnfuzz shrink` from {args.entry.name} ({runs} runs)"
     known = dict(bug, note=f"{bug.get('note', '')} [{note}]".strip()) if bug else None
+    if known and known.get("labels"):  # the entry's own label may be another now: the bug still answers to each
+        known["labels"] = sorted({entry.verdict.label, *known["labels"]} - {verdict.label, verdict.diagnosis})
     shrunk = corpus_io.Entry(backend=entry.backend, case=small, verdict=verdict, device=device,
                              backend_version=version, known_bug=known)
     path = corpus_io.save(target, shrunk)

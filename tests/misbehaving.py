@@ -147,3 +147,39 @@ def drops_causal(q, k, v, *, causal, window, bottom_right, scale):
 
 
 drops_causal.supports = segfault_when_causal.supports
+
+
+def zero_on_default_isa(q, k, v, *, causal, window, bottom_right, scale):
+    """Right, except where torch's CPU kernels run unvectorised (ATen capability DEFAULT: ATEN_CPU_CAPABILITY=default,
+    or a CPU without AVX2), where it returns zeros: a kernel wrong on one vector ISA only, as compiled flex is on AVX2
+    (corpus flex-compiled-FAIL-*). Which ISA torch runs is fixed when it loads."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out * 0 if torch.backends.cpu.get_cpu_capability() == "DEFAULT" else out
+
+
+zero_on_default_isa.supports = segfault_when_causal.supports
+
+
+def garbage_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """One bug under two labels, as a kernel that leaves its output unwritten shows it: under causal the rows read NaN
+    once there are more than 4 of them and 0 below (NONFINITE, then ALL_ZERO as a shrink shortens the case)."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    if not causal:
+        return out
+    return out * float("nan") if q.shape[1] > 4 else out * 0
+
+
+garbage_when_causal.supports = segfault_when_causal.supports
+
+
+_CALLS = {"n": 0}
+
+
+def nan_every_other_call(q, k, v, *, causal, window, bottom_right, scale):
+    """NaN on every other call in a process, right on the rest: a failure that does not come back every run."""
+    _CALLS["n"] += 1
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out * float("nan") if _CALLS["n"] % 2 else out
+
+
+nan_every_other_call.supports = segfault_when_causal.supports

@@ -1,6 +1,7 @@
 """The flex_attention adapters on CPU: flex-eager over every mask, score mod and spelling plus random cases;
-flex-compiled on two structural variants (a compile takes seconds on CPU), one reused for other values and
-shapes; refusals with reasons; the LSE base; and the compiled-or-not report (each detector with a negative control)."""
+flex-compiled's graphs (one reused for other values and shapes, static ones for thd and explicit masks) through a
+compiler of the tests' own, not inductor; refusals with reasons; the LSE base; and the compiled-or-not report (each
+detector with a negative control)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def test_lse_is_natural_log_and_really_graded():
     ("flex-eager", Case(causal=True, spelling="repeat_kv"), "spellings"),
 ])
 def test_refusals_name_their_reason(name, case, expected):
-    reason = get(name, "cpu").unsupported(case)
+    backend = compiled() if name == "flex-compiled" else get(name, "cpu")   # the rules, whatever this CPU's ISA
+    reason = backend.unsupported(case)
     assert reason is not None and expected in reason, reason
 
 
@@ -151,55 +153,120 @@ def test_mask_mods_follow_the_documented_index_arithmetic():
 
 
 # -- compiled ----------------------------------------------------------------------------------------------------------
+# The compiled adapter's logic (a graph per structural variant, lengths dynamic, the mods' parameters handed in as
+# inputs, sizes pinned where inductor needs it, refusals, the compiled-or-not report) is checked through a
+# torch.compile backend of the tests' own, which keeps each graph dynamo hands it and runs it as traced (flex's own
+# math, as flex-eager): never through inductor's kernels, whose answers depend on the host's vector ISA. Those are
+# fuzzed (pytest fuzz, flex-compiled) and what they get wrong is in corpus/ (flex-compiled-FAIL-*).
 EVERY_MOD = dict(b=2, h=2, hk=2, d_qk=16, d_v=16, window=(3, 1), alignment="bottom_right", softcap=5.0,
                  alibi_slopes=(0.5, 0.25))
 
 
+def recording_compiler():
+    """A torch.compile backend that records the FX graphs it is given (in .graphs) and runs each as traced."""
+    def recorder(gm, example_inputs):
+        recorder.graphs.append(gm)
+        return gm.forward
+    recorder.graphs = []
+    return recorder
+
+
+def compiled(compiler=None) -> flex.FlexBackend:
+    """flex-compiled on CPU, compiling through `compiler` (a fresh recording one by default), with dynamo's state as
+    in a fresh process: what earlier compiles of the same call saw (sizes that varied) would change its first graph."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    return flex.FlexBackend("cpu", compiled=True, compiler=compiler or recording_compiler())
+
+
+def inputs(gm) -> dict:
+    """A recorded graph's inputs: placeholder name -> its example value (a fake tensor, or a SymInt)."""
+    return {n.name: n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"}
+
+
 def test_compiled_one_variant_serves_other_values_and_shapes():
     """Band, padding, softcap and ALiBi at once; the band, lengths, slopes and shapes change, the graph does not
-    (an explicit mask is pinned to its shape: see flex._pin_static)."""
-    backend = get("flex-compiled", "cpu")
+    (an explicit mask is pinned to its shape: see flex._pin_static): two graphs, a static one and one with dynamic
+    lengths, and each case's output graded against the float64 oracle, so a value baked into the graph fails."""
+    backend = compiled()
     cases = [Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD),
              Case(sq=20, skv=12, seqlens_q=(20, 9), seqlens_kv=(12, 3), seed=2, **EVERY_MOD),
              Case(sq=33, skv=7, seqlens_q=(2, 33), seqlens_kv=(7, 0), seed=3,
                   **{**EVERY_MOD, "window": (0, 5), "alibi_slopes": (0.125, 1.0), "softcap": 0.5})]
+    assert len({flex._variant_key(case) for case in cases}) == 1
     ran = []
     for case in cases:
         _, output, _, verdict = graded(backend, case)
         assert verdict.status == V.PASS, f"{verdict.label} {verdict.message}\n  {case!r}"
         assert output.lse is None                       # compiled flex on CPU returns none
         ran.append(output.ran)
-    assert all(r.startswith("flex_attention compiled (") for r in ran), ran
-    assert len(backend.variants) == 1 and "cached graph" in ran[-1], ran
-    assert backend.graphs <= 2, ran                     # a static first graph, then one with dynamic lengths
+    assert all(r.startswith("flex_attention compiled by recorder (") for r in ran), ran
+    assert backend.variants == {flex._variant_key(cases[0]): 3}, backend.variants
+    assert [r.split("(")[1].split(";")[0] for r in ran] == ["new graph", "new graph", "cached graph"], ran
+    assert len(backend.compiler.graphs) == backend.graphs == 2, ran
+    static, dynamic = (inputs(gm) for gm in backend.compiler.graphs)
+    assert not any(isinstance(x, torch.SymInt) for x in static.values()), static
+    q = next(x for x in dynamic.values() if isinstance(x, torch.Tensor) and x.dim() == 4)      # q comes first
+    assert isinstance(q.shape[2], torch.SymInt) and q.shape[:2] == (2, 2), q.shape   # lengths dynamic, batch pinned
+    parameters = [x for x in dynamic.values() if isinstance(x, torch.Tensor) and x.dim() <= 1]
+    assert len(parameters) >= 6, dynamic          # bounds, offsets, lengths, softcap, slopes: inputs, not constants
+    assert all(isinstance(n, int) for x in parameters for n in x.shape), parameters  # pinned (flex._pin_static)
+
+
+def test_a_bound_baked_into_the_graph_costs_a_graph_per_value(monkeypatch):
+    """Negative control for the test above: a band whose bound is a Python int (a constant to dynamo, guarded on)
+    compiles a new graph for the third case's window, and the graph count says so."""
+    monkeypatch.setattr(flex, "band_left", lambda left, off: flex._named(
+        lambda b, h, q_idx, kv_idx, bound=int(left): kv_idx >= q_idx + off[b] - bound, "baked"))
+    backend = compiled()
+    for case in (Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD),
+                 Case(sq=20, skv=12, seqlens_q=(20, 9), seqlens_kv=(12, 3), seed=2, **EVERY_MOD),
+                 Case(sq=20, skv=12, seqlens_q=(20, 9), seqlens_kv=(12, 3), seed=2, **{**EVERY_MOD, "window": (0, 1)})):
+        assert graded(backend, case)[3].status == V.PASS
+    assert len(backend.compiler.graphs) == backend.graphs == 3
 
 
 def test_compiled_packed_low_precision_gqa():
-    """Document masking (thd) and an explicit mask in bf16 with GQA K/V repeated, compiled."""
-    backend = get("flex-compiled", "cpu")
+    """Document masking (thd) and an explicit mask in bf16 with GQA K/V repeated, compiled with static sizes: a
+    graph per shape (flex._pin_static says why)."""
+    backend = compiled()
     case = Case(b=3, sq=24, skv=40, seqlens_q=(24, 3, 0), seqlens_kv=(17, 40, 5), layout="thd", causal=True,
                 alignment="bottom_right", dtype="bfloat16", mask_density=0.7, **GQA)
-    _, output, _, verdict = graded(backend, case.replace(spelling="repeat_kv"))
-    assert verdict.status == V.PASS and "compiled" in output.ran, (verdict.message, output.ran)
+    for each in (case, case.replace(seqlens_q=(24, 9, 1), seed=1)):
+        _, output, _, verdict = graded(backend, each.replace(spelling="repeat_kv"))
+        assert verdict.status == V.PASS and "compiled by recorder" in output.ran, (verdict.message, output.ran)
+    assert len(backend.compiler.graphs) == 2
+    assert not any(isinstance(x, torch.SymInt) for gm in backend.compiler.graphs for x in inputs(gm).values())
 
 
 def test_an_eager_fallback_is_reported_not_hidden():
     """Negative control for the compiled check: the same call run outside torch.compile says so."""
-    backend = get("flex-compiled", "cpu")
+    backend = compiled()
     backend._compiled_calls = {False: flex._flex_call}     # what dynamo would run if it fell back to eager
     case = Case(causal=True)
     output = backend.run(case, materialize(case))
-    assert "NOT compiled" in output.ran, output.ran
+    assert "NOT compiled" in output.ran and not backend.compiler.graphs, output.ran
 
 
 def test_hitting_the_recompile_limit_is_unsupported_not_a_silent_eager_run(monkeypatch):
-    backend = get("flex-compiled", "cpu")
+    backend = compiled()
     first = Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD)
-    backend.run(first, materialize(first))                 # one graph exists (cached when the test above ran)
+    backend.run(first, materialize(first))                 # one graph exists
     monkeypatch.setattr(flex, "RECOMPILE_LIMIT", 1)
     other = Case(sq=8, skv=8, h=3, hk=1, d_qk=8, d_v=8, window=(2, None), dtype="float16")  # a new variant
     with pytest.raises(Unsupported, match="recompile limit"):
         backend.run(other, materialize(other))
+
+
+def test_inductor_on_a_cpu_without_its_flex_template_is_unavailable_not_a_crash(monkeypatch):
+    """Inductor lowers flex_attention on CPU only with AVX2 or better: under ATEN_CPU_CAPABILITY=default torch
+    raises NotImplementedError on every case, so the adapter says so once (torch's own rule, which reads the
+    variable at compile time). A compiler that needs no template is not refused."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    why = flex.FlexBackend("cpu", compiled=True).available()
+    assert why is not None and "AVX2" in why and "'default'" in why, why
+    assert compiled().available() is None and flex.FlexBackend("cpu", compiled=False).available() is None
+    assert flex.FlexBackend("cpu", compiled=True).unsupported(Case()) == why
 
 
 @pytest.mark.parametrize("case", [
@@ -227,4 +294,4 @@ def test_compiled_flex_refuses_small_head_dims_on_cuda_only():
     cuda.available = lambda: None                       # the rule, not this machine's lack of a GPU
     assert "head dims >= 16" in cuda.unsupported(Case(d_qk=8, d_v=8))
     assert cuda.unsupported(Case(d_qk=16, d_v=16)) is None
-    assert flex.FlexBackend("cpu", compiled=True).unsupported(Case(d_qk=8, d_v=8)) is None
+    assert compiled().unsupported(Case(d_qk=8, d_v=8)) is None

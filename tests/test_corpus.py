@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -34,6 +35,15 @@ def test_entry_round_trips_and_duplicates_merge(tmp_path):
     data = json.loads(first.read_text())
     assert {"schema", "signature", "backend", "backend_version", "environment", "case", "verdict", "found"} <= set(data)
     assert data["environment"]["torch"]
+    assert data["environment"]["cpu_capability"] == corpus_io.host_isa()   # the vector ISA torch's CPU kernels ran
+
+
+def test_the_environment_names_the_isa_and_the_variable_that_chose_it(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert "ATEN_CPU_CAPABILITY" not in corpus_io.environment("cpu")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    env = corpus_io.environment("cuda")
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["cpu_capability"] == corpus_io.host_isa()
 
 
 @pytest.mark.parametrize("mutate, named", [
@@ -176,6 +186,30 @@ def test_a_spelling_trait_takes_every_spelling_that_passes_the_sentinel(tmp_path
         assert known("fa4", neg.replace(spelling=spelling), rows_zeroed) is None, spelling
 
 
+def test_a_known_bug_answers_to_the_other_labels_its_garbage_output_takes(tmp_path):
+    """Compiled flex on AVX2 returns rows of 0, NaN or wrong values from one call to the next: one known bug, saved
+    as TOLERANCE, takes the NONFINITE and ALL_ZERO failures of its shape too, and nothing else."""
+    garbage = V.Verdict(V.FAIL, V.TOLERANCE, "out: diff_max=1.0")
+    path = corpus_io.save(tmp_path, _entry(case=CASE.replace(skv=24), verdict=garbage), repro=False)
+    assert main(["known", str(path), "--link", "l", "--label", "PASS"]) == 2
+    assert main(["known", str(path), "--link", "l", "--label", "FAIL:NONFINITE", "--label", "FAIL:ALL_ZERO",
+                 "--label", "FAIL:TOLERANCE", "--when", "kv_len_mod_16=8"]) == 0
+    assert corpus_io.load(path).known_bug["labels"] == ["FAIL:ALL_ZERO", "FAIL:NONFINITE"]
+    known = corpus_io.known_bugs(tmp_path)
+    for label in (V.TOLERANCE, V.NONFINITE, V.ALL_ZERO):
+        assert known("sdpa-math", CASE.replace(skv=40), V.Verdict(V.FAIL, label, "x")) is not None, label
+    assert known("sdpa-math", CASE.replace(skv=40), V.Verdict(V.FAIL, V.GRADIENT, "x")) is None
+    assert known("sdpa-math", CASE.replace(skv=32), V.Verdict(V.FAIL, V.NONFINITE, "x")) is None   # outside `when`
+
+
+def test_the_key_length_trait_counts_the_keys_one_kernel_call_runs_over():
+    fields = corpus_io.when_fields
+    assert fields(Case(sq=2, skv=24))["kv_len_mod_16"] == 8
+    assert fields(Case(b=2, sq=12, skv=24, seqlens_q=(12, 5), seqlens_kv=(10, 14)))["kv_len_mod_16"] == 8   # padded
+    assert fields(Case(b=2, sq=12, skv=14, seqlens_q=(12, 5), seqlens_kv=(10, 14), layout="thd"))["kv_len_mod_16"] == 8
+    assert fields(Case(d_qk=16, d_v=32))["d_qk_at_most_16"] and not fields(Case(d_qk=32, d_v=16))["d_qk_at_most_16"]
+
+
 def test_a_when_naming_neither_a_field_nor_a_trait_is_a_named_error(tmp_path):
     path = corpus_io.save(tmp_path, _entry(), repro=False)
     data = json.loads(path.read_text())
@@ -268,3 +302,65 @@ def test_every_known_bug_in_the_corpus_matches_its_own_case():
     unmatched = [path.name for path, entry in entries
                  if entry.known_bug and known(entry.backend, entry.case, entry.verdict) is None]
     assert not unmatched, unmatched
+
+
+# -- entries recorded under a CPU vector ISA -------------------------------------------------------------------------
+ISA_BUG = "tests.misbehaving:zero_on_default_isa"   # zeros where torch runs unvectorised (DEFAULT), right elsewhere
+ISA_CASE = Case(sq=4, skv=6, d_qk=8, d_v=8, causal=True, seed=2)
+
+
+def _under_isa(tmp_path, isa: str, known: bool = True, repro: bool = False, backend: str = ISA_BUG):
+    entry = _entry(backend=backend, case=ISA_CASE, known_bug={"link": "https://example.org/isa"} if known else None)
+    entry.environment = {**corpus_io.environment("cpu"), "cpu_capability": isa}
+    return corpus_io.save(tmp_path, entry, repro=repro)
+
+
+def _vectorised() -> str:
+    """An ISA this CPU runs where ISA_BUG is right: this process's, or AVX2 when this process runs DEFAULT."""
+    return "AVX2" if corpus_io.host_isa() == "DEFAULT" else corpus_io.host_isa()
+
+
+def test_an_entry_recorded_under_another_isa_is_replayed_under_it(tmp_path):
+    """A bug found where torch ran DEFAULT still fails when replayed from a process that runs another ISA (in a fresh
+    interpreter with ATEN_CPU_CAPABILITY=default), so `pytest corpus` keeps it an expected failure; the same entry
+    recorded under a vectorised ISA passes, and is called fixed (the ISA is what decides)."""
+    from attnfuzz.cli import replay_outcome
+    entry = corpus_io.load(_under_isa(tmp_path / "default", "DEFAULT"))
+    verdict = corpus_io.replay(entry)
+    assert verdict.label == "FAIL:ALL_ZERO" and replay_outcome(entry, verdict) == "xfail", verdict
+    if corpus_io.host_isa() != "DEFAULT":
+        assert any("ATEN_CPU_CAPABILITY=default" in check for check in verdict.checks), verdict.checks
+    fixed = corpus_io.load(_under_isa(tmp_path / "vectorised", _vectorised()))
+    verdict = corpus_io.replay(fixed)
+    assert verdict.status == V.PASS and replay_outcome(fixed, verdict) == "xpass", verdict
+
+
+def test_an_isa_this_cpu_cannot_run_is_reported_as_such_not_as_fixed(tmp_path):
+    """Recorded under an ISA this CPU lacks: replayed here instead; a known bug that passes here is 'recorded on ISA
+    X, host runs Y' (skipped), while an entry that is no known bug still guards against a regression here, and a
+    known bug that fails here too stays an expected failure."""
+    from attnfuzz.cli import replay_outcome
+    known = corpus_io.load(_under_isa(tmp_path / "known", "AVX1024", backend="sdpa-math"))   # right here
+    verdict = corpus_io.replay(known)
+    assert verdict.status == V.UNSUPPORTED and replay_outcome(known, verdict) == "skip", verdict
+    assert f"recorded on ISA AVX1024, host runs {corpus_io.host_isa()}" in verdict.message, verdict.message
+    guard = corpus_io.load(_under_isa(tmp_path / "guard", "AVX1024", known=False, backend="sdpa-math"))
+    assert corpus_io.replay(guard).status == V.PASS
+    broken = corpus_io.load(_under_isa(tmp_path / "broken", "AVX1024", backend="tests.misbehaving:zero_when_causal"))
+    assert replay_outcome(broken, corpus_io.replay(broken)) == "xfail"
+
+
+def test_a_cpu_entrys_script_runs_under_the_isa_it_was_recorded_on(tmp_path):
+    """The script sets ATEN_CPU_CAPABILITY before torch loads, so a DEFAULT-only bug fails from any shell; a variable
+    the user set wins, and the script says the ISA differs from the recorded one."""
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    script = _under_isa(tmp_path, "DEFAULT", repro=True).with_suffix(".py")
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env["PYTHONPATH"] = str(repo)      # the adapter of a bring-your-own kernel is called through attnfuzz
+    bad = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert bad.returncode == 1 and "all-zero output" in bad.stdout and "CPU ISA DEFAULT\n" in bad.stdout, \
+        bad.stdout + bad.stderr[-2000:]
+    env["ATEN_CPU_CAPABILITY"] = _vectorised().lower()
+    ok = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert ok.returncode == 0 and "recorded on DEFAULT, which this run is not" in ok.stdout, ok.stdout + ok.stderr

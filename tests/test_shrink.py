@@ -72,6 +72,36 @@ def test_cli_saves_the_shrunk_entry_and_a_known_bug_keeps_its_when(tmp_path, cap
     assert known(shrunk.backend, shrunk.case, V.Verdict(V.FAIL, "ALL_ZERO")) is not None
 
 
+def test_a_known_bug_with_several_labels_shrinks_through_each_and_keeps_them(tmp_path):
+    """NaN rows on long cases, zeros on short ones: one bug. Known with both labels, it shrinks past the length where
+    its label changes, and the shrunk entry still answers to the label it was saved with; without them it stops at
+    the last length that gives the first label (the control)."""
+    spec = "tests.misbehaving:garbage_when_causal"
+    alone = _save(tmp_path / "alone", spec, BIG, "FAIL:NONFINITE", known_bug={"link": "l"})
+    assert main(["shrink", str(alone)]) == 0
+    [stopped] = [p for p in (tmp_path / "alone").glob("*.json") if p != alone]
+    assert corpus_io.load(stopped).case.sq == 5
+    both = _save(tmp_path / "both", spec, BIG, "FAIL:NONFINITE", known_bug={"link": "l", "labels": ["FAIL:ALL_ZERO"]})
+    assert main(["shrink", str(both)]) == 0
+    [new] = [p for p in (tmp_path / "both").glob("*.json") if p != both]
+    shrunk = corpus_io.load(new)
+    assert shrunk.case == Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", causal=True), shrunk.case
+    assert shrunk.verdict.label == "FAIL:ALL_ZERO" and shrunk.known_bug["labels"] == ["FAIL:NONFINITE"]
+
+
+def test_a_shrunk_case_that_does_not_fail_the_same_way_every_time_is_saved_flaky(tmp_path):
+    """The shrunk case is confirmed as the fuzzer confirms a finding: a kernel whose output is NaN on some calls and
+    right on others is saved FLAKY (its known bug then replays as unreproduced, not fixed, when it passes); a
+    deterministic one stays as it failed (the control, in the tests above)."""
+    spec = "tests.misbehaving:nan_every_other_call"
+    path = _save(tmp_path, spec, BIG, "FAIL:NONFINITE", known_bug={"link": "l"})
+    assert main(["shrink", str(path)]) == 0
+    [new] = [p for p in tmp_path.glob("*.json") if p != path]
+    shrunk = corpus_io.load(new)
+    assert shrunk.verdict.status == V.FLAKY and shrunk.verdict.diagnosis == "FAIL:NONFINITE", shrunk.verdict
+    assert corpus_io.known_bugs(tmp_path)(spec, shrunk.case, V.Verdict(V.FAIL, V.NONFINITE)) is not None
+
+
 def test_cli_says_so_when_the_case_no_longer_fails(tmp_path, capsys):
     path = _save(tmp_path, "tests.misbehaving:zero_when_causal", BIG.replace(causal=False), "FAIL:ALL_ZERO")
     assert main(["shrink", str(path)]) == 1

@@ -22,12 +22,17 @@ dims, which mods, spelling) with dynamic lengths, except explicit-mask and thd v
 (a graph per shape) because inductor's CPU flex template emits C++ that does not compile for them once sizes are
 symbolic (see _pin_static). The recompile limit is raised for the call (hitting it is Unsupported, never a silent
 eager fallback), and `ran` says whether the graph really ran compiled and whether it was new. On CPU flex has no
-backward (eager or compiled), and compiled flex has no LSE and no float64.
+backward (eager or compiled), and compiled flex has no LSE and no float64; inductor lowers it on CPU only with AVX2
+or better (ATEN_CPU_CAPABILITY=default or an older CPU: flex-compiled is not available there). Its kernels are
+vectorised C++ for the ISA torch runs (ATEN_CPU_CAPABILITY), so a finding on one ISA may pass on another: corpus
+entries record the ISA and are replayed under it (attnfuzz.corpus.replay_under_isa).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import warnings
 
 import torch
@@ -154,8 +159,11 @@ def _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa)
 class FlexBackend(Backend):
     family = "flex"
 
-    def __init__(self, device: str, compiled: bool):
+    def __init__(self, device: str, compiled: bool, compiler="inductor"):
         self.device, self.compiled = str(device), compiled
+        # torch.compile's backend: inductor is what flex-compiled fuzzes; unit tests hand in a compiler of their own
+        # to check the adapter's graphs (one per variant, dynamic lengths, values as inputs) apart from its kernels
+        self.compiler = compiler
         # each new structural variant compiles for seconds (minutes of C++ on a 2-core CPU)
         self.cost = 10.0 if compiled else 1.0
         self.name = "flex-compiled" if compiled else "flex-eager"
@@ -177,6 +185,8 @@ class FlexBackend(Backend):
             return f"{self.name}: torch {torch.__version__} has no flex_attention ({e})"
         if not self._cpu and not torch.cuda.is_available():
             return f"{self.name}: device {self.device!r} is not usable here (torch.cuda.is_available() is False)"
+        if self.compiled and self._cpu and self.compiler == "inductor":
+            return _inductor_cpu_refusal(os.environ.get("ATEN_CPU_CAPABILITY"))
         return None
 
     def unsupported(self, case: Case) -> str | None:
@@ -261,8 +271,9 @@ class FlexBackend(Backend):
         import torch._dynamo
         static = case.layout == "thd" or case.mask_density is not None
         if static not in self._compiled_calls:
-            self._compiled_calls[static] = (torch.compile(_flex_call_static, fullgraph=True, dynamic=False) if static
-                                            else torch.compile(_flex_call, fullgraph=True))
+            self._compiled_calls[static] = (
+                torch.compile(_flex_call_static, fullgraph=True, dynamic=False, backend=self.compiler) if static
+                else torch.compile(_flex_call, fullgraph=True, backend=self.compiler))
         if not static:
             _pin_static(args)
         key = _variant_key(case)
@@ -282,8 +293,26 @@ class FlexBackend(Backend):
         new_graphs = _graph_count() - before
         self.graphs += new_graphs
         state = "compiled" if ran_compiled else "NOT compiled (dynamo ran it eagerly)"
+        if ran_compiled and self.compiler != "inductor":
+            state += f" by {getattr(self.compiler, '__name__', self.compiler)}"
         return out, lse, (f"flex_attention {state} ({'new' if new_graphs else 'cached'} graph; {self.graphs} graphs "
                           f"for {len(self.variants)} variants)")
+
+
+@functools.lru_cache(maxsize=None)
+def _inductor_cpu_refusal(aten_cpu_capability: str | None) -> str | None:
+    """Why inductor cannot lower flex_attention on this CPU, or None: its C++ flex template needs AVX2 or better and
+    ATEN_CPU_CAPABILITY other than "default" (torch raises NotImplementedError "torch.compile on current platform
+    is not supported for CPU" otherwise). torch's own rule, asked once per value of the variable, which it reads."""
+    try:
+        from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
+    except ImportError:  # a torch without that rule: let a compile say what it says
+        return None
+    if check_cpu_supported():
+        return None
+    return (f"flex-compiled: inductor's CPU flex_attention template needs AVX2 or better and ATEN_CPU_CAPABILITY "
+            f"other than 'default' (here: ATen capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"ATEN_CPU_CAPABILITY={aten_cpu_capability!r}); torch raises NotImplementedError for it")
 
 
 def _graph_count() -> int:

@@ -15,6 +15,7 @@ from functools import cached_property
 import torch
 
 from attnfuzz.oracles import probe
+from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
 from attnfuzz.oracles.tolerance import Check, check
@@ -61,22 +62,6 @@ def _finite_where(naive: Reference, ref: Reference) -> bool:
     return all(bool(torch.isfinite(n[torch.isfinite(r)]).all()) for n, r in pairs if n is not None)
 
 
-def valid_rows(case: Case, device) -> torch.Tensor:
-    """[b, sq] True where a query row belongs to its sequence (rows past seqlens_q are padding)."""
-    rows = torch.arange(case.sq, device=device)
-    return rows[None, :] < torch.tensor(case.lens_q, device=device)[:, None]
-
-
-def valid_keys(case: Case, device) -> torch.Tensor:
-    keys = torch.arange(case.skv, device=device)
-    return keys[None, :] < torch.tensor(case.lens_kv, device=device)[:, None]
-
-
-def _fail(diagnosis: str, message: str, c: Check | None = None, ratio: float = math.inf, checks=()) -> V.Verdict:
-    worst = V.Worst(c.name, c.index, c.got, c.expected) if c else None
-    return V.Verdict(V.FAIL, diagnosis, message, worst, ratio, tuple(checks))
-
-
 def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out",
               where: torch.Tensor | None = None) -> Check:
     """The output graded row by row against `ref_out` (the oracle's, or an alternative's with the oracle's own
@@ -88,38 +73,6 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
                  baseline=o.out_baseline, keys=o.case.skv)
 
 
-def alternatives(case: Case) -> list[tuple[str, str, dict]]:
-    """(diagnosis, description, reference() overrides) for each plausible mistake that differs from the case."""
-    alts = []
-    masked = case.left is not None or case.right is not None or case.alibi_slopes is not None
-    if masked and any(q != k for q, k in zip(case.lens_q, case.lens_kv)):
-        other = "top_left" if case.alignment == "bottom_right" else "bottom_right"
-        alts.append((V.MASK_ALIGNMENT, f"matches alignment={other!r}", {"case": case.replace(alignment=other)}))
-    for side, bound in (("left", case.left), ("right", case.right)):
-        if bound is None:
-            continue
-        for moved in (bound + 1, bound - 1):
-            bounds = (moved, case.right) if side == "left" else (case.left, moved)
-            alts.append((V.WINDOW_OFF_BY_ONE, f"matches the {side} bound {moved} instead of {bound}",
-                         {"bounds": bounds}))
-    if case.left is not None or case.right is not None:
-        alts.append((V.MASK_IGNORED, "matches attention with no causal mask or window at all (the band was dropped)",
-                     {"case": case.replace(causal=False, window=(None, None))}))
-    if 1 < case.hk < case.h:
-        alts.append((V.GQA_MAPPING, "matches query head i reading KV head i % hk (not i // (h // hk))",
-                     {"head_map": "mod"}))
-    scales = {}
-    if case.d_qk != case.d_v:
-        scales[1 / math.sqrt(case.d_v)] = "1/sqrt(d_v)"
-    if case.scale is not None:
-        scales[1 / math.sqrt(case.d_qk)] = "1/sqrt(d_qk) (the custom scale was ignored)"
-    scales.setdefault(1.0, "1 (no scaling)")
-    for value, what in scales.items():
-        if not math.isclose(value, case.softmax_scale):
-            alts.append((V.SCALE, f"matches scale {what} instead of {case.softmax_scale:.6g}", {"scale": value}))
-    return alts
-
-
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
     """EMPTY_ROWS when only rows that see no key are wrong; else the first alternative reference the failing output
     matches, within the same bound; TOLERANCE otherwise. The verdict's `also` lists the other alternatives' diagnoses
@@ -129,17 +82,17 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
     if bool(empty.any()) and bool(empty[failed.index[:2]]):
         rest = check_out(o, out, o.ref.out, family, where=valid_rows(o.case, out.device) & ~empty)
         if rest.ok:
-            verdict = _fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
+            verdict = fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
                                           f"{list(failed.index)}; every other row passes", failed, failed.ratio)
             return dataclasses.replace(verdict, also=tuple(d for d, _ in _matching(o, out, failed, family)))
     matched = _matching(o, out, failed, family)
     if matched:
         (diagnosis, description), others = matched[0], matched[1:]
-        verdict = _fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
+        verdict = fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
         return dataclasses.replace(verdict, also=tuple(d for d, _ in others))
     if probe.applies(o.case):  # no alternative explains it: on a probe, the sign says a key too many or too few
         return probe.name_failure(o, out, failed)
-    return _fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
+    return fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
 
 
 def _matching(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> list[tuple[str, str]]:
@@ -163,16 +116,16 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
     device = o.ref.out.device
     out = output.out.to(device)
     if tuple(out.shape) != tuple(o.ref.out.shape):
-        return _fail(V.TOLERANCE, f"out has shape {tuple(out.shape)}, expected {tuple(o.ref.out.shape)}")
+        return fail(V.TOLERANCE, f"out has shape {tuple(out.shape)}, expected {tuple(o.ref.out.shape)}")
     rows = valid_rows(case, device)
     graded = out[rows]
     if graded.numel() and not bool(torch.isfinite(graded).all()):
         c = check_out(o, out, o.ref.out, family)
-        return _fail(V.NONFINITE, f"non-finite output, first at {list(c.index)}: {c.got}", c)
+        return fail(V.NONFINITE, f"non-finite output, first at {list(c.index)}: {c.got}", c)
     checks = [check_out(o, out, o.ref.out, family)]
     if not checks[0].ok:
         if graded.numel() and bool((graded == 0).all()):  # zeros that the bound does not excuse (underflow does)
-            return _fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
+            return fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
                                      f"{o.ref.out[rows].abs().max().item():.6g}", checks[0])
         return diagnose(o, out, checks[0], family)
     exact = probe.applies(case)
@@ -197,19 +150,19 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:
     ref = o.ref.lse
     if tuple(lse.shape) != tuple(ref.shape):
-        return _fail(V.LSE, f"lse has shape {tuple(lse.shape)}, expected {tuple(ref.shape)} (b, h, sq)")
+        return fail(V.LSE, f"lse has shape {tuple(lse.shape)}, expected {tuple(ref.shape)} (b, h, sq)")
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
     empty = rows & torch.isinf(ref)
     if bool(empty.any()) and not bool((lse[empty] == ref[empty]).all()):
         idx = tuple(int(i) for i in torch.nonzero(empty & (lse != ref))[0])
         c = Check("lse", math.inf, 0.0, 1.0, 0.0, idx, lse[idx].item(), ref[idx].item())
-        return _fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
+        return fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
                             f"at {list(idx)}", c)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
               dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max)
     checks.append(c)
-    return None if c.ok else _fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
+    return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
 
 def _gradient_terms(o: Oracle) -> dict[str, tuple[float, float]]:
@@ -255,12 +208,12 @@ def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) 
     for name in ("dq", "dk", "dv"):
         got, ref = getattr(output, name), getattr(o.ref, name)
         if got is None:
-            return _fail(V.GRADIENT, f"the case checks gradients but the backend returned no {name}")
+            return fail(V.GRADIENT, f"the case checks gradients but the backend returned no {name}")
         got = got.to(ref.device)
         if tuple(got.shape) != tuple(ref.shape):
-            return _fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
+            return fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
         c = gradient_check(o, name, got, family)
         checks.append(c)
         if not c.ok:
-            return _fail(V.GRADIENT, c.describe(), c, c.ratio, [x.describe() for x in checks])
+            return fail(V.GRADIENT, c.describe(), c, c.ratio, [x.describe() for x in checks])
     return None

@@ -21,6 +21,7 @@ import math
 import torch
 
 from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.alternatives import alternatives, fail, valid_rows
 from attnfuzz.oracles.reference import reference
 from attnfuzz.oracles.tolerance import EPS, FAST_EXP, LOW_PRECISION, Check
 
@@ -38,7 +39,6 @@ def _counts(o) -> torch.Tensor:
 
 def out_check(o, out: torch.Tensor, ref_out: torch.Tensor | None = None) -> Check:
     """Each valid row's output, element by element, within R * expected (exactly 0 where expected is 0)."""
-    from attnfuzz.oracles.grade import valid_rows
     ref = (o.ref.out if ref_out is None else ref_out).to(torch.float64)
     got = out.to(ref.device, torch.float64)
     logit_eps = EPS["float64"] if o.case.dtype == "float64" else EPS["float32"]
@@ -60,7 +60,6 @@ def grade_out(o, out: torch.Tensor, checks: list) -> V.Verdict | None:
     """None when the probe's output is exact to rounding; else a FAIL named by the alternative reference it
     matches (an alignment, a window bound moved by one, the modulo head mapping), else MASK_LEAK (a channel reads
     more than its share: a key the row must not see was counted) or MASK_DROP (less: a visible key was lost)."""
-    from attnfuzz.oracles.grade import _fail, alternatives
     c = out_check(o, out)
     checks.append(c)
     if c.ok:
@@ -73,16 +72,15 @@ def grade_out(o, out: torch.Tensor, checks: list) -> V.Verdict | None:
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
         if out_check(o, out, alt.out).ok:
-            return _fail(diagnosis, f"probe: {description}; {where}", c, c.ratio, [x.describe() for x in checks])
+            return fail(diagnosis, f"probe: {description}; {where}", c, c.ratio, [x.describe() for x in checks])
     return _named(c, where, checks)
 
 
 def _named(c: Check, where: str, checks) -> V.Verdict:
-    from attnfuzz.oracles.grade import _fail
     if c.got > c.expected:
-        return _fail(V.MASK_LEAK, f"probe: a key the row must not see was counted: {where}", c, c.ratio,
+        return fail(V.MASK_LEAK, f"probe: a key the row must not see was counted: {where}", c, c.ratio,
                      [x.describe() for x in checks])
-    return _fail(V.MASK_DROP, f"probe: a key the row sees was dropped: {where}", c, c.ratio,
+    return fail(V.MASK_DROP, f"probe: a key the row sees was dropped: {where}", c, c.ratio,
                  [x.describe() for x in checks])
 
 
@@ -99,7 +97,6 @@ def name_failure(o, out: torch.Tensor, failed: Check) -> V.Verdict:
 def grade_lse(o, lse: torch.Tensor, checks: list) -> V.Verdict | None:
     """None when every finite row's LSE is log(count + exp(sink)) to fp32 rounding; else FAIL:LSE saying how many
     keys the LSE counted."""
-    from attnfuzz.oracles.grade import _fail, valid_rows
     ref = o.ref.lse
     got = lse.to(ref.device, torch.float64)
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref) & torch.isfinite(ref)
@@ -119,5 +116,5 @@ def grade_lse(o, lse: torch.Tensor, checks: list) -> V.Verdict | None:
     if c.ok:
         return None
     said, sees = math.exp(c.got) if c.got < 700 else math.inf, math.exp(c.expected)
-    return _fail(V.LSE, f"probe: the LSE of row {list(index)} counts exp(lse) = {said:.6g} keys (with the sink) where "
+    return fail(V.LSE, f"probe: the LSE of row {list(index)} counts exp(lse) = {said:.6g} keys (with the sink) where "
                         f"the row sees {sees:.6g}: {c.describe()}", c, c.ratio, [x.describe() for x in checks])

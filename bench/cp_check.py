@@ -1,12 +1,12 @@
 """Fuzz every context-parallel backend for N cases and print PASS / FAIL by diagnosis / UNSUPPORTED by reason.
 
-No torchrun: the ranks are attnfuzz's own worker pool (fuzz/cp/pool.py), one pool per world size, reused across
+No torchrun: the ranks are attnfuzz's own worker pool (fuzz/backends/cp/pool.py), one pool per world size, reused across
 backends. On the 2-GPU runner (after `source /tmp/attn-stack/env.sh` for TE):
 
     python3 bench/cp_check.py --device cuda --n 40
     python3 bench/cp_check.py --device cpu --n 40 --backends ring-allgather,ring-alltoall   # CPU / gloo
 
-Cases come from attnfuzz.cp.cases.cp_cases (only what each backend takes), graded against the float64 oracle of the
+Cases come from attnfuzz.backends.cp.cases.cp_cases (only what each backend takes), graded against the float64 oracle of the
 whole sequence; the CP-vs-non-CP agreement of the same backend is counted beside it as a second signal.
 """
 
@@ -25,10 +25,10 @@ import hypothesis  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis.errors import InvalidArgument  # noqa: E402
 
-from attnfuzz.backends.cp import BACKENDS, CPBackend  # noqa: E402
-from attnfuzz.cp.cases import cp_cases  # noqa: E402
-from attnfuzz.cp.outcome import run_and_grade  # noqa: E402
-from attnfuzz.cp.pool import CPPool  # noqa: E402
+from attnfuzz.backends.cp.adapter import BACKENDS, CPBackend  # noqa: E402
+from attnfuzz.backends.cp.cases import cp_cases  # noqa: E402
+from attnfuzz.backends.cp.outcome import run_and_grade  # noqa: E402
+from attnfuzz.backends.cp.pool import CPPool  # noqa: E402
 from attnfuzz.oracles import verdict as V  # noqa: E402
 
 

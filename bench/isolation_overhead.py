@@ -1,4 +1,4 @@
-"""Isolation overhead: the same cases in-process and through an isolated worker process (fuzz/isolate.py).
+"""Isolation overhead: the same cases in-process and through an isolated worker process (fuzz/engine/isolate.py).
 
     python3 bench/isolation_overhead.py [--backend sdpa-math] [--examples 400]
 
@@ -12,9 +12,9 @@ import argparse
 import statistics
 
 from attnfuzz.backends import get
-from attnfuzz.harness import fuzz
-from attnfuzz.isolate import Worker
-from attnfuzz.profiles import profile
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.isolate import Worker
+from attnfuzz.engine.profiles import profile
 from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)

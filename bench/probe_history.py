@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnfuzz import caselog
+from attnfuzz.store import caselog
 from attnfuzz.backends import get
-from attnfuzz.harness import run_case
+from attnfuzz.engine.harness import run_case
 from attnfuzz.strategies.case import Case
 
 

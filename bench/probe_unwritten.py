@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from attnfuzz.backends import get
-from attnfuzz.corpus import load
+from attnfuzz.store.corpus import load
 from attnfuzz.oracles.grade import valid_rows
 from attnfuzz.oracles.reference import reference
 from attnfuzz.strategies.materialize import draw_on_cpu

@@ -14,8 +14,8 @@ import io
 import pstats
 
 from attnfuzz.backends import get
-from attnfuzz.harness import fuzz
-from attnfuzz.profiles import profile
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.profiles import profile
 from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)

@@ -118,8 +118,8 @@ def run_cell(dtype: str, s: int, family: str, cases: int, seed: int, tally, eps_
 
 
 def fuzz_finds(names, examples: int, max_len: int, seed: int) -> dict:
-    from attnfuzz.harness import fuzz
-    from attnfuzz.profiles import profile
+    from attnfuzz.engine.harness import fuzz
+    from attnfuzz.engine.profiles import profile
     from attnfuzz.strategies.space import Space
     found = {}
     for name in names:

@@ -28,11 +28,11 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     """One process's run: warm up, (wait for `go` to exist,) fuzz `examples` cases, and split the time."""
     import torch
 
-    import attnfuzz.harness as harness_module
+    import attnfuzz.engine.harness as harness_module
     from attnfuzz.backends import get
-    from attnfuzz.corpus import known_bugs
-    from attnfuzz.harness import fuzz
-    from attnfuzz.profiles import profile
+    from attnfuzz.store.corpus import known_bugs
+    from attnfuzz.engine.harness import fuzz
+    from attnfuzz.engine.profiles import profile
     from attnfuzz.oracles import grade as grade_module
 
     backend = get(backend_name, device)

@@ -34,11 +34,11 @@ import torch  # noqa: E402
 
 from attnfuzz.backends import get  # noqa: E402
 from attnfuzz.backends.base import Hang, Unsupported  # noqa: E402
-from attnfuzz.backends.cp import BACKENDS as CP_BACKENDS, CPBackend, cudnn_version  # noqa: E402
-from attnfuzz.cp.agreement import cp_vs_nocp  # noqa: E402
-from attnfuzz.cp.capabilities import CUDNN_THD_SINKS, RING_LSE_PADDING  # noqa: E402
-from attnfuzz.cp.pool import CPPool  # noqa: E402
-from attnfuzz.cp.te import TEEngine  # noqa: E402
+from attnfuzz.backends.cp.adapter import BACKENDS as CP_BACKENDS, CPBackend, cudnn_version  # noqa: E402
+from attnfuzz.backends.cp.agreement import cp_vs_nocp  # noqa: E402
+from attnfuzz.backends.cp.capabilities import CUDNN_THD_SINKS, RING_LSE_PADDING  # noqa: E402
+from attnfuzz.backends.cp.pool import CPPool  # noqa: E402
+from attnfuzz.backends.cp.te import TEEngine  # noqa: E402
 from attnfuzz.oracles import verdict as V  # noqa: E402
 from attnfuzz.oracles.grade import Oracle, grade  # noqa: E402
 from attnfuzz.oracles.reference import reference  # noqa: E402
@@ -291,7 +291,7 @@ def efficient_lse_rows(device: str) -> str:
 
 def check_corpus(directory: Path) -> list[str]:
     """One note per corpus file: whether its case is the one built in here."""
-    from attnfuzz.corpus import load, entry_paths
+    from attnfuzz.store.corpus import load, entry_paths
 
     if not directory.is_dir():
         return [f"c corpus {directory}: not found; the built-in copies of its cases run instead"]

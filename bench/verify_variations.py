@@ -98,7 +98,7 @@ def adapter(name: str, *, contiguous: bool = False, bypass_rules: bool = False, 
     window bounds normalised to None, or with the padding masks handed to TE inverted (True = keep)."""
     def run(case: Case, device: str):
         from attnfuzz.backends import get
-        from attnfuzz.backends import transformer_engine as te_adapter
+        from attnfuzz.backends.te import adapter as te_adapter
         from attnfuzz.strategies.materialize import materialize
 
         backend = get(name, device)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import changed_label, replay_outcome
 
 

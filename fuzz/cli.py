@@ -10,13 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-from attnfuzz import (bugreport, campaign, caselog, catalog, interrupt, options, poison, report, shrink, triage,
-                      versiondiff)
-from attnfuzz import corpus as corpus_io
+from attnfuzz.tools import bugreport, shrink, versiondiff
+from attnfuzz.campaign import supervisor as campaign
+from attnfuzz.store import caselog
+from attnfuzz.report import catalog, build as report, triage
+from attnfuzz.engine import interrupt, options, poison
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import factories, get
-from attnfuzz.harness import Tally, fuzz
-from attnfuzz.isolate import Workers, isolated
-from attnfuzz.profiles import for_backend, profile
+from attnfuzz.engine.harness import Tally, fuzz
+from attnfuzz.engine.isolate import Workers, isolated
+from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.strategies.case import Case

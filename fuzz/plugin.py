@@ -1,7 +1,7 @@
 """The pytest plugin: `pytest fuzz` fuzzes every selected backend, `pytest corpus` replays the corpus.
 
 pytest loads it into every session of the environment (entry point pytest11), so it stays inert there: its options
-are all named --attnfuzz-* (declared in attnfuzz.options, shared with the CLI), and nothing is imported or changed
+are all named --attnfuzz-* (declared in attnfuzz.engine.options, shared with the CLI), and nothing is imported or changed
 (torch threads, memory poisoning) until a test asks for the `attnfuzz` fixture. Tests ask for it (the parsed options,
 a frozen Options) and for `fuzz_backend` / `corpus_entry`, parametrized per backend name and per corpus file.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from attnfuzz import options as opts
+from attnfuzz.engine import options as opts
 
 _OPTIONS = pytest.StashKey["Options"]()
 SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "isolate", "case-timeout",
@@ -63,7 +63,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                       for name, factory in factories().items()]
         metafunc.parametrize("fuzz_backend", params)
     if "corpus_entry" in metafunc.fixturenames:
-        from attnfuzz.corpus import entry_paths, shipped_dir
+        from attnfuzz.store.corpus import entry_paths, shipped_dir
         folder = options.corpus or shipped_dir()  # --attnfuzz-corpus DIR replays DIR instead of the shipped corpus
         paths = entry_paths(folder) if folder.exists() else []
         if paths:
@@ -80,20 +80,20 @@ def attnfuzz(request: pytest.FixtureRequest) -> Options:
     import torch
     torch.set_num_threads(options.threads)
     if options.poison_memory:
-        from attnfuzz import poison
+        from attnfuzz.engine import poison
         poison.enable()  # before any isolated worker starts: each is handed it
     return options
 
 
 @pytest.fixture(scope="session")
 def attnfuzz_workers(attnfuzz: Options):
-    """With --attnfuzz-isolate: workers(backend, device) -> an attnfuzz.isolate.Worker kept for the session (a crash
+    """With --attnfuzz-isolate: workers(backend, device) -> an attnfuzz.engine.isolate.Worker kept for the session (a crash
     replaces its process, so an entry that poisons CUDA costs that entry only); None without it."""
     options = attnfuzz
     if not options.isolate:
         yield lambda backend, device: None
         return
-    from attnfuzz.isolate import Workers
+    from attnfuzz.engine.isolate import Workers
     workers = Workers(options.case_timeout)
     yield workers
     workers.close()

@@ -5,7 +5,7 @@ corpus (JSON + standalone repro script) and reported. The case being run waits o
 in the corpus), so a session killed by a segfault leaves it behind, with a crash record beside it: the next session
 saves it as CRASH:PROCESS_DIED and fails with it. Ctrl-C or SIGTERM interrupt the session (pytest's exit 2) and leave
 nothing; a case left by a session killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed
-on (attnfuzz.corpus.recover_inflight).
+on (attnfuzz.store.corpus.recover_inflight).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import warnings
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
-from attnfuzz import interrupt
+from attnfuzz.store import corpus as corpus_io
+from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
-from attnfuzz.harness import fuzz
-from attnfuzz.isolate import isolated
-from attnfuzz.profiles import for_backend, profile
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.isolate import isolated
+from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.strategies.space import Space
 
 
@@ -34,14 +34,14 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
-    findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
+    findings_dir = corpus_io.findings_dir(attnfuzz.store.corpus)
     findings_dir.mkdir(parents=True, exist_ok=True)
     recovered = corpus_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
     for r in recovered:
         if not r.finding:
             warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
     space = Space(max_len=attnfuzz.max_len) if attnfuzz.max_len else Space()
-    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
+    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.engine.isolate)
     try:
         with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", and no finding
             tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings,

@@ -102,7 +102,7 @@ skips_empty_sequences.supports = lambda case: case.left is None and case.right i
 
 def zero_when_poisoned(q, k, v, *, causal, window, bottom_right, scale):
     """Zeros when memory poisoning is on in its process, else right: tells a test where the switch reached."""
-    from attnfuzz import poison
+    from attnfuzz.engine import poison
     out = _plain(q, k, v, scale, causal, bottom_right)
     return out * 0 if poison.enabled() else out
 

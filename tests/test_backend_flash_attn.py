@@ -10,11 +10,12 @@ import sys
 import pytest
 import torch
 
-from attnfuzz.backends import factories, flash_common as fc
+from attnfuzz.backends import factories
+from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.base import Unsupported
-from attnfuzz.backends.flash_attn2 import FlashAttn2
-from attnfuzz.backends.flash_attn3 import FlashAttn3
-from attnfuzz.backends.flash_attn4 import FlashAttn4
+from attnfuzz.backends.flash.fa2 import FlashAttn2
+from attnfuzz.backends.flash.fa3 import FlashAttn3
+from attnfuzz.backends.flash.fa4 import FlashAttn4
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade
 from attnfuzz.strategies.case import Case
@@ -322,7 +323,7 @@ def test_wide_bound_hides_no_key():
 def test_fa4_turns_its_disk_cache_on_before_import_unless_the_user_chose(monkeypatch, calls):
     """FA4 reads FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED once, at import: attnfuzz sets it first (every fresh worker
     would otherwise recompile each kernel), and a user's "0" stays."""
-    from attnfuzz.backends.flash_attn4 import DISK_CACHE
+    from attnfuzz.backends.flash.fa4 import DISK_CACHE
     seen = []
     fakes.install(monkeypatch, fakes.make_fa4(calls))
     real_import = importlib.import_module

@@ -12,9 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from attnfuzz.backends import get, sdpa
+from attnfuzz.backends import get
+from attnfuzz.backends.sdpa import adapter as sdpa
 from attnfuzz.backends.base import Unsupported
-from attnfuzz.harness import cases_for
+from attnfuzz.engine.harness import cases_for
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.oracles.verdict import Output

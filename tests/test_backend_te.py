@@ -10,8 +10,9 @@ import os
 import pytest
 import torch
 
-from attnfuzz.backends import factories, te_select as sel
-from attnfuzz.backends import transformer_engine as te_adapter
+from attnfuzz.backends import factories
+from attnfuzz.backends.te import selection as sel
+from attnfuzz.backends.te import adapter as te_adapter
 from attnfuzz.backends.base import Unsupported
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade

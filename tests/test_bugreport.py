@@ -11,10 +11,10 @@ import math
 import pytest
 
 from attnfuzz import backends
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
 from attnfuzz.cli import main
-from attnfuzz.harness import run_case
+from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from tests.broken import Correct, ZeroWhenCausal
@@ -75,7 +75,7 @@ def test_report_has_the_repro_the_worst_element_and_a_row_per_backend_and_shows_
 
 def test_a_spelling_the_entrys_backend_passes_in_shows_up_beside_the_one_it_fails_in(tmp_path, monkeypatch):
     """sdpa-math, planted here to zero is_causal only: the causal spellings run side by side."""
-    import attnfuzz.backends.sdpa as sdpa
+    import attnfuzz.backends.sdpa.adapter as sdpa
 
     class ZeroIsCausal(sdpa.SdpaBackend):
         def run(self, case, tensors):

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from attnfuzz.lane import Resumable, lane_backends, load_log
+from attnfuzz.campaign.lane import Resumable, lane_backends, load_log
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -69,7 +69,7 @@ def test_kill_9_then_resume_loses_no_finding_and_repeats_no_case(tmp_path):
     assert any(r["label"] == "FAIL:ALL_ZERO" for r in before), "the first run found the bug before the kill"
     assert not list((directory / "corpus").glob("*.json")), "killed before the round could save it"
     time.sleep(1)
-    lanes = subprocess.run(["pgrep", "-f", f"attnfuzz.lane {directory}"], capture_output=True, text=True).stdout
+    lanes = subprocess.run(["pgrep", "-f", f"attnfuzz.campaign.lane {directory}"], capture_output=True, text=True).stdout
     assert not lanes.strip(), f"lanes outlived the killed campaign: {lanes}"
 
     resumed = run_campaign(directory, "--hours", "0.006")

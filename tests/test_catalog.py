@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnfuzz import catalog
-from attnfuzz import corpus as corpus_io
+from attnfuzz.report import catalog
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import main
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import main
-from attnfuzz.harness import fuzz
-from attnfuzz.profiles import profile
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space

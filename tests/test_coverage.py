@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from attnfuzz.coverage import AXES, AXIS_NAMES, SPACE_SIZE, Coverage, cell_of
+from attnfuzz.report.coverage import AXES, AXIS_NAMES, SPACE_SIZE, Coverage, cell_of
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases
 from attnfuzz.strategies.space import Space

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.errors import InvalidArgument
 
-from attnfuzz.cp.capabilities import (LSE_ALIGN, TE_COMM_TYPES, TE_KERNELS, ring_lse_align, ring_lse_padding_defect,
+from attnfuzz.backends.cp.capabilities import (LSE_ALIGN, TE_COMM_TYPES, TE_KERNELS, ring_lse_align, ring_lse_padding_defect,
                                    ring_refusal, te_refusal)
-from attnfuzz.cp.cases import cp_cases
-from attnfuzz.cp.ring import RingEngine
-from attnfuzz.cp.te import TEEngine
+from attnfuzz.backends.cp.cases import cp_cases
+from attnfuzz.backends.cp.ring import RingEngine
+from attnfuzz.backends.cp.te import TEEngine
 from attnfuzz.strategies.case import Case
 
 ENGINES = [RingEngine("allgather"), RingEngine("alltoall"), RingEngine("allgather", 4),

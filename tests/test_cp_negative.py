@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from attnfuzz.backends.cp import CPBackend
-from attnfuzz.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
-from attnfuzz.cp.outcome import run_and_grade
-from attnfuzz.cp.pool import CPPool
-from attnfuzz.cp.ring import RingEngine
+from attnfuzz.backends.cp.adapter import CPBackend
+from attnfuzz.backends.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
+from attnfuzz.backends.cp.outcome import run_and_grade
+from attnfuzz.backends.cp.pool import CPPool
+from attnfuzz.backends.cp.ring import RingEngine
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 

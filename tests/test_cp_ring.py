@@ -10,12 +10,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from attnfuzz.backends.cp import BACKENDS, CPBackend
-from attnfuzz.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect
-from attnfuzz.cp.cases import cp_cases
-from attnfuzz.cp.outcome import run_and_grade
-from attnfuzz.cp.pool import CPPool
-from attnfuzz.cp.ring import RingEngine, SdpaOps, sdpa_ops
+from attnfuzz.backends.cp.adapter import BACKENDS, CPBackend
+from attnfuzz.backends.cp.capabilities import LSE_ALIGN, RING_LSE_PADDING, ring_lse_padding_defect
+from attnfuzz.backends.cp.cases import cp_cases
+from attnfuzz.backends.cp.outcome import run_and_grade
+from attnfuzz.backends.cp.pool import CPPool
+from attnfuzz.backends.cp.ring import RingEngine, SdpaOps, sdpa_ops
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade
 from attnfuzz.strategies.case import Case

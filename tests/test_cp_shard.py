@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from attnfuzz.cp import shard
-from attnfuzz.cp.pool import gather
+from attnfuzz.backends.cp import shard
+from attnfuzz.backends.cp.pool import gather
 from attnfuzz.strategies.case import Case
 
 

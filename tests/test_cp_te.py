@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from attnfuzz.backends.base import Unsupported
-from attnfuzz.cp import shard, te as te_mod
-from attnfuzz.cp.engine import RankContext
-from attnfuzz.cp.pool import gather
-from attnfuzz.cp.te import TEApi, TEEngine, translate
-from attnfuzz.cp.worker import local_inputs
+from attnfuzz.backends.cp import shard, te as te_mod
+from attnfuzz.backends.cp.engine import RankContext
+from attnfuzz.backends.cp.pool import gather
+from attnfuzz.backends.cp.te import TEApi, TEEngine, translate
+from attnfuzz.backends.cp.worker import local_inputs
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
 

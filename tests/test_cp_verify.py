@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from attnfuzz.backends import factories, get
-from attnfuzz.backends.cp import BACKENDS as CP_BACKENDS
+from attnfuzz.backends.cp.adapter import BACKENDS as CP_BACKENDS
 from attnfuzz.oracles.grade import Oracle
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize

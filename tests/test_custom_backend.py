@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from attnfuzz.backends import get
 from attnfuzz.backends.base import Unsupported
 from attnfuzz.backends.custom import load_custom, needed_fields
-from attnfuzz.harness import cases_for
+from attnfuzz.engine.harness import cases_for
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade
 from attnfuzz.strategies.case import Case
@@ -288,7 +288,7 @@ def test_the_kernel_module_is_found_where_the_run_imported_it_from():
 def test_a_custom_kernels_repro_script_runs_from_any_folder(tmp_path, fn_name, code):
     """The script imports the kernel's module from the folder the run imported it from, wherever it is run; a
     correct kernel's script (the control) passes there too, so exit 1 is the bug, not a failed import."""
-    from attnfuzz import corpus as corpus_io
+    from attnfuzz.store import corpus as corpus_io
     entry = corpus_io.Entry(f"{HERE}:{fn_name}", Case(sq=4, skv=4, d_qk=8, d_v=8),
                             V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0"))
     script = corpus_io.save(tmp_path / "corpus", entry).with_suffix(".py")
@@ -302,7 +302,7 @@ def test_a_custom_kernels_repro_script_runs_from_any_folder(tmp_path, fn_name, c
 
 
 def test_a_custom_kernels_repro_script_exits_2_when_the_kernel_cannot_be_imported(tmp_path):
-    from attnfuzz import corpus as corpus_io
+    from attnfuzz.store import corpus as corpus_io
     entry = corpus_io.Entry(f"{HERE}:zeros", Case(sq=4, skv=4, d_qk=8, d_v=8), V.Verdict(V.FAIL, V.ALL_ZERO))
     script = corpus_io.save(tmp_path, entry).with_suffix(".py")
     moved = script.read_text().replace(f"KERNEL_PATH = {str(Path(__file__).resolve().parents[1])!r}",

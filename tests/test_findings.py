@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import main
-from attnfuzz.harness import Evidence, Finding, fuzz, merge_root_causes
+from attnfuzz.engine.harness import Evidence, Finding, fuzz, merge_root_causes
 from attnfuzz.oracles import verdict as V
-from attnfuzz.profiles import profile
+from attnfuzz.engine.profiles import profile
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
 from tests.broken import BROKEN
@@ -107,7 +107,7 @@ def test_run_saves_one_entry_with_the_other_labels_attached_and_old_entries_stil
 def test_a_campaign_counts_a_failure_its_saved_entry_explains_as_that_entry(tmp_path):
     """Across rounds: once MASK_IGNORED is saved, a WINDOW_OFF_BY_ONE whose output matches no band at all too is
     that entry's again; one that does not is searched on."""
-    from attnfuzz.lane import seen_in
+    from attnfuzz.campaign.lane import seen_in
     ignored = V.Verdict(V.FAIL, V.MASK_IGNORED, "no band")
     corpus_io.save(tmp_path, corpus_io.Entry("b", Case(sq=3, skv=3, causal=True), ignored), repro=False)
     seen = seen_in(tmp_path)

@@ -3,8 +3,8 @@ that claims determinism must give the same bits on every run."""
 
 from __future__ import annotations
 
-from attnfuzz.harness import Finding, confirm, fuzz, run_case
-from attnfuzz.profiles import profile
+from attnfuzz.engine.harness import Finding, confirm, fuzz, run_case
+from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space

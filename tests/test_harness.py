@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import settings
 
-from attnfuzz.harness import fuzz, run_case
-from attnfuzz.profiles import profile
+from attnfuzz.engine.harness import fuzz, run_case
+from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
@@ -127,7 +127,7 @@ def test_correct_custom_kernel_never_fails_over_2000_examples():
 
 
 def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs():
-    from attnfuzz.harness import ORACLE_ON_CPU_UP_TO, oracle_inputs
+    from attnfuzz.engine.harness import ORACLE_ON_CPU_UP_TO, oracle_inputs
     from attnfuzz.strategies.materialize import materialize
     small = Case(b=2, sq=16, skv=16, h=2, hk=2, d_qk=8, d_v=8)
     drawn = materialize(small, "cpu")

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
-from attnfuzz import interrupt
+from attnfuzz.store import corpus as corpus_io
+from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
-from attnfuzz.harness import run_case
+from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from tests.misbehaving import NAP

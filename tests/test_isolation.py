@@ -8,9 +8,9 @@ import time
 import pytest
 
 from attnfuzz.backends import get
-from attnfuzz.harness import fuzz
-from attnfuzz.isolate import Worker
-from attnfuzz.profiles import profile
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.isolate import Worker
+from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
@@ -131,7 +131,7 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
     import sys
     from pathlib import Path
 
-    from attnfuzz import corpus as corpus_io
+    from attnfuzz.store import corpus as corpus_io
     spec = "tests.misbehaving:hangs"
     run = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", spec, "--isolate", "--case-timeout",
                             "300", "--max-examples", "5", "--corpus", str(tmp_path)],
@@ -156,7 +156,7 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
 
 
 def _corpus_with_a_segfault_first(directory):
-    from attnfuzz import corpus as corpus_io
+    from attnfuzz.store import corpus as corpus_io
     from attnfuzz.oracles.verdict import Verdict
     spec = "tests.misbehaving:segfault_when_causal"
     crash = corpus_io.Entry(spec, PLAIN.replace(causal=True), Verdict(V.CRASH, "SIGSEGV"),
@@ -193,8 +193,8 @@ def test_an_isolated_replay_asks_the_worker_whether_the_backend_is_available(mon
     """TE must be imported before torch loads cuDNN: a replay process that ran cuDNN entries cannot import it, but
     its fresh workers can. So availability is the worker's to judge, and an unavailable backend is UNSUPPORTED (a
     skip), not a crash of the worker's import."""
-    from attnfuzz import corpus as corpus_io
-    from attnfuzz.backends.flash_attn4 import FlashAttn4
+    from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.backends.flash.fa4 import FlashAttn4
 
     def not_here(self):
         raise AssertionError("availability was asked in the replaying process")

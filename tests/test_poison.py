@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnfuzz import poison
+from attnfuzz.engine import poison
 from attnfuzz.backends import get
 from attnfuzz.cli import main
-from attnfuzz.harness import run_case
+from attnfuzz.engine.harness import run_case
 from attnfuzz.strategies.case import Case
 
 MiB = 1 << 20

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from attnfuzz import caselog
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import caselog
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
-from attnfuzz.harness import fuzz
-from attnfuzz.profiles import profile
-from attnfuzz.report import add_parser, build_report, cmd_report, read_campaign
-from attnfuzz.report_plots import plot_coverage, plot_ratios
-from attnfuzz.coverage import Coverage
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.profiles import profile
+from attnfuzz.report.build import add_parser, build_report, cmd_report, read_campaign
+from attnfuzz.report.plots import plot_coverage, plot_ratios
+from attnfuzz.report.coverage import Coverage
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
@@ -56,7 +56,7 @@ def fuzz_to_log(backend, path: Path, lane: int | None, examples: int = 30) -> tu
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    """A campaign dir as fuzz/lane.py writes it: two lanes, a hand-written refusal with HTML in its reason, a truncated
+    """A campaign dir as fuzz/campaign/lane.py writes it: two lanes, a hand-written refusal with HTML in its reason, a truncated
     last line, the lanes' state, and the planted bug's findings saved in corpus/ (one marked known)."""
     root = tmp_path_factory.mktemp("campaign")
     (root / "cases").mkdir()
@@ -198,9 +198,9 @@ def test_markdown_escapes_pipes_and_lists_findings(campaign):
 
 def test_known_bugs_this_campaign_found_itself_are_counted_apart(tmp_path):
     """A campaign counts a failure KNOWN when a corpus known bug matches it, or when it saved that bug earlier
-    itself (fuzz/lane.py, seen_in): the report says how many of the KNOWN were the latter."""
-    from attnfuzz.harness import mark_known
-    from attnfuzz.lane import seen_in
+    itself (fuzz/campaign/lane.py, seen_in): the report says how many of the KNOWN were the latter."""
+    from attnfuzz.engine.harness import mark_known
+    from attnfuzz.campaign.lane import seen_in
     case, fail = Case(causal=True), Verdict("FAIL", "ALL_ZERO", "every graded output element is 0")
     corpus_io.save(tmp_path / "corpus", corpus_io.Entry(backend="b", case=case, verdict=fail), repro=False)
     here = mark_known(seen_in(tmp_path / "corpus"), "b", case, fail)

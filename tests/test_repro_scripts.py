@@ -1,4 +1,4 @@
-"""Standalone repro scripts that spell the backend call out (fuzz/repro.py and the adapters' repro_source): they run
+"""Standalone repro scripts that spell the backend call out (fuzz/store/repro.py and the adapters' repro_source): they run
 under `python -I` with attnfuzz's packages refused, pass on a correct backend, fail once the call in the script is
 broken, and make the same call, with the same arguments, as the adapter's run() for cases drawn from its strategy.
 FA2 / FA3 / FA4 and TransformerEngine run against the fakes in tests/fakes/; flex and ring attention for real, compiled
@@ -21,15 +21,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
-from attnfuzz.backends.flash_attn2 import FlashAttn2
-from attnfuzz.backends.flash_attn3 import FlashAttn3
-from attnfuzz.backends.flash_attn4 import FlashAttn4
-from attnfuzz.cp import shard
-from attnfuzz.cp.te import translate
-from attnfuzz.harness import cases_for
-from attnfuzz.repro import script
+from attnfuzz.backends.flash.fa2 import FlashAttn2
+from attnfuzz.backends.flash.fa3 import FlashAttn3
+from attnfuzz.backends.flash.fa4 import FlashAttn4
+from attnfuzz.backends.cp import shard
+from attnfuzz.backends.cp.te import translate
+from attnfuzz.engine.harness import cases_for
+from attnfuzz.store.repro import script
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize

@@ -3,7 +3,7 @@ padded it as a one-head mask and crashed on every ALiBi case with h > 1)."""
 
 import torch
 
-from attnfuzz.backends.sdpa import _aligned
+from attnfuzz.backends.sdpa.adapter import _aligned
 
 
 def test_per_head_bias_keeps_its_heads():

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
-from attnfuzz.backends.sdpa import all_spellings
-from attnfuzz.repro import script
+from attnfuzz.backends.sdpa.adapter import all_spellings
+from attnfuzz.store.repro import script
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.strategies.case import Case
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
 from attnfuzz.cli import main
-from attnfuzz.harness import run_case
-from attnfuzz.shrink import candidates, shrink
+from attnfuzz.engine.harness import run_case
+from attnfuzz.tools.shrink import candidates, shrink
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 

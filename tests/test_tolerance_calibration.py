@@ -16,7 +16,7 @@ from hypothesis import given
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnfuzz.backends.layout import alibi_bias, visibility_mask
-from attnfuzz.profiles import profile
+from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.cases import attention_cases
@@ -87,7 +87,7 @@ LARGE_LOGITS = [dict(b=2, sq=sq, skv=skv, d_qk=96, d_v=96, dtype="float32", std=
 
 def test_fp32_dv_with_large_logits_is_graded_on_the_terms_it_sums():
     from attnfuzz.backends import get
-    from attnfuzz.harness import run_case
+    from attnfuzz.engine.harness import run_case
     from attnfuzz.strategies.case import Case
     for fields in LARGE_LOGITS:
         verdict = run_case(get("sdpa-flash"), Case(**fields))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from attnfuzz import caselog
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import caselog
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import main
-from attnfuzz.triage import triage
+from attnfuzz.report.triage import triage
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -52,7 +52,7 @@ def test_the_command_exits_1_while_some_failure_is_taken_by_no_known_bug(tmp_pat
 
 
 def test_a_campaign_report_says_which_known_bug_took_its_failures(tmp_path):
-    from attnfuzz.report import build_report
+    from attnfuzz.report.build import build_report
     known = tmp_path / "known"
     corpus_io.save(known, corpus_io.Entry("b", LONG, ZERO, known_bug={"link": "l", "when": {"sq_over_64": True}}),
                    repro=False)

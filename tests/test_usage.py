@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from attnfuzz import corpus as corpus_io
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import main
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case

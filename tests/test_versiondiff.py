@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnfuzz import versiondiff
+from attnfuzz.tools import versiondiff
 from attnfuzz.strategies.case import Case
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_identical_stacks_show_no_change(tmp_path):
 
 
 def test_snapshot_reads_corpus_entries_too(tmp_path):
-    from attnfuzz import corpus as corpus_io
+    from attnfuzz.store import corpus as corpus_io
     from attnfuzz.oracles.verdict import Verdict
     corpus_io.save(tmp_path / "corpus", corpus_io.Entry(KERNEL, CASES[True, False], Verdict("FAIL", "ALL_ZERO")),
                    repro=False)
@@ -84,8 +84,8 @@ def test_snapshot_reads_corpus_entries_too(tmp_path):
 def test_snapshot_asks_the_worker_whether_a_backend_is_available(tmp_path, monkeypatch):
     """As in an isolated replay: TE imports in a fresh worker but not in a process that loaded cuDNN, so the worker
     judges availability, and an unavailable backend is still UNAVAILABLE (not UNSUPPORTED) in the snapshot."""
-    from attnfuzz import corpus as corpus_io
-    from attnfuzz.backends.flash_attn4 import FlashAttn4
+    from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.backends.flash.fa4 import FlashAttn4
     from attnfuzz.oracles.verdict import Verdict
 
     def not_here(self):

@@ -12,7 +12,8 @@ from typing import Callable
 
 from attnfuzz.backends.base import Backend, Unsupported
 
-ADAPTER_MODULES = ("sdpa", "flex", "flash_attn2", "flash_attn3", "flash_attn4", "transformer_engine", "cp")
+# one folder per family: sdpa/, flex/, flash/ (FA2, FA3, FA4), te/ (TransformerEngine), cp/ (context parallelism)
+ADAPTER_MODULES = ("sdpa.adapter", "flex.adapter", "flash.fa2", "flash.fa3", "flash.fa4", "te.adapter", "cp.adapter")
 
 
 def factories() -> dict[str, Callable[[str], Backend]]:
@@ -27,7 +28,7 @@ def factories() -> dict[str, Callable[[str], Backend]]:
             raise
         for name, factory in mod.BACKENDS.items():
             if name in found:
-                raise RuntimeError(f"backend name {name!r} is registered twice (fuzz/backends/{module}.py)")
+                raise RuntimeError(f"backend name {name!r} is registered twice (fuzz/backends/{module.replace('.', '/')}.py)")
             found[name] = factory
     return found
 

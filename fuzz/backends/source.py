@@ -1,4 +1,4 @@
-"""Source text the adapters' repro writers (`repro_source(case)`, read by fuzz/repro.py) share: exact tensor
+"""Source text the adapters' repro writers (`repro_source(case)`, read by fuzz/store/repro.py) share: exact tensor
 literals, attnfuzz's own self-contained helpers embedded verbatim, keyword arguments rendered as source, and the
 `attention(q, k, v)` definition every standalone script calls.
 

@@ -1,0 +1,251 @@
+"""What the flash-attn adapters (FA2 / FA3 / FA4) share: the case's band in flash-attn's bottom-right terms, the
+mask spellings the flash APIs accept, and moving tensors into the API's layout (batched or packed varlen) and back.
+
+flash-attn aligns every band to the bottom-right corner: query i of a sequence sees key j iff
+    i + (skv_n - sq_n) - left <= j <= i + (skv_n - sq_n) + right.
+A top-left band (off = 0) is the same set of keys with both bounds shifted by d = skv_n - sq_n
+(left + d, right - d), which flash-attn can express when d is the same for every sequence and no shifted bound
+goes negative.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.layout import cu_seqlens, lse_from_packed, pack, to_layout, unpack
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
+
+Bounds = tuple  # (left, right): int >= 0, or None for unbounded
+
+BATCHED, VARLEN, SEQUSED = "flash_attn_func", "flash_attn_varlen_func", "flash_attn_varlen_func[seqused]"
+
+# Words in a library's own refusal message (TORCH_CHECK / assert) that mark a clean refusal, not a crash.
+REFUSAL_WORDS = ("not supported", "does not support", "only supports", "only support", "should be a multiple",
+                 "not yet supported")
+
+
+def bottom_right_band(case: Case) -> tuple[Bounds | None, str | None]:
+    """The case's (left, right) in flash-attn's bottom-right alignment, or (None, why it cannot be expressed)."""
+    left, right = case.left, case.right
+    if case.alignment == "bottom_right" or (left is None and right is None):
+        return (left, right), None
+    shifts = sorted({kv - q for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0})
+    if len(shifts) > 1:
+        return None, (f"top-left band with per-sequence skv - sq in {shifts}: flash-attn aligns bands bottom-right "
+                      f"and one window cannot shift by several offsets")
+    d = shifts[0] if shifts else 0
+    shifted = (None if left is None else left + d, None if right is None else right - d)
+    if any(b is not None and b < 0 for b in shifted):
+        return None, (f"top-left band (left={left}, right={right}) with skv - sq = {d} needs the bottom-right "
+                      f"window {shifted}, and flash-attn documents no negative bounds (FA2/FA3 read one as "
+                      f"unbounded)")
+    return shifted, None
+
+
+def alibi_reason(case: Case) -> str | None:
+    """flash-attn's ALiBi distance is |i + skv_n - sq_n - j| (bottom-right); a top-left case needs skv_n == sq_n."""
+    if case.alibi_slopes is None or case.alignment == "bottom_right":
+        return None
+    if any(q != kv for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0):
+        return "top-left ALiBi with skv != sq: flash-attn measures the ALiBi distance from the bottom-right diagonal"
+    return None
+
+
+def wide_bound(case: Case) -> int:
+    """A window bound so wide it hides no key (max(sq, skv) covers every row at either alignment): a finite
+    spelling of 'unbounded'."""
+    return max(case.sq, case.skv)
+
+
+def is_causal_band(band: Bounds) -> bool:
+    return band[1] == 0
+
+
+def mask_spellings(band: Bounds, *, with_negative: bool) -> tuple[str, ...]:
+    """Equivalent spellings of one band in the flash APIs:
+    ""               the causal flag alone for a causal band (right = 0), else the plain window;
+    "window"         causal=False with the window (left, 0);
+    "causal+window"  the causal flag and the window (left, 0);
+    "wide"           each unbounded side as a finite bound wide enough to hide no key;
+    "neg", "causal+neg" (FA4, `with_negative`): -1 for an unbounded side, the FA2-era sentinel that callers such as
+                     TransformerEngine hand FA4 (seed story 003: FA4 after #2490 reads (-1, 0) as an empty band)."""
+    names = [""]
+    if is_causal_band(band):
+        names += ["window", "causal+window"]
+    if None in band:
+        names.append("wide")
+        if with_negative:
+            names += ["neg", "causal+neg"] if is_causal_band(band) else ["neg"]
+    return tuple(names)
+
+
+def spelling_refusal(backend: str, case: Case, known: tuple[str, ...]) -> tuple[bool, str]:
+    """The capability row for case.spelling: refused when the backend has no such spelling for this case."""
+    return (case.spelling not in known,
+            f"spelling={case.spelling!r} is not one of {backend}'s spellings for this case: {list(known)}")
+
+
+def spelled_mask(band: Bounds, spelling: str, case: Case, unbounded) -> tuple[bool, tuple]:
+    """(causal, window_size) for one mask spelling; `unbounded` is the API's own unbounded value (-1 or None)."""
+    if spelling not in ("", "window", "causal+window", "wide", "neg", "causal+neg"):
+        raise ValueError(f"mask spelling {spelling!r} is unknown; known: '', window, causal+window, wide, neg, "
+                         f"causal+neg")
+    left, right = band
+    if spelling in ("neg", "causal+neg"):
+        unbounded = -1
+    if spelling == "wide":
+        wide = wide_bound(case)
+        left, right = (wide if left is None else left), (wide if right is None else right)
+
+    def fill(bound):
+        return unbounded if bound is None else bound
+
+    if spelling in ("causal+window", "causal+neg"):
+        return True, (fill(left), 0)
+    if spelling == "" and is_causal_band(band):
+        return True, (fill(left), unbounded)
+    return False, (fill(left), fill(right))
+
+
+@dataclass
+class FlashInputs:
+    """q/k/v as the API takes them and the logical leaves autograd differentiates. `packed` means varlen (thd):
+    q/k/v are [total, heads, d] with cu_seqlens; otherwise [b, s, heads, d] views (sbhd arrives seq-major)."""
+
+    leaves: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    packed: bool
+    cu_q: torch.Tensor | None = None
+    cu_k: torch.Tensor | None = None
+
+
+def flash_inputs(case: Case, t: Tensors, *, packed: bool) -> FlashInputs:
+    """Leaves that require grad when the case checks gradients, moved into the case's layout: packed (varlen) when
+    `packed`, else batched, with an sbhd case handed over as a seq-major [b, s, h, d] view."""
+    leaves = tuple(x.detach().requires_grad_(case.grads) for x in (t.q, t.k, t.v))
+    q, k, v = leaves
+    if packed:
+        return FlashInputs(leaves, pack(q, case.lens_q), pack(k, case.lens_kv), pack(v, case.lens_kv), True,
+                           cu_seqlens(case.lens_q, q.device), cu_seqlens(case.lens_kv, q.device))
+    if case.layout == "sbhd":
+        q, k, v = (to_layout(case, x, ()).transpose(0, 1) for x in (q, k, v))
+    return FlashInputs(leaves, q, k, v, False)
+
+
+def logical_out(case: Case, inputs: FlashInputs, out: torch.Tensor) -> torch.Tensor:
+    """The API's output back to [b, sq, h, d_v]."""
+    return unpack(out, case.lens_q, case.sq) if inputs.packed else out
+
+
+def logical_lse(case: Case, inputs: FlashInputs, lse: torch.Tensor | None) -> torch.Tensor | None:
+    """The API's LSE ([h, total] packed, [b, h, sq] batched) as [b, h, sq] float32."""
+    if lse is None:
+        return None
+    lse = lse.detach().float()
+    return lse_from_packed(lse, case.lens_q, case.sq) if inputs.packed else lse
+
+
+def gradients(case: Case, inputs: FlashInputs, out: torch.Tensor, t: Tensors):
+    """(dq, dk, dv) in the logical shapes, by autograd through the API's backward; Nones when not asked."""
+    if not case.grads:
+        return None, None, None
+    return torch.autograd.grad(out, inputs.leaves, t.dout.to(out.dtype))
+
+
+def refusal(exc: BaseException, library: str) -> Unsupported | None:
+    """An Unsupported for a library's own input check (assert / TORCH_CHECK naming an unsupported feature);
+    None for anything else, which the harness records as a crash."""
+    message = str(exc)
+    if isinstance(exc, (AssertionError, NotImplementedError)) or any(w in message for w in REFUSAL_WORDS):
+        return Unsupported(f"{library} refused the case: {message.strip() or type(exc).__name__}")
+    return None
+
+
+def cuda_arch(device: str) -> int | None:
+    """Compute capability as 10 * major + minor for a CUDA device string, None when there is no CUDA device."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    return 10 * major + minor
+
+
+class NegativeUnboundedBand(Backend):
+    """What FA2 and FA3 share: bottom-right bands, unbounded spelled -1 (so no negative-bound spellings), the same
+    flash_attn_func / flash_attn_varlen_func call. A subclass names its library and API module, gives its capability
+    table as `refusals(case)` and its keyword arguments as `call_kwargs(case, tensors)`."""
+
+    library = ""             # for messages, e.g. "flash-attn 2"
+    api = ""                 # the module holding flash_attn_func and flash_attn_varlen_func
+    min_arch = 80
+    build_hint = ""          # how the library is installed, said when it is not
+    arch_hint = ""           # said after the minimum architecture
+
+    def __init__(self, device: str = "cuda") -> None:
+        self.device = device
+
+    def available(self) -> str | None:
+        try:
+            importlib.import_module(self.api)
+        except ImportError as e:
+            return f"{self.library} is not installed or does not load ({e}); {self.build_hint}"
+        arch = cuda_arch(self.device)
+        if arch is None:
+            return f"{self.library} needs a CUDA device (device={self.device!r})"
+        if arch < self.min_arch:
+            return f"{self.library} needs sm{self.min_arch}+{self.arch_hint}, this GPU is sm{arch}"
+        return None
+
+    def refusals(self, case: Case) -> list[tuple[bool, str]]:
+        raise NotImplementedError
+
+    def call_kwargs(self, case: Case, t: Tensors) -> dict:
+        raise NotImplementedError
+
+    def unsupported(self, case: Case) -> str | None:
+        return first_reason(*self.refusals(case), spelling_refusal(self.name, case, self.spellings(case)))
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        band, _ = bottom_right_band(case)
+        return mask_spellings(band, with_negative=False) if band is not None else ("",)
+
+    def route(self, case: Case) -> str:
+        """Which call takes the case: VARLEN (packed through cu_seqlens: thd, or padding) or BATCHED."""
+        return VARLEN if case.layout == "thd" or case.padded else BATCHED
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/store/repro.py); None
+        for a case the adapter cannot spell."""
+        from attnfuzz.backends.flash.repro import flash_source
+        return flash_source(self, case, module=self.api, library=self.library, positional_varlen=True)
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        reason = self.unsupported(case)
+        if reason:
+            raise Unsupported(reason)
+        api = importlib.import_module(self.api)
+        kwargs = self.call_kwargs(case, tensors)
+        fn = self.route(case)
+        x = flash_inputs(case, tensors, packed=fn == VARLEN)
+        try:
+            if fn == VARLEN:
+                result = api.flash_attn_varlen_func(x.q, x.k, x.v, x.cu_q, x.cu_k, case.sq, case.skv, **kwargs)
+            else:
+                result = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
+        except Exception as e:  # the library's own input checks are refusals; anything else is a crash
+            refused = refusal(e, self.library)
+            if refused is None:
+                raise
+            raise refused from e
+        out, lse = (result[0], result[1]) if isinstance(result, (tuple, list)) else (result, None)
+        out = logical_out(case, x, out)
+        dq, dk, dv = gradients(case, x, out, tensors)
+        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
+        return Output(out=out.detach(), lse=logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)

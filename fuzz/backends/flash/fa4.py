@@ -1,0 +1,195 @@
+"""flash-attn 4 (`flash_attn.cute`, the CuTe DSL kernels; read from flash-attn-4 4.0.0b36).
+
+flash_attn_func / flash_attn_varlen_func(q, k, v, ..., softmax_scale, causal, window_size=(None, None),
+learnable_sink, softcap, ..., return_lse) -> (out, lse). Bands are bottom-right aligned and None means an unbounded
+side; a pair of two negative bounds is read as (None, None), but since flash-attention#2490 a pair with one negative
+bound is kept literally, so causal=True with window (-1, 0) is an empty band (seed story 003). The "neg" spellings
+keep that case in the fuzzed space on purpose. Sinks: learnable_sink [h] (zeros for off-by-one). LSE is the natural
+log, [b, h, sq] batched or [h, total] varlen. Padding in a batched layout goes either packed through cu_seqlens
+(default) or in place through seqused_q / seqused_k (spelling "seqused").
+
+sm90 backward (first H200 run): GQA with d_qk != d_v is an explicit assert in FlashAttentionBackwardSm90, declared
+here as a refusal; two other sm90 backward failures are the library's, not refusals, and stay findings: a compile
+error (MLIRError) for d_qk > d_v when d_v's 16-padded tile is narrower than the dO shared-memory swizzle atom sized
+from d_qk, and a wrong dq when the kernel pads d to a multiple of 16 but interface.py pads the dq accumulator to 32
+(seen: rows >= 64 exactly 0 for d = 8, 16; predicted for d = 40, 48, 72, 80). bench/verify_findings.py checks both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from importlib import metadata
+
+from attnfuzz.backends.flash import common as fc
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.layout import cu_seqlens
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
+
+LIBRARY = "flash-attn-4"
+MODULE = "flash_attn.cute"
+DISTRIBUTION = "flash-attn-4"
+DTYPES = ("float16", "bfloat16")
+ARCHS = (80, 90, 100, 103, 110, 120, 121)   # the interface asserts arch // 10 in 8..12
+BACKWARD_MIN_ARCH = 90
+DEFAULT_ARCH = 90                           # the table applied when no CUDA device says otherwise (H100 / H200)
+SEQUSED = "seqused"
+DISK_CACHE = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+
+
+def use_disk_cache() -> None:
+    """FA4's persistent JIT cache on unless the user set DISK_CACHE: every new kernel configuration costs 1.6-3 s of
+    compilation, and without the disk cache each fresh process (an isolated worker after a crash, every campaign
+    lane, TE's FlashAttention in its own process) compiles it again. FA4 reads the variable once, when
+    flash_attn.cute is first imported; its cache lives in FLASH_ATTENTION_CUTE_DSL_CACHE_DIR (default
+    /tmp/$USER/flash_attention_cute_dsl_cache) and is keyed by FA4's own sources."""
+    os.environ.setdefault(DISK_CACHE, "1")
+
+
+def import_fa4():
+    """flash_attn.cute, imported with the disk cache on (use_disk_cache)."""
+    use_disk_cache()
+    return importlib.import_module(MODULE)
+
+
+def head_dim_reason(arch: int, d_qk: int, d_v: int) -> str | None:
+    """FA4's _validate_head_dims, per architecture (16 bytes of alignment: multiples of 8 in fp16/bf16)."""
+    if arch // 10 == 9:
+        if not (8 <= d_qk <= 256 and 8 <= d_v <= 256) or d_qk % 8 or d_v % 8:
+            return f"head dims ({d_qk}, {d_v}) on sm{arch}: FA4 needs 8..256, multiples of 8"
+    elif arch // 10 in (10, 11):
+        standard = 8 <= d_qk <= 128 and 8 <= d_v <= 128
+        special = (d_qk, d_v) in ((192, 128), (256, 256)) or ((d_qk == 64 or d_qk == d_v) and d_v == 512)
+        if not (standard or special) or d_qk % 8 or d_v % 8:
+            return (f"head dims ({d_qk}, {d_v}) on sm{arch}: FA4 needs 8..128 (multiples of 8), (192, 128), "
+                    f"(256, 256) or (64, 512)")
+    return None
+
+
+def capability_refusals(case: Case, arch: int) -> list[tuple[bool, str]]:
+    """FA4's capability table on one architecture: (refused, reason) rows, first match wins."""
+    _, band_reason = fc.bottom_right_band(case)
+    dims = head_dim_reason(arch, case.d_qk, case.d_v)
+    return [
+        (case.dtype not in DTYPES, f"dtype {case.dtype}: FA4 takes {' / '.join(DTYPES)} (fp8 is not in the Case)"),
+        (dims is not None, dims or ""),
+        (case.grads and arch < BACKWARD_MIN_ARCH, f"gradients on sm{arch}: FA4's backward needs sm90+"),
+        (case.grads and arch // 10 == 9 and case.h != case.hk and case.d_qk != case.d_v,
+         f"gradients with GQA (h={case.h}, hk={case.hk}) and d_qk={case.d_qk} != d_v={case.d_v} on sm{arch}: "
+         f"FA4's sm90 backward asserts 'GQA backward requires head_dim == head_dim_v'"),
+        (case.mask_density is not None,
+         "explicit boolean mask: FA4 takes masks only as a CuTe DSL mask_mod, which this adapter does not compile"),
+        (case.alibi_slopes is not None, "ALiBi: FA4 has no alibi_slopes (only a CuTe DSL score_mod could add it)"),
+        (band_reason is not None, band_reason or ""),
+    ]
+
+
+def split_spelling(spelling: str) -> tuple[bool, str]:
+    """(use seqused, mask spelling) from e.g. "seqused+causal+window"."""
+    if spelling == SEQUSED or spelling.startswith(SEQUSED + "+"):
+        return True, spelling[len(SEQUSED) + 1:]
+    return False, spelling
+
+
+class FlashAttn4(Backend):
+    name = "fa4"
+    family = "fa4"
+
+    def __init__(self, device: str = "cuda", arch: int | None = None) -> None:
+        self.device = device
+        self._arch = arch
+
+    @property
+    def arch(self) -> int:
+        """The compute capability the capability table is read at: given, else the device's, else sm90."""
+        return self._arch or fc.cuda_arch(self.device) or DEFAULT_ARCH
+
+    def available(self) -> str | None:
+        try:
+            import_fa4()
+        except ImportError as e:
+            return f"{LIBRARY} is not installed or does not load ({e}); pip install flash-attn-4"
+        arch = fc.cuda_arch(self.device)
+        if arch is None:
+            return f"{LIBRARY} needs a CUDA device (device={self.device!r})"
+        if arch not in ARCHS:
+            return f"{LIBRARY} runs on sm80 / sm90 / sm100 / sm110 / sm120, this GPU is sm{arch}"
+        return None
+
+    def unsupported(self, case: Case) -> str | None:
+        return first_reason(*capability_refusals(case, self.arch),
+                            fc.spelling_refusal(self.name, case, self.spellings(case)))
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        band, _ = fc.bottom_right_band(case)
+        masks = fc.mask_spellings(band, with_negative=True) if band is not None else ("",)
+        if case.padded and case.layout != "thd":
+            masks += tuple(SEQUSED if m == "" else f"{SEQUSED}+{m}" for m in masks)
+        return masks
+
+    def call_kwargs(self, case: Case, t: Tensors) -> dict:
+        """The keyword arguments of the FA4 call for this case and spelling (shared by run() and the tests)."""
+        band, reason = fc.bottom_right_band(case)
+        if band is None:
+            raise Unsupported(reason)
+        _, mask_spelling = split_spelling(case.spelling)
+        causal, window = fc.spelled_mask(band, mask_spelling, case, unbounded=None)
+        return {"softmax_scale": case.scale, "causal": causal, "window_size": window, "learnable_sink": t.sink,
+                "softcap": case.softcap or 0.0, "return_lse": True}
+
+    def route(self, case: Case) -> str:
+        """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,
+        spelling "seqused") or BATCHED."""
+        seqused, _ = split_spelling(case.spelling)
+        if case.layout == "thd" or (case.padded and not seqused):
+            return fc.VARLEN
+        return fc.SEQUSED if seqused else fc.BATCHED
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/store/repro.py); None
+        for a case the adapter cannot spell."""
+        from attnfuzz.backends.flash.repro import flash_source
+        return flash_source(self, case, module=MODULE, library=LIBRARY, positional_varlen=False)
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        reason = self.unsupported(case)
+        if reason:
+            raise Unsupported(reason)
+        api = import_fa4()
+        kwargs = self.call_kwargs(case, tensors)
+        fn = self.route(case)
+        x = fc.flash_inputs(case, tensors, packed=fn == fc.VARLEN)
+        try:  # the library's own input checks (forward or backward) are refusals; anything else is a crash
+            if fn == fc.VARLEN:
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
+                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+            elif fn == fc.SEQUSED:
+                used_q, used_k = (cu_seqlens(lens, x.q.device).diff() for lens in (case.lens_q, case.lens_kv))
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, seqused_q=used_q, seqused_k=used_k,
+                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+            else:
+                out, lse = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
+            out = fc.logical_out(case, x, out)
+            dq, dk, dv = fc.gradients(case, x, out, tensors)
+        except Exception as e:
+            refused = fc.refusal(e, LIBRARY)
+            if refused is None:
+                raise
+            raise refused from e
+        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
+        return Output(out=out.detach(), lse=fc.logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)
+
+    def version(self) -> str:
+        try:
+            return metadata.version(DISTRIBUTION)
+        except metadata.PackageNotFoundError:
+            pass
+        try:  # the package's own __version__ reads the wrong distribution name ("fa4") and says 0.0.0
+            return str(getattr(import_fa4(), "__version__", "unknown"))
+        except ImportError:
+            return ""
+
+
+BACKENDS = {"fa4": FlashAttn4}

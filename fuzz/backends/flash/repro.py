@@ -1,0 +1,52 @@
+"""The flash-attn adapters' (FA2 / FA3 / FA4) standalone repro source: the very call run() makes, its keyword
+arguments taken from the adapter's own `call_kwargs(case, tensors)` (the spelling's causal flag and window_size,
+softcap, scale, alibi_slopes, learnable_sink) and written out as source, with the inputs batched, packed through
+cu_seqlens (varlen) or padded in place through seqused_q / seqused_k, as the adapter's `route(case)` says."""
+
+from __future__ import annotations
+
+import torch
+
+from attnfuzz.backends.flash import common as fc
+from attnfuzz.backends import layout
+from attnfuzz.backends import source as src
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+
+
+def flash_source(backend, case: Case, *, module: str, library: str, positional_varlen: bool) -> str | None:
+    """Source defining `attention(q, k, v)` for `backend` (a flash-attn adapter with call_kwargs and route), or
+    None for a case it refuses. `positional_varlen`: FA2 / FA3 take cu_seqlens and max lengths positionally."""
+    if backend.unsupported(case) is not None:
+        return None
+    kwargs = backend.call_kwargs(case, materialize(case, "cpu"))
+    tensors = {name: x for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
+    spelled = {name: f"{name.upper()}.to(q.device)" if name in tensors else repr(x) for name, x in kwargs.items()}
+    route = backend.route(case)
+    fn = route.split("[")[0]
+    body = [f"from {module} import {fn}", ""]
+    args = ["q", "k", "v"]
+    if route == fc.VARLEN:
+        body += [f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence",
+                 "q, k, v = pack(q, lens_q), pack(k, lens_kv), pack(v, lens_kv)  # varlen: [total, heads, d]"]
+        lengths = {"cu_seqlens_q": "cu_seqlens(lens_q, q.device)", "cu_seqlens_k": "cu_seqlens(lens_kv, q.device)",
+                   "max_seqlen_q": str(case.sq), "max_seqlen_k": str(case.skv)}
+        if positional_varlen:
+            args += list(lengths.values())
+        else:
+            spelled = {**lengths, **spelled}
+    elif route == fc.SEQUSED:
+        spelled = {"seqused_q": f"torch.tensor({list(case.lens_q)!r}, dtype=torch.int32, device=q.device)",
+                   "seqused_k": f"torch.tensor({list(case.lens_kv)!r}, dtype=torch.int32, device=q.device)",
+                   "max_seqlen_q": str(case.sq), "max_seqlen_k": str(case.skv), **spelled}
+    elif case.layout == "sbhd" and case.memory == "contiguous":
+        body.append("q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))  # sbhd buffers, "
+                    "[b, s, h, d] views")
+    body += ["out = " + src.call(fn, args, spelled) + "[0]",
+             f"return unpack(out, lens_q, {case.sq})" if route == fc.VARLEN else "return out"]
+    doc = (f"{library} ({module}.{fn}) as attnfuzz's {backend.name} adapter calls it for spelling "
+           f"{case.spelling!r}" + (", padding in place through seqused_q / seqused_k." if route == fc.SEQUSED
+                                   else "."))
+    functions = [layout.pack, layout.unpack, layout.cu_seqlens] if route == fc.VARLEN else []
+    named = {name.upper(): (x, f"{name}, as the adapter passes it") for name, x in tensors.items()}
+    return src.preamble(functions, named) + src.attention(doc, body)

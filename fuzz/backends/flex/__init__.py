@@ -1,0 +1,1 @@
+"""torch flex_attention, eager and compiled: the adapter and its repro writer."""

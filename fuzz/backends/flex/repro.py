@@ -1,0 +1,122 @@
+"""flex_attention's standalone repro source: the case's mask_mod and score_mods built from the adapter's own factories
+(embedded verbatim from fuzz/backends/flex/adapter.py), the block mask or score-side mask, the layout and the call, as
+FlexBackend.run() makes them. Compiled flex is a fresh torch.compile(fullgraph=True, dynamic=False) of the call."""
+
+from __future__ import annotations
+
+from attnfuzz.backends.flex import adapter as flex
+from attnfuzz.backends import layout
+from attnfuzz.backends import source as src
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+
+
+def _mods(case: Case) -> tuple[list[str], list[str], list]:
+    """(mask_mod expressions, score_mod expressions, the factories they call), in flex._mods's order."""
+    masks, scores, used = [], [], [flex._named]
+    if case.left is not None:
+        masks.append(f"band_left(torch.tensor({case.left}, device=device), off)")
+        used.append(flex.band_left)
+    if case.right is not None:
+        masks.append(f"band_right(torch.tensor({case.right}, device=device), off)")
+        used.append(flex.band_right)
+    if case.padded:
+        masks.append("padding(lens_q, lens_kv)")
+        used.append(flex.padding)
+    if case.mask_density is not None:
+        masks.append("explicit(MASK.to(device))")
+        used.append(flex.explicit)
+    if case.softcap is not None:
+        score_dtype = "torch.float64" if case.dtype == "float64" else "torch.float32"
+        scores.append(f"softcap(torch.tensor({case.softcap!r}, dtype={score_dtype}, device=device))")
+        used.append(flex.softcap)
+    if case.alibi_slopes is not None:
+        scores.append(f"alibi(torch.tensor({list(case.alibi_slopes)!r}, dtype=torch.float32, device=device), off)")
+        used.append(flex.alibi)
+    if masks:
+        used.append(flex.all_of)
+    return masks, scores, used
+
+
+def _layout(case: Case) -> tuple[list[str], str]:
+    """(lines turning the logical q, k, v into the [b, h, s, d] tensors flex is given, the output's way back)."""
+    if case.layout == "thd":
+        return (["q = pack(q, LENS_Q).permute(1, 0, 2)[None]  # thd: one packed sequence, [1, h, total, d]",
+                 "k, v = (pack(x, LENS_KV).permute(1, 0, 2)[None] for x in (k, v))"],
+                f"unpack(out[0].transpose(0, 1), LENS_Q, {case.sq})")
+    if case.layout == "sbhd" and case.memory == "contiguous":
+        return (["q, k, v = (x.transpose(0, 1).contiguous().permute(1, 2, 0, 3) for x in (q, k, v))"
+                 "  # sbhd buffers, [b, h, s, d] views"], "out.transpose(1, 2)")
+    return ["q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views"], "out.transpose(1, 2)"
+
+
+def flex_source(case: Case, compiled: bool) -> str:
+    """Source defining `attention(q, k, v)` (and the helpers it calls) for flex-eager or flex-compiled."""
+    parts = set(case.spelling.split("+")) - {""}
+    packed = case.layout == "thd"
+    gqa = case.hk < case.h and "repeat_kv" not in parts
+    masks, scores, used = _mods(case)
+    to_flex, back = _layout(case)
+    body = ["from torch.nn.attention.flex_attention import ...", "", "device = q.device"]
+    diagonal = any(x is not None for x in (case.left, case.right, case.alibi_slopes))
+    lengths = diagonal or case.padded or packed
+    if lengths:
+        body += ["lens_q, lens_kv = torch.tensor(LENS_Q, device=device), torch.tensor(LENS_KV, device=device)"]
+    if diagonal:
+        body.append("off = lens_kv - lens_q  # bottom-right: query i's diagonal is key i + off[b]"
+                    if case.alignment == "bottom_right" else "off = torch.zeros_like(lens_q)  # top-left diagonal")
+    body += to_flex
+    if "repeat_kv" in parts:
+        body.append(f"k, v = (x.repeat_interleave({case.h // case.hk}, dim=1) for x in (k, v))  # GQA by repeated KV")
+    if masks:
+        body.append(src.call("mask_mod = all_of", masks, {}))
+    if scores:
+        body.append("score_mods = [" + ",\n              ".join(scores) + "]")
+    if packed:
+        used += [flex.documents] + ([flex.per_document] if scores else [])
+        body += [f"seqs = torch.arange({case.b}, device=device)",
+                 "doc_q, doc_kv = seqs.repeat_interleave(lens_q), seqs.repeat_interleave(lens_kv)  # each packed "
+                 "token's sequence",
+                 "start_q, start_kv = lens_q.cumsum(0) - lens_q, lens_kv.cumsum(0) - lens_kv  # each one's first token",
+                 f"docs = (doc_q, doc_kv, start_q, start_kv, {case.sq}, {case.skv})",
+                 f"mask_mod = documents({'mask_mod' if masks else None}, *docs)  # masks at positions in a sequence"]
+        if scores:
+            body.append("score_mods = [per_document(mod, *docs) for mod in score_mods]")
+    has_mask = bool(masks) or packed
+    block_mask = "None"
+    if has_mask and "score_mask" in parts:
+        used.append(flex.masked_scores)
+        body.append(f"score_mods = [{'*score_mods, ' if scores else ''}masked_scores(mask_mod)]  # the mask as -inf")
+    elif has_mask:
+        batched = not packed and (case.padded or case.mask_density is not None)
+        body.append(f"block_mask = create_block_mask(mask_mod, {case.b if batched else None}, None, q.shape[2], "
+                    f"k.shape[2], device=device)")
+        block_mask = "block_mask"
+    score_mod = "None"
+    if scores or (has_mask and "score_mask" in parts):
+        used.append(flex.chain)
+        body.append("score_mod = chain(*score_mods)")
+        score_mod = "score_mod"
+    names = "create_block_mask, flex_attention" if block_mask != "None" else "flex_attention"
+    body[0] = f"from torch.nn.attention.flex_attention import {names}"
+    fn = "flex_attention"
+    if compiled:
+        body.append("compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)")
+        fn = "compiled"
+    body += ["out = " + src.call(fn, ["q", "k", "v"], {"score_mod": score_mod, "block_mask": block_mask,
+                                                       "scale": repr(case.scale), "enable_gqa": repr(gqa)}),
+             f"return {back}"]
+    how = ["no mask" if not has_mask else "mask as -inf in the score_mod" if "score_mask" in parts
+           else "block mask", "KV heads repeated" if "repeat_kv" in parts else "enable_gqa" if gqa else ""]
+    doc = (f"torch flex_attention, {'compiled (a fresh graph of this one call)' if compiled else 'eager'}, as "
+           f"attnfuzz's flex adapter ran it: spelling {case.spelling!r} ({', '.join(h for h in how if h)}), "
+           f"layout {case.layout}.")
+    named = {}
+    if lengths:
+        named.update(LENS_Q=(list(case.lens_q), "valid queries per sequence"),
+                     LENS_KV=(list(case.lens_kv), "valid keys per sequence"))
+    if case.mask_density is not None:
+        named["MASK"] = (materialize(case, "cpu").mask, "the explicit mask drawn from the seed, True = keep")
+    header = "\n\n# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/adapter.py)"
+    functions = used + ([layout.pack, layout.unpack] if packed else [])
+    return header + src.preamble(functions, named) + src.attention(doc, body)

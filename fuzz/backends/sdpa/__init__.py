@@ -1,0 +1,1 @@
+"""torch scaled_dot_product_attention (math, flash, efficient, cuDNN)."""

@@ -1,0 +1,378 @@
+"""torch.nn.functional.scaled_dot_product_attention forced to one kernel: sdpa-math, sdpa-flash, sdpa-efficient and
+sdpa-cudnn (on CPU: math and flash-for-CPU; on CUDA: all four).
+
+Each run forces exactly one kernel with `sdpa_kernel([SDPBackend.X])`; torch's "No available kernel" refusal becomes
+Unsupported carrying torch's own reasons. The output and the gradients (autograd; the leaves keep the inputs'
+strides) come from the public call. The LSE, which the public call does not return, comes from the kernel's own
+aten op called on the same inputs (math has none); a refusal there is reported in `ran`, a changed op signature is
+an error.
+
+Spellings, '+'-joined; "" is the first spelling the kernel takes for the case:
+  mask   no_mask | is_causal | causal_upper_left | causal_lower_right | bool_mask | float_mask
+         The causal spellings exist for plain causal cases only (top-left: is_causal, causal_upper_left; bottom-right:
+         causal_lower_right; a square case has all three). Windows, padding, the explicit mask and ALiBi always go
+         through a dense mask from fuzz/backends/layout.py; ALiBi only as an additive float bias.
+  heads  enable_gqa | repeat_kv   (GQA cases only: SDPA's own broadcast, or K/V repeated per query head)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from attnfuzz.backends import layout
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors, torch_dtype
+
+KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+           "sdpa-cudnn": "CUDNN_ATTENTION"}
+CUDA_ONLY = ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+CAUSAL_MASKS = ("is_causal", "causal_upper_left", "causal_lower_right")
+
+# The aten op that returns the LSE, per (kernel, device type), and the argument names it is called with (by keyword,
+# checked against the op's schema first, so a changed signature is an error and never a silently wrong LSE).
+LSE_OPS = {
+    ("FLASH_ATTENTION", "cpu"): ("_scaled_dot_product_flash_attention_for_cpu",
+                                 ("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale")),
+    ("FLASH_ATTENTION", "cuda"): ("_scaled_dot_product_flash_attention",
+                                  ("query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale")),
+    ("EFFICIENT_ATTENTION", "cuda"): ("_scaled_dot_product_efficient_attention",
+                                      ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
+                                       "is_causal", "scale")),
+    ("CUDNN_ATTENTION", "cuda"): ("_scaled_dot_product_cudnn_attention",
+                                  ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
+                                   "is_causal", "return_debug_mask", "scale")),
+}
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one case is written for SDPA: the mask spelling and the GQA spelling ("" when h == hk)."""
+
+    mask: str
+    heads: str = ""
+
+    @property
+    def name(self) -> str:
+        return "+".join(part for part in (self.mask, self.heads) if part)
+
+
+def mask_spellings(case: Case) -> tuple[str, ...]:
+    """The mask spellings SDPA has for this case, the preferred one first."""
+    banded_only = not case.padded and case.mask_density is None and case.alibi_slopes is None and case.left is None
+    if banded_only and case.right is None:
+        return ("no_mask", "bool_mask", "float_mask")
+    if banded_only and case.right == 0:
+        square = case.sq == case.skv
+        top_left = ("is_causal", "causal_upper_left") if case.alignment == "top_left" or square else ()
+        bottom_right = ("causal_lower_right",) if case.alignment == "bottom_right" or square else ()
+        return (*top_left, *bottom_right, "bool_mask", "float_mask")
+    return ("float_mask",) if case.alibi_slopes is not None else ("bool_mask", "float_mask")
+
+
+def all_spellings(case: Case) -> list[Spelling]:
+    heads = ("enable_gqa", "repeat_kv") if case.hk < case.h else ("",)
+    return [Spelling(m, g) for m, g in itertools.product(mask_spellings(case), heads)]
+
+
+def _parse(case: Case) -> Spelling | None:
+    """The explicitly named spelling of case.spelling, or None when SDPA has no such spelling for this case."""
+    named = {s.name: s for s in all_spellings(case)}
+    return named.get(case.spelling)
+
+
+def _torch_reason(caught, error: Exception) -> str:
+    """torch's own reasons for a refusal: the warnings it emitted, without the 'Triggered internally' tails."""
+    lines = [re.sub(r"\s*\(Triggered internally at .*\)\s*$", "", str(w.message)).strip() for w in caught]
+    lines = [ln for ln in lines if ln and "kernel not used because" not in ln]
+    return "; ".join(dict.fromkeys(lines)) or str(error).strip()
+
+
+class SdpaBackend(Backend):
+    family = "sdpa"
+
+    def __init__(self, name: str, device: str):
+        self.name, self.device, self.kernel = name, str(device), KERNELS[name]
+        self.deterministic = self.kernel == "MATH"  # plain aten ops, no atomics: the same bits on every run
+        self._probed: dict[tuple, str | None] = {}
+
+    def _sdp(self):
+        from torch.nn.attention import SDPBackend
+        return getattr(SDPBackend, self.kernel)
+
+    @property
+    def _device_type(self) -> str:
+        return torch.device(self.device).type
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def available(self) -> str | None:
+        if self._device_type == "cpu":
+            if self.kernel in CUDA_ONLY:
+                return f"{self.name} needs CUDA: torch has no CPU implementation of {self.kernel}"
+            return None
+        if self._device_type != "cuda" or not torch.cuda.is_available():
+            return f"{self.name}: device {self.device!r} is not usable here (torch.cuda.is_available() is False)"
+        return None
+
+    # -- what SDPA can express -----------------------------------------------------------------------------------
+    def unsupported(self, case: Case) -> str | None:
+        reason = self._static_refusal(case)
+        if reason is not None:
+            return reason
+        spelling = self._resolve(case)
+        if spelling is None:
+            return (f"spelling={case.spelling!r} is not one of {self.name}'s spellings for this case: "
+                    f"{list(self.spellings(case))}")
+        return self._probe(case, spelling)
+
+    def _static_refusal(self, case: Case) -> str | None:
+        """What SDPA cannot express whatever the kernel: one reason per feature."""
+        return first_reason(
+            (self.available() is not None, self.available() or ""),
+            (case.softcap is not None, "SDPA has no logit softcap (scores are scale * q.k plus an additive mask)"),
+            (case.softmax != "vanilla", f"softmax={case.softmax!r}: SDPA's softmax has no sink / off-by-one term"),
+            (case.layout == "thd", "SDPA takes dense [b, h, s, d] tensors; packed thd is not expressible (padding "
+                                   "goes through a mask on bshd / sbhd)"),
+        )
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        """The spellings this kernel takes for the case; the first is written ""."""
+        static = self._static_refusal(case)
+        taken = [s.name for s in all_spellings(case) if self._probe(case, s) is None] if static is None else []
+        return ("", *taken[1:])
+
+    def _resolve(self, case: Case) -> Spelling | None:
+        if case.spelling:
+            return _parse(case)
+        options = all_spellings(case)
+        return next((s for s in options if self._probe(case, s) is None), options[0])
+
+    def _probe(self, case: Case, spelling: Spelling) -> str | None:
+        """Ask torch's dispatcher, on empty tensors of the case's shapes and strides, whether the kernel takes this
+        spelling; torch's reason when it does not. causal_lower_right (sq != skv) is taken when either route
+        CausalBias dispatches to is: the kernel unmasked, or the kernel given the materialized mask. Answers are
+        cached per shape: probing costs more than running a small case."""
+        if self.kernel == "MATH" or self.available() is not None:
+            return None
+        key = (spelling, case.b, case.sq, case.skv, case.h, case.hk, case.d_qk, case.d_v, case.dtype, case.memory,
+               case.grads, case.scale)
+        if key not in self._probed:
+            if len(self._probed) > 100_000:
+                self._probed.clear()
+            self._probed[key] = self._ask_dispatcher(case, spelling)
+        return self._probed[key]
+
+    def _ask_dispatcher(self, case: Case, spelling: Spelling) -> str | None:
+        choose = getattr(torch, "_fused_sdp_choice", None)
+        if choose is None:
+            return None
+        q, k, v = _skeleton(case, self.device)
+        _, (qh, kh, vh) = _inputs(case, q, k, v, spelling, grads=case.grads)
+
+        def dense(dtype):
+            return torch.empty(case.b, 1, case.sq, case.skv, dtype=dtype, device=self.device)
+
+        routes = {"no_mask": [(None, False)], "is_causal": [(None, True)], "causal_upper_left": [(None, True)],
+                  "causal_lower_right": ([(None, True)] if case.sq == case.skv
+                                         else [(None, False), (dense(torch.bool), False)]),
+                  "bool_mask": [(dense(torch.bool), False)], "float_mask": [(dense(qh.dtype), False)]}
+        reasons = []
+        for mask, is_causal in routes[spelling.mask]:
+            with self._forced(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    chosen = choose(qh, kh, vh, mask, 0.0, is_causal, scale=case.scale,
+                                    enable_gqa=spelling.heads == "enable_gqa")
+                except RuntimeError as e:
+                    reasons.append(_torch_reason(caught, e))
+                    continue
+            if chosen == int(self._sdp()):
+                return None
+            reasons.append(f"torch's dispatcher chose backend {chosen}, not {self.kernel}")
+        return f"{self.kernel} refuses spelling {spelling.name or 'plain'!r}: {' / '.join(reasons)}"
+
+    def _forced(self):
+        from torch.nn.attention import sdpa_kernel
+        return sdpa_kernel([self._sdp()])
+
+    # -- running -------------------------------------------------------------------------------------------------
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        import torch.nn.functional as F
+
+        spelling = self._resolve(case)
+        if spelling is None:
+            raise Unsupported(self.unsupported(case) or f"unknown spelling {case.spelling!r}")
+        leaves, (qh, kh, vh) = _inputs(case, tensors.q, tensors.k, tensors.v, spelling, grads=case.grads)
+        mask = _public_mask(case, tensors, spelling, qh.dtype, qh.device)
+        with self._forced(), warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(case.grads):
+            warnings.simplefilter("always")
+            try:
+                out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=spelling.mask == "is_causal",
+                                                     scale=case.scale, enable_gqa=spelling.heads == "enable_gqa")
+            except RuntimeError as e:
+                if "No available kernel" in str(e) or "No viable backend" in str(e):
+                    raise Unsupported(f"{self.kernel} refused at call time: {_torch_reason(caught, e)}") from None
+                raise
+        result = Output(out=out.detach().transpose(1, 2), ran=self.kernel)
+        if case.grads:
+            dout = tensors.dout.transpose(1, 2)
+            grads = torch.autograd.grad(out, leaves, dout)
+            result.dq, result.dk, result.dv = (_logical(case, g, s) for g, s in zip(grads, (case.sq, case.skv, case.skv)))
+        with torch.no_grad():
+            result.lse, note = self._lse(case, tensors, spelling, qh, kh, vh)
+        result.ran = f"{self.kernel} ({note})"
+        return result
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` calling SDPA as run() does, for standalone repro scripts (fuzz/store/repro.py),
+        in every spelling and layout SDPA takes; None for a case it refuses."""
+        spelling = self._resolve(case)
+        unavailable = self.available()  # a CUDA entry's script is written on any machine
+        refused = self._static_refusal(case)
+        if spelling is None or (refused is not None and refused != unavailable):
+            return None
+        from attnfuzz.backends.source import literal
+        from attnfuzz.strategies.materialize import materialize, torch_dtype
+        t = materialize(case, "cpu")
+        masks = {"no_mask": "None", "is_causal": "None",
+                 "causal_upper_left": f"torch.nn.attention.bias.causal_upper_left({case.sq}, {case.skv})",
+                 "causal_lower_right": f"torch.nn.attention.bias.causal_lower_right({case.sq}, {case.skv})"}
+        if spelling.mask == "bool_mask":
+            masks["bool_mask"] = literal(layout.visibility_mask(case, t, "cpu"))
+        if spelling.mask == "float_mask":
+            masks["float_mask"] = literal(_additive(case, t, torch_dtype(case), "cpu"))
+        view = ("x.transpose(0, 1).contiguous().permute(1, 2, 0, 3)" if case.layout == "sbhd"  # seq-major buffers
+                else "x.transpose(1, 2)")
+        bias_import = "import torch.nn.attention.bias\n\n" if spelling.mask.startswith("causal_") else ""
+        return (f"\n{bias_import}MASK = {masks[spelling.mask]}  # attn_mask: True / 0 = query i may see key j\n\n\n"
+                f"def attention(q, k, v):\n"
+                f"    \"\"\"torch SDPA forced to {self.kernel}, spelled {spelling.name!r}, layout {case.layout}.\"\"\"\n"
+                "    from torch.nn.attention import SDPBackend, sdpa_kernel\n"
+                f"    q, k, v = ({view} for x in (q, k, v))\n"
+                + ("    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))\n"
+                   if spelling.heads == "repeat_kv" else "")
+                + "    mask = MASK.to(q.device) if isinstance(MASK, torch.Tensor) else MASK\n"
+                f"    with sdpa_kernel([SDPBackend.{self.kernel}]):\n"
+                "        out = torch.nn.functional.scaled_dot_product_attention(\n"
+                f"            q, k, v, attn_mask=mask, is_causal={spelling.mask == 'is_causal'}, scale={case.scale!r}, "
+                f"enable_gqa={spelling.heads == 'enable_gqa'})\n"
+                f"    return out.transpose(1, 2)\n")
+
+    def _lse(self, case: Case, tensors: Tensors, spelling: Spelling, q, k, v) -> tuple[torch.Tensor | None, str]:
+        """LSE [b, h, sq] from the kernel's aten op on the same inputs, and a note for `ran`."""
+        entry = LSE_OPS.get((self.kernel, self._device_type))
+        if entry is None:
+            return None, "no lse: the kernel's op does not return one"
+        name, expected = entry
+        op = getattr(torch.ops.aten, name).default
+        got = tuple(a.name for a in op._schema.arguments)
+        if got != expected:
+            raise RuntimeError(f"{self.name}: aten::{name} takes {got} in torch {torch.__version__}, the adapter "
+                               f"calls it with {expected}; update LSE_OPS in fuzz/backends/sdpa/adapter.py")
+        if k.shape[1] != q.shape[1]:  # the ops take no GQA; k / v may already be repeated (spelling repeat_kv)
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        is_causal = spelling.mask in ("is_causal", "causal_upper_left")
+        bias = None
+        if spelling.mask == "causal_lower_right" and self._device_type == "cuda" and self.kernel == "FLASH_ATTENTION":
+            is_causal = True  # the aten flash op's causal is bottom-right (torch/nn/attention/bias.py does the same)
+        elif spelling.mask in ("bool_mask", "float_mask", "causal_lower_right"):
+            bias = _additive(case, tensors, q.dtype, q.device)
+        kwargs = {"query": q, "key": k, "value": v, "dropout_p": 0.0, "is_causal": is_causal,
+                  "scale": case.softmax_scale}
+        if "attn_mask" in expected:
+            kwargs["attn_mask"] = bias
+        elif "attn_bias" in expected:
+            kwargs.update(attn_bias=_aligned(bias, case.h) if bias is not None else None, compute_log_sumexp=True)
+        elif bias is not None:
+            return None, f"no lse: aten::{name} takes no mask"
+        if "return_debug_mask" in expected:
+            kwargs["return_debug_mask"] = False
+            if q.shape[-1] % 8 or v.shape[-1] % 8:  # the op wants head dims padded to 8, as the public path does
+                q, k, v = (torch.nn.functional.pad(x, (0, -x.shape[-1] % 8)) for x in (q, k, v))
+                kwargs.update(query=q, key=k, value=v)
+        try:
+            lse = op(**kwargs)[1]
+        except RuntimeError as e:
+            return None, f"no lse: aten::{name} raised {str(e).splitlines()[0][:160]}"
+        if lse.dim() == 4 and lse.shape[-1] == 1:
+            lse = lse.squeeze(-1)
+        if lse.dim() != 3 or tuple(lse.shape[:2]) != (case.b, case.h) or lse.shape[2] < case.sq:
+            raise RuntimeError(f"{self.name}: aten::{name} returned an LSE of shape {tuple(lse.shape)}; the adapter "
+                               f"expects [b={case.b}, h={case.h}, >= sq={case.sq}]")
+        return lse[..., :case.sq], f"lse from aten::{name}"
+
+
+# -- tensors in SDPA's spelling --------------------------------------------------------------------------------------
+def _skeleton(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Empty q, k, v with the logical shapes and the memory formats materialize() gives the case."""
+    dtype = torch_dtype(case)
+
+    def make(s: int, heads: int, d: int, kv: bool) -> torch.Tensor:
+        if kv and case.memory == "expanded_kv":
+            return torch.empty(case.b, s, 1, d, dtype=dtype, device=device).expand(case.b, s, heads, d)
+        if case.memory == "transposed":
+            return torch.empty(case.b, heads, s, d, dtype=dtype, device=device).transpose(1, 2)
+        return torch.empty(case.b, s, heads, d, dtype=dtype, device=device)
+
+    return (make(case.sq, case.h, case.d_qk, False), make(case.skv, case.hk, case.d_qk, True),
+            make(case.skv, case.hk, case.d_v, True))
+
+
+def _inputs(case: Case, q, k, v, spelling: Spelling, grads: bool = False):
+    """(leaves in the case's layout, the [b, h, s, d] views SDPA is given). sbhd leaves are seq-major buffers seen
+    through a permuted view, so SDPA meets their strides."""
+    leaves = []
+    for x, lens in ((q, case.lens_q), (k, case.lens_kv), (v, case.lens_kv)):
+        leaves.append(layout.to_layout(case, x, lens).detach().requires_grad_(grads))
+    views = [leaf.permute(1, 2, 0, 3) if case.layout == "sbhd" else leaf.transpose(1, 2) for leaf in leaves]
+    if spelling.heads == "repeat_kv":
+        views[1:] = [x.repeat_interleave(case.h // case.hk, dim=1) for x in views[1:]]
+    return leaves, views
+
+
+def _logical(case: Case, grad: torch.Tensor, s: int) -> torch.Tensor:
+    """A leaf's gradient back in the logical [b, s, heads, d]."""
+    return layout.from_layout(case, grad, (), s)
+
+
+def _additive(case: Case, tensors: Tensors, dtype, device) -> torch.Tensor:
+    """The float mask: 0 where visible, -inf elsewhere, plus the ALiBi bias when the case has one."""
+    keep = layout.visibility_mask(case, tensors, device)
+    base = (layout.alibi_bias(case, tensors, device, dtype) if case.alibi_slopes is not None
+            else torch.zeros(keep.shape, dtype=dtype, device=device))
+    return base.masked_fill(~keep, float("-inf"))
+
+
+def _public_mask(case: Case, tensors: Tensors, spelling: Spelling, dtype, device):
+    """attn_mask for the public call: None, a CausalBias, a boolean mask or an additive float mask."""
+    if spelling.mask in ("no_mask", "is_causal"):
+        return None
+    if spelling.mask in ("causal_upper_left", "causal_lower_right"):
+        from torch.nn.attention import bias
+        make = bias.causal_upper_left if spelling.mask == "causal_upper_left" else bias.causal_lower_right
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "lower right ... NaNs when seq_len_q > seq_len_kv": graded, not warned
+            return make(case.sq, case.skv)
+    if spelling.mask == "bool_mask":
+        return layout.visibility_mask(case, tensors, device)
+    return _additive(case, tensors, dtype, device)
+
+
+def _aligned(bias: torch.Tensor, h: int) -> torch.Tensor:
+    """The bias as the public path hands it to the efficient / cuDNN ops: rows padded to 8 elements, then sliced,
+    expanded to [b, h, sq, skv]."""
+    b, heads, sq, skv = bias.shape  # heads is 1 for a mask, h for an ALiBi bias
+    padded = bias.new_zeros(b, heads, sq, skv + (-skv % 8))
+    padded[..., :skv] = bias
+    return padded[..., :skv].expand(b, h, sq, skv)
+
+
+BACKENDS = {name: (lambda device, name=name: SdpaBackend(name, device)) for name in KERNELS}

@@ -1,0 +1,1 @@
+"""TransformerEngine DotProductAttention forced to one kernel: the adapter, kernel selection and the repro writer."""

@@ -1,0 +1,310 @@
+"""TransformerEngine DotProductAttention (read from TE 2.20.2), forced onto one backend per adapter: te-flash
+(FlashAttention, FA4 on the GPU runner), te-fused (FusedAttention, cuDNN), te-unfused (UnfusedDotProductAttention).
+
+TE spells a mask as attn_mask_type + window_size (-1 = unbounded) + bottom_right_diagonal: "causal" is top-left and
+"causal_bottom_right" bottom-right; windows follow bottom_right_diagonal (forced False for "causal" /
+"padding_causal"); padding comes as cu_seqlens or as boolean attention_mask tensors (True = masked out); "arbitrary"
+takes a dense mask. check_set_window_size() rewrites "no_mask" + (-1, 0) to (-1, -1) with only a warning, so that is
+not an equivalent spelling of causal and is not listed. The module returns no LSE. Each run is checked to have used
+the backend asked for (fuzz/backends/te/selection.py).
+
+Inputs go to TE as the case lays them out, strided views included (DotProductAttention allows non-contiguous inputs):
+what TE does with them is graded, not avoided. TE-side findings of the first H200 run, left in the fuzzed space on
+purpose (bench/verify_findings.py separates them from adapter mistakes): FusedAttention reads head-major views as
+bshd (get_qkv_layout checks only k against v, cuDNN strides come from the layout name); the unfused backend turns
+"no window" (-1, -1) into the finite window (skv, sq), which hides keys when the diagonal is top-left and sq != skv;
+unfused thd crashes when no query token is left.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from attnfuzz.backends.flash import common as fc
+from attnfuzz.backends.te import selection as sel
+from attnfuzz.backends.flash.fa4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
+from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.layout import cu_seqlens, to_layout, unpack, visibility_mask
+from attnfuzz.oracles.verdict import Output
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import Tensors
+
+LIBRARY = "transformer_engine"
+
+
+def import_te():
+    """transformer_engine.pytorch. On the H200 runner TE loads the system's cuDNN: imported in a process where torch
+    has already loaded its own cuDNN (torch.backends.cudnn, an SDPA cuDNN call), the mix fails with `undefined symbol`
+    in libcudnn_heuristic. The error then says to give TE a process of its own. FA4's disk cache is turned on as
+    for fa4: TE's FlashAttention is FA4 on the runner."""
+    from attnfuzz.backends.flash.fa4 import use_disk_cache
+    use_disk_cache()
+    try:
+        return importlib.import_module(f"{LIBRARY}.pytorch")
+    except OSError as e:
+        if "libcudnn" not in str(e):
+            raise
+        raise ImportError(f"{e}: TE's cuDNN clashes with the one torch loaded earlier in this process; run TE "
+                          f"backends in a process of their own (--isolate, or an `attnfuzz run` of their own)") from None
+
+
+def te_version() -> str:
+    """TE's version: the imported module's, else its package metadata's (without loading its libraries)."""
+    import sys
+    from importlib import metadata
+    if LIBRARY in sys.modules:
+        return str(getattr(sys.modules[LIBRARY], "__version__", ""))
+    for dist in ("transformer_engine", "transformer-engine"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
+DTYPES = {sel.FLASH: ("float16", "bfloat16"), sel.FUSED: ("float16", "bfloat16"),
+          sel.UNFUSED: ("float16", "bfloat16", "float32")}
+SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off-by-one", "learnable": "learnable"}
+SPELLINGS = ("", "window", "explicit-window", "wide", "padding", "attention_mask", "cross", "forward-args",
+             "arbitrary")
+
+
+def _band_kind(case: Case) -> str:
+    if case.mask_density is not None:
+        return "arbitrary"
+    if case.right == 0:
+        return "causal"
+    return "full" if (case.left, case.right) == (None, None) else "window"
+
+
+def applicable_spellings(case: Case, backend: str) -> tuple[str, ...]:
+    """The TE spellings that express this case ("" is the default) and that `backend` can take."""
+    kind = _band_kind(case)
+    if kind == "arbitrary":
+        return ("",)
+    names = [""]
+    if kind == "causal":
+        names += ["window", "explicit-window"] if case.left is None else ["window"]
+    if None in (case.left, case.right):
+        names.append("wide")
+    if case.layout != "thd" and not case.padded:
+        names.append("padding")
+    if case.layout != "thd" and case.padded:
+        names.append("attention_mask")
+    if not _is_cross(case):
+        names.append("cross")
+    names.append("forward-args")
+    if backend == sel.UNFUSED and case.layout != "thd":
+        names.append("arbitrary")
+    return tuple(names)
+
+
+def _is_cross(case: Case) -> bool:
+    return case.sq != case.skv or case.lens_q != case.lens_kv
+
+
+def capability_refusals(case: Case, backend: str, flash_major: str | None = None,
+                        arch: int = DEFAULT_ARCH) -> list[tuple[bool, str]]:
+    """What TE 2.20.2's get_attention_backend() rules out for `backend`, as (refused, reason) rows. Rules that depend
+    on the cuDNN version are left to TE itself: its refusal at run time becomes Unsupported with TE's logged reason.
+    `flash_major` is the flash-attn major TE loaded, when known; `arch` the GPU's compute capability (10 * major +
+    minor), which FA4's head-dim table depends on."""
+    unequal = case.sq != case.skv   # TE compares max_seqlen_q with max_seqlen_kv, not each sequence
+    top_left = case.alignment == "top_left"
+    mask_type, window = te_mask(case)
+    sliding = window is not None and (window[0] != -1 or window[1] not in (-1, 0))
+    fa4_dims = fa4_head_dim_reason(arch, case.d_qk, case.d_v) if flash_major == "4" else None
+    rows = [
+        (case.dtype not in DTYPES[backend], f"dtype {case.dtype}: TE's {backend} takes {' / '.join(DTYPES[backend])}"),
+        (case.mask_density is not None and backend != sel.UNFUSED,
+         f"explicit boolean mask ('arbitrary' mask type): TE runs it only on {sel.UNFUSED}"),
+        (case.mask_density is not None and case.layout == "thd",
+         "explicit boolean mask with thd: TE's thd needs a padding mask type, 'arbitrary' is not one"),
+    ]
+    if backend == sel.FLASH:
+        rows += [
+            (case.softmax != "vanilla", f"softmax={case.softmax}: TE disables FlashAttention for sink softmax"),
+            (mask_type in ("causal", "padding_causal") and unequal,
+             "top-left causal with sq != skv: TE's FlashAttention only has bottom-right causal"),
+            (top_left and sliding and unequal,
+             "top-left sliding window with sq != skv: TE's FlashAttention only aligns windows bottom-right"),
+            (top_left and case.alibi_slopes is not None and unequal,
+             "top-left ALiBi with sq != skv: TE's FlashAttention only aligns ALiBi bottom-right"),
+            (fa4_dims is not None, f"{fa4_dims} (TE validates FA4's head dims and disables it)"),
+            (flash_major == "4" and case.softcap is not None, "softcap: TE does not pass softcap to FA4"),
+            (flash_major == "4" and case.alibi_slopes is not None, "ALiBi: TE disables FA4 for ALiBi"),
+            (flash_major == "3" and case.alibi_slopes is not None, "ALiBi: TE disables FA3 for ALiBi"),
+        ]
+    if backend == sel.FUSED:
+        rows += [
+            (case.d_qk % 8 != 0 or case.d_v % 8 != 0,
+             f"head dims ({case.d_qk}, {case.d_v}): cuDNN's fp16/bf16 SDPA needs multiples of 8 (TE logs "
+             f"'hidden_dim should be multiple of 8')"),
+            (case.softcap is not None, "softcap: TE's FusedAttention does not support it"),
+            (sliding and case.sq > case.skv, "sliding window with sq > skv: TE's FusedAttention does not support it"),
+        ]
+    return rows
+
+
+def te_mask(case: Case) -> tuple[str, tuple[int, int] | None]:
+    """(attn_mask_type, window_size) for the case and its spelling; -1 is TE's unbounded side."""
+    spelling, kind = case.spelling, _band_kind(case)
+    left, right = case.left, case.right
+    wide = max(case.sq, case.skv)
+    if spelling == "arbitrary" or kind == "arbitrary":
+        mask_type, window = "arbitrary", None
+    elif kind == "causal" and spelling != "window":
+        mask_type = "causal_bottom_right" if case.alignment == "bottom_right" else "causal"
+        if spelling == "wide":
+            window = (wide if left is None else left, 0)
+        elif spelling == "explicit-window" or left is not None:
+            window = (-1 if left is None else left, 0)
+        else:
+            window = None
+    else:
+        mask_type, window = "no_mask", None
+        if kind != "full" or spelling == "wide":
+            window = (wide if left is None else left, wide if right is None else right)
+    if (case.padded or case.layout == "thd" or spelling == "padding") and mask_type != "arbitrary":
+        mask_type = "padding" if mask_type == "no_mask" else f"padding_{mask_type}"
+    return mask_type, window
+
+
+def padding_mask(lens, s: int, device) -> torch.Tensor:
+    """bool [b, 1, 1, s], True at the padding positions past each length (TE's attention_mask: True = masked out)."""
+    return (torch.arange(s, device=device)[None] >= torch.tensor(lens, device=device)[:, None])[:, None, None, :]
+
+
+def te_call(case: Case, t: Tensors, backend: str) -> tuple[dict, tuple, dict]:
+    """(DotProductAttention kwargs, forward args, forward kwargs) for the case and its spelling."""
+    spelling = case.spelling
+    bottom_right = case.alignment == "bottom_right"
+    mask_type, window = te_mask(case)
+    padded = "padding" in mask_type
+    cross = _is_cross(case) or spelling == "cross"
+    init = {"num_attention_heads": case.h,
+            "kv_channels": case.d_qk if case.d_qk == case.d_v else (case.d_qk, case.d_v),
+            "num_gqa_groups": case.hk, "attention_dropout": 0.0, "qkv_format": case.layout,
+            "attn_mask_type": mask_type, "window_size": window, "bottom_right_diagonal": bottom_right,
+            "softcap": case.softcap or 0.0, "attention_type": "cross" if cross else "self",
+            "softmax_scale": case.scale, "softmax_type": SOFTMAX_TYPES[case.softmax]}
+    lens = (case.lens_q, case.lens_kv, case.lens_kv) if case.layout == "thd" else ((), (), ())
+    args = tuple(to_layout(case, x, n) for x, n in zip((t.q, t.k, t.v), lens))
+    kwargs = {}
+    if padded and mask_type != "arbitrary" and spelling != "attention_mask":
+        kwargs.update(cu_seqlens_q=cu_seqlens(case.lens_q, t.q.device), cu_seqlens_kv=cu_seqlens(case.lens_kv,
+                      t.q.device), max_seqlen_q=case.sq, max_seqlen_kv=case.skv)
+    if spelling == "attention_mask":
+        masks = (padding_mask(case.lens_q, case.sq, t.q.device), padding_mask(case.lens_kv, case.skv, t.q.device))
+        kwargs["attention_mask"] = masks if cross else masks[0]
+    if mask_type == "arbitrary":
+        kwargs["attention_mask"] = ~visibility_mask(case, t, t.q.device)
+    if case.alibi_slopes is not None:
+        kwargs.update(core_attention_bias_type="alibi", alibi_slopes=t.alibi.float())
+    if spelling == "forward-args":
+        for name in ("attn_mask_type", "window_size", "bottom_right_diagonal"):
+            kwargs[name] = init.pop(name)
+    return init, args, kwargs
+
+
+def _logical_out(case: Case, out: torch.Tensor) -> torch.Tensor:
+    """TE's [b, s, h*d_v] / [s, b, h*d_v] / [t, h*d_v] output as [b, sq, h, d_v]."""
+    if case.layout == "thd":
+        return unpack(out.reshape(out.shape[0], case.h, case.d_v), case.lens_q, case.sq)
+    out = out.reshape(*out.shape[:2], case.h, case.d_v)
+    return out.transpose(0, 1) if case.layout == "sbhd" else out
+
+
+class TransformerEngineAttention(Backend):
+    """DotProductAttention with only `te_backend` eligible; one adapter per TE backend."""
+
+    family = "te"
+
+    def __init__(self, name: str, te_backend: str, device: str = "cuda") -> None:
+        self.name, self.te_backend, self.device = name, te_backend, device
+
+    def _te(self):
+        return import_te()
+
+    def available(self) -> str | None:
+        try:
+            self._te()
+        except Exception as e:  # TE raises more than ImportError when its CUDA libraries are missing
+            return f"TransformerEngine does not import ({type(e).__name__}: {e})"
+        if not str(self.device).startswith("cuda") or not torch.cuda.is_available():
+            return f"TransformerEngine needs a CUDA device (device={self.device!r})"
+        if self.te_backend == sel.FLASH and not sel.flash_versions():
+            return "TE loaded no flash-attn (2, 3 or 4), so it has no FlashAttention backend"
+        return None
+
+    def _flash_major(self) -> str | None:
+        if self.te_backend != sel.FLASH:
+            return None
+        try:
+            versions = sel.flash_versions()
+        except Exception:  # TE not importable here: the version-specific rows are left to TE at run time
+            return None
+        return max(versions) if versions else None
+
+    @property
+    def arch(self) -> int:
+        """The compute capability the capability table is read at: the device's, else sm90."""
+        return fc.cuda_arch(self.device) or DEFAULT_ARCH
+
+    def unsupported(self, case: Case) -> str | None:
+        known = applicable_spellings(case, self.te_backend)
+        return first_reason((case.spelling not in known,
+                             f"spelling={case.spelling!r} is not one of {self.name}'s spellings here: {list(known)}"),
+                            *capability_refusals(case, self.te_backend, self._flash_major(), self.arch))
+
+    def spellings(self, case: Case) -> tuple[str, ...]:
+        """The applicable spellings this backend takes (a spelling can turn on a rule, e.g. a finite window)."""
+        major, arch = self._flash_major(), self.arch
+        return tuple(s for s in applicable_spellings(case, self.te_backend)
+                     if s == "" or first_reason(*capability_refusals(case.replace(spelling=s), self.te_backend,
+                                                                     major, arch)) is None)
+
+    def run(self, case: Case, tensors: Tensors) -> Output:
+        reason = self.unsupported(case)
+        if reason:
+            raise Unsupported(reason)
+        te = self._te()
+        leaves = tuple(x.detach().requires_grad_(case.grads) for x in (tensors.q, tensors.k, tensors.v))
+        logical = Tensors(*leaves, tensors.mask, tensors.sink, tensors.alibi, tensors.dout)
+        init, args, kwargs = te_call(case, logical, self.te_backend)
+        with sel.forced_backend(self.te_backend):
+            dpa = te.DotProductAttention(**init)
+            dpa.train(case.grads)
+            if case.softmax == "learnable":
+                with torch.no_grad():
+                    dpa.softmax_offset.copy_(tensors.sink)
+            with sel.watched(dpa) as selection:
+                try:
+                    out = dpa(*args, **kwargs)
+                except Exception as e:
+                    reason = sel.refusal_reason(self.te_backend, e, selection)
+                    if reason is None:
+                        raise
+                    raise Unsupported(reason) from e
+            ran = sel.check_ran(self.te_backend, selection)
+            out = _logical_out(case, out)
+            grads = (torch.autograd.grad(out, leaves, tensors.dout.to(out.dtype)) if case.grads
+                     else (None, None, None))
+        return Output(out=out.detach(), lse=None, dq=grads[0], dk=grads[1], dv=grads[2], ran=ran)
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` making run()'s construction and call with only this backend enabled, for
+        standalone repro scripts (fuzz/store/repro.py); None for a spelling this backend does not take."""
+        from attnfuzz.backends.te.repro import te_source
+        known = applicable_spellings(case, self.te_backend)
+        return te_source(self, case) if case.spelling in known else None
+
+    def version(self) -> str:
+        return te_version()
+
+
+BACKENDS = {
+    "te-flash": lambda device="cuda": TransformerEngineAttention("te-flash", sel.FLASH, device),
+    "te-fused": lambda device="cuda": TransformerEngineAttention("te-fused", sel.FUSED, device),
+    "te-unfused": lambda device="cuda": TransformerEngineAttention("te-unfused", sel.UNFUSED, device),
+}

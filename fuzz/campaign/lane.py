@@ -1,0 +1,313 @@
+"""One lane of a campaign: a process that fuzzes the campaign's backends in rounds on one device, until time is up.
+
+Everything a lane does is on disk as it happens, so a lane (or the whole campaign) killed at any moment resumes
+without losing a finding or repeating finished work:
+
+    cases/lane<i>.jsonl     every case run, with its verdict (appended and flushed per case)
+    state/lane<i>.json      rounds finished per backend, seconds spent
+    .inflight-lane<i>.json  the case running now (write-ahead); on resume it runs first
+    corpus/                 findings, saved when a round ends (shrunk) or when time runs out (as found)
+    db/ or Redis            Hypothesis's example database: failures replay in later rounds, resumes, other lanes
+
+On resume the log is loaded as a cache: a case already run is answered from it, not run again. Rounds are not
+seeded: Hypothesis ignores the example database in a seeded run, and the database is how failures are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from hypothesis import Phase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from attnfuzz.store import caselog
+from attnfuzz.engine import interrupt, poison
+from attnfuzz.store import corpus as corpus_io
+from attnfuzz.backends import get
+from attnfuzz.engine.harness import Evidence, Finding, Tally, fuzz, mark_known, merge_root_causes, run_case
+from attnfuzz.engine.isolate import isolated
+from attnfuzz.engine.profiles import for_backend, profile
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
+
+
+class TimeUp(BaseException):
+    """Raised inside a round when the campaign's time is spent: Hypothesis lets a BaseException through unshrunk."""
+
+
+class KeepFailures(ExampleDatabase):
+    """The campaign's example database, minus deletion: a lane that has already saved a failure (so no longer raises
+    it) must not erase it before other lanes and machines have replayed it."""
+
+    def __init__(self, inner: ExampleDatabase):
+        super().__init__()
+        self.inner = inner
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(key, value)
+
+    def fetch(self, key: bytes):
+        return self.inner.fetch(key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        pass
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
+
+
+def open_database(spec: str, campaign: Path) -> ExampleDatabase:
+    """A redis:// URL (hypothesis.extra.redis), or a directory (relative paths are inside the campaign)."""
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+        return KeepFailures(RedisExampleDatabase(redis.Redis.from_url(spec), key_prefix=b"attnfuzz:"))
+    path = Path(spec) if Path(spec).is_absolute() else campaign / spec
+    return KeepFailures(DirectoryBasedExampleDatabase(str(path)))
+
+
+def case_key(backend: str, case: Case) -> str:
+    return backend + " " + json.dumps(case.to_dict(), sort_keys=True)
+
+
+class Resumable:
+    """Runs a backend's cases through `run` (a Worker or in-process), with write-ahead, a per-case log line and a
+    cache of every case already logged; raises TimeUp once `deadline` (perf_counter) has passed. A failure that
+    `known` recognises is logged and returned as KNOWN, so the search goes on past it."""
+
+    def __init__(self, backend: str, run, log, inflight: Path, done: dict, deadline: float, lane: int):
+        self.backend, self._run, self.log, self.inflight = backend, run, log, inflight
+        self.done, self.deadline, self.lane = done, deadline, lane
+        self.known = None
+
+    def rerun(self, case: Case) -> V.Verdict:
+        """Run again, past the cache: the harness's confirming reruns of a finding."""
+        return self._run(case)
+
+    def run(self, case: Case) -> V.Verdict:
+        if time.perf_counter() > self.deadline:  # cached cases too: Hypothesis can spin on them (target phase)
+            raise TimeUp()
+        key = case_key(self.backend, case)
+        if key in self.done:
+            return self._mark(case, self.done[key])
+        interrupt.check()
+        try:  # an interruption unwinds through here: its case is not the lane's crash (attnfuzz.engine.interrupt)
+            self.inflight.write_text(json.dumps({"backend": self.backend, "case": case.to_dict()}))
+            start = time.perf_counter()
+            verdict = self._mark(case, self._run(case))
+            interrupt.check()  # stopped during the case: its verdict is not logged
+            self.done[key] = verdict
+            self.log.write(caselog.record(self.backend, case, verdict, time.perf_counter() - start, lane=self.lane,
+                                          time=round(time.time(), 3), verdict=verdict.to_dict()))
+            self.log.flush()
+        finally:
+            self.inflight.unlink(missing_ok=True)
+        return verdict
+
+    def _mark(self, case: Case, verdict: V.Verdict) -> V.Verdict:
+        """KNOWN when `known` recognises the failure now (a cached one too: the corpus grows as the campaign runs)."""
+        return mark_known(self.known, self.backend, case, verdict)
+
+
+def load_log(path: Path) -> dict:
+    """case key -> Verdict for every complete line of a lane's log (a line cut by a kill is ignored)."""
+    done = {}
+    for row in caselog.rows(path) if path.exists() else ():
+        try:
+            done[case_key(row["backend"], Case.from_dict(row["case"]))] = V.Verdict.from_dict(row["verdict"])
+        except (KeyError, ValueError):
+            continue
+    return done
+
+
+def seen_in(directory: Path):
+    """A `known` predicate: failures whose backend and label already have an entry in `directory`, so a campaign
+    searches past a bug it has saved instead of shrinking it again every round; and failures whose output an entry's
+    diagnosis explains as well (its label among the verdict's `also`: a dropped mask that reads as WINDOW_OFF_BY_ONE
+    on a small case, once MASK_IGNORED is saved), which are that entry's root cause again."""
+    seen = {(e.backend, e.verdict.label) for _, e in corpus_io.load_all(directory)[0]} if directory.exists() else set()
+
+    def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
+        if explained(seen, backend, verdict):
+            return {"link": caselog.SEEN_HERE, "note": f"already found in this campaign ({directory})"}
+        return None
+
+    return known
+
+
+def explained(seen: set[tuple[str, str]], backend: str, verdict: V.Verdict) -> bool:
+    """Whether a (backend, label) in `seen` is this failure's label, or a diagnosis its output matched too."""
+    return (backend, verdict.label) in seen or any((backend, f"{verdict.status}:{d}") in seen for d in verdict.also)
+
+
+def either(*predicates):
+    def known(backend, case, verdict):
+        return next((hit for p in predicates if (hit := p(backend, case, verdict)) is not None), None)
+    return known
+
+
+def lane_backends(backends: list[str], lanes: int, index: int) -> list[str]:
+    """The backends lane `index` fuzzes: dealt round-robin when there are at least as many as lanes (each loaded on
+    one device only), else one each, so no lane idles."""
+    return backends[index::lanes] if len(backends) >= lanes else [backends[index % len(backends)]]
+
+
+class Lane:
+    def __init__(self, campaign: Path, index: int):
+        self.dir, self.index = campaign, index
+        self.config = json.loads((campaign / "campaign.json").read_text())
+        self.device = self.config["device"]
+        self.state_path = campaign / "state" / f"lane{index}.json"
+        self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {
+            "elapsed": 0.0, "backends": {}}
+        self.log_path = campaign / "cases" / f"lane{index}.jsonl"
+        self.inflight = campaign / f".inflight-lane{index}.json"
+        self.corpus = campaign / "corpus"
+        self.known_dir = corpus_io.findings_dir(self.config.get("known"))  # known bugs beside the shipped ones
+        self.last_record = interrupt.Record(None, "")  # the crash record the last lane left, read in run()
+        self.started = time.perf_counter()
+        self.deadline = self.started + self.config["hours"] * 3600 - self.state["elapsed"]
+
+    def save_state(self) -> None:
+        self.state["elapsed"] += time.perf_counter() - self.started
+        self.started = time.perf_counter()
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=1))
+        tmp.replace(self.state_path)  # atomic: a kill never leaves half a state file
+
+    def save_finding(self, backend, case: Case, verdict: V.Verdict, attached=()) -> Path:
+        entry = corpus_io.Entry(backend=backend.name, case=case, verdict=verdict, device=self.device,
+                                backend_version=backend.version(), attached=list(attached))
+        return corpus_io.save(self.corpus, entry)
+
+    def run(self) -> int:
+        for sub in ("state", "cases", "corpus"):
+            (self.dir / sub).mkdir(exist_ok=True)
+        cfg = self.config
+        database = open_database(cfg["db"], self.dir)
+        done = load_log(self.log_path)
+        space = Space(max_len=cfg["max_len"]) if cfg.get("max_len") else Space()
+        backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
+        if cfg.get("poison_memory"):
+            poison.enable()  # before the workers start: each is handed it
+        workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
+        self.last_record = interrupt.read_record(interrupt.record_path(self.inflight))  # before a new one replaces it
+        with self.log_path.open("a") as log, interrupt.crash_record(interrupt.record_path(self.inflight)):
+            runners = {}
+            for b in backends:
+                worker = workers[b.name]
+                inner = worker.run if worker else (lambda c, b=b: run_case(b, c, device=self.device))
+                runners[b.name] = Resumable(b.name, inner, log, self.inflight, done, self.deadline, self.index)
+            try:
+                self._recover_inflight(backends, runners)
+                rounds = 1 if cfg.get("replay_only") else None
+                while rounds is None or min(self._rounds(b) for b in backends) < rounds:
+                    r = min(self._rounds(b) for b in backends)
+                    for b in backends:
+                        if self._rounds(b) == r:
+                            self._round(b, r, runners[b.name], database, space)
+            except TimeUp:
+                pass
+            finally:
+                for w in workers.values():
+                    if w is not None:
+                        w.close()
+                self._save_unsaved(backends, done)
+                self.save_state()
+        return 0
+
+    def _rounds(self, backend) -> int:
+        return self.state["backends"].get(backend.name, {}).get("rounds", 0)
+
+    def _round(self, backend, r: int, runner: Resumable, database, space: Space) -> None:
+        """One round: up to round_examples cases (and the shrinking of what fails) or round_seconds, whichever comes
+        first, so one slow or hanging backend cannot starve the others."""
+        cfg = self.config
+        runner.deadline = min(self.deadline, time.perf_counter() + cfg["round_seconds"])
+        settings = for_backend(profile("campaign", max_examples=cfg["round_examples"], database=database,
+                                       print_blob=False), backend.cost, None)
+        if cfg.get("replay_only"):
+            settings = type(settings)(settings, phases=(Phase.reuse, Phase.shrink))
+        runner.known = either(corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir), seen_in(self.corpus))
+        try:
+            tally, findings = fuzz(backend, device=self.device, space=space, settings=settings, worker=runner,
+                                   database_key=backend.name)  # no seed: Hypothesis ignores the database if seeded
+        except TimeUp:
+            if time.perf_counter() > self.deadline:
+                raise
+            tally, findings = Tally(examples=0), []  # the round's time is up; what it found is in the log
+            self._save_unsaved([backend], runner.done)
+        for f in findings:
+            path = self.save_finding(backend, f.case, f.verdict, f.attached)
+            print(f"[lane {self.index}] {backend.name}: {f.verdict.label} saved as {path}", file=sys.stderr)
+        entry = self.state["backends"].setdefault(backend.name, {"rounds": 0, "examples": 0, "seconds": 0.0})
+        entry["rounds"] = r + 1
+        entry["examples"] += tally.examples
+        entry["seconds"] = round(entry["seconds"] + tally.seconds, 3)
+        self.save_state()
+
+    def _recover_inflight(self, backends, runners: dict[str, Resumable]) -> None:
+        """The case that was running when the lane ended runs first. With isolation it is simply re-run (the worker
+        takes any crash; the file stays until it is logged). Without, it is saved as a CRASH:PROCESS_DIED when the
+        crash record says a fatal signal killed the lane; else the lane was stopped from outside (the campaign's
+        SIGKILL when it died, the OOM killer) and the case is kept under corpus/.stopped/, not as a finding."""
+        inflight = self.inflight
+        if not inflight.exists():
+            return
+        data = json.loads(inflight.read_text())
+        backend = next((b for b in backends if b.name == data["backend"]), None)
+        case = Case.from_dict(data["case"])
+        verdict = None
+        if backend is not None and self.config["isolate"]:
+            runner = runners[backend.name]
+            runner.known = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)
+            verdict = runner.run(case)  # re-runs it, and removes the write-ahead file; the old record goes below
+        elif backend is not None:  # judged as `attnfuzz run` judges what it finds on disk
+            r = corpus_io.recover_case(inflight, self.last_record, self.corpus, backend, self.device)
+            print(f"[lane {self.index}] {backend.name}: {r.message}", file=sys.stderr)
+        if verdict is not None and verdict.failed:
+            self.save_finding(backend, case, verdict)
+        inflight.unlink(missing_ok=True)
+
+    def _save_unsaved(self, backends, done: dict) -> None:
+        """Failures in the log whose backend and label have no corpus entry yet, nor one whose diagnosis explains
+        them (time ran out mid-shrink): the smallest one per label is saved as found, merged by root cause as a
+        round's findings are, so nothing the campaign saw is lost."""
+        saved = {(e.backend, e.verdict.label) for _, e in corpus_io.load_all(self.corpus)[0]}
+        by_name = {b.name: b for b in backends}
+        smallest, evidence = {}, {name: Evidence() for name in by_name}
+        for key, verdict in done.items():
+            name, _, case_json = key.partition(" ")
+            if name in evidence:
+                evidence[name].add(verdict)
+            if not verdict.failed or explained(saved, name, verdict) or name not in by_name:
+                continue
+            case = Case.from_dict(json.loads(case_json))
+            size = case.b * (case.sq + case.skv) * case.h
+            if (name, verdict.label) not in smallest or size < smallest[name, verdict.label][0]:
+                smallest[name, verdict.label] = (size, case, verdict)
+        for name in by_name:
+            found = [Finding(name, case, verdict) for (n, _), (_, case, verdict) in smallest.items() if n == name]
+            for f in merge_root_causes(found, evidence[name]):
+                self.save_finding(by_name[name], f.case, f.verdict, f.attached)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m attnfuzz.campaign.lane CAMPAIGN_DIR INDEX (started by `attnfuzz campaign`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    import torch
+    torch.set_num_threads(1)
+    try:
+        with interrupt.interruptible():  # the campaign stops its lanes with SIGTERM; Ctrl-C reaches them too
+            return Lane(Path(argv[0]), int(argv[1])).run()
+    except interrupt.Interrupted as e:
+        print(f"[lane {argv[1]}] {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

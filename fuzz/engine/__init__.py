@@ -1,0 +1,1 @@
+"""The engine: one case through a backend and the oracle (harness), in a worker process (isolate), with poisoned memory (poison), the example budgets (profiles), stopping cleanly (interrupt), and the options every front end shares (options)."""

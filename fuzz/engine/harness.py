@@ -1,0 +1,390 @@
+"""One case through one backend, and the Hypothesis property that fuzzes a backend with it.
+
+Every case is written to disk before it runs (write-ahead), so a case that kills the process is found by the next
+start and saved as a CRASH. A FAIL raises an exception whose *type* carries the diagnosis: Hypothesis shrinks each
+distinct exception type separately, so a shrink can never turn an ALL_ZERO into a TOLERANCE failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import hypothesis
+import torch
+from hypothesis import strategies as st
+
+from attnfuzz.engine import interrupt, poison
+from attnfuzz.backends.base import Backend, Hang, Unsupported
+from attnfuzz.store.caselog import known_bug_check
+from attnfuzz.oracles import verdict as V
+from attnfuzz.oracles.grade import Oracle, grade
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.cases import attention_cases, pick
+from attnfuzz.strategies.materialize import Tensors, draw_on_cpu
+from attnfuzz.strategies.space import Space, narrow_to
+
+
+class Finding(AssertionError):
+    """A failing case; subclasses per verdict label (see finding_type) keep Hypothesis's shrinks apart."""
+
+    def __init__(self, backend: str, case: Case, verdict: V.Verdict):
+        super().__init__(f"{backend}: {verdict.label}: {verdict.message}\n  {case!r}")
+        self.backend, self.case, self.verdict = backend, case, verdict
+        self.attached: list[tuple[Case, V.Verdict]] = []  # the same root cause, seen under other labels (merge)
+
+
+_FINDING_TYPES: dict[str, type[Finding]] = {}
+
+
+def finding_type(label: str) -> type[Finding]:
+    """One Finding subclass per verdict label, e.g. Finding_FAIL_ALL_ZERO."""
+    name = "Finding_" + "".join(ch if ch.isalnum() else "_" for ch in label)
+    if name not in _FINDING_TYPES:
+        _FINDING_TYPES[name] = type(name, (Finding,), {"__module__": __name__})
+    return _FINDING_TYPES[name]
+
+
+@dataclass
+class Tally:
+    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio."""
+
+    examples: int = 0
+    labels: Counter = field(default_factory=Counter)
+    unsupported: Counter = field(default_factory=Counter)
+    worst_ratio: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, verdict: V.Verdict) -> None:
+        self.examples += 1
+        self.labels[verdict.label] += 1
+        if verdict.status == V.UNSUPPORTED:
+            self.unsupported[verdict.message] += 1
+        elif verdict.status == V.PASS:
+            self.worst_ratio = max(self.worst_ratio, verdict.ratio)
+
+    def to_dict(self) -> dict:
+        return {"examples": self.examples, "labels": dict(self.labels), "unsupported": dict(self.unsupported),
+                "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3)}
+
+
+# Score elements (b * h * sq * skv) up to which a GPU case's oracle runs on the CPU: a small float64 reference is a
+# few hundred tiny kernels, and launching them costs more than the CPU's arithmetic (4.7 ms vs about 1 ms per case
+# on the H200 runner). That oracle reads the CPU draw the device tensors were copied from: the same values, and no
+# copy back from the device.
+ORACLE_ON_CPU_UP_TO = 1 << 16
+
+
+def oracle_inputs(case: Case, drawn: Tensors, tensors: Tensors, device: str) -> tuple[Tensors, str]:
+    """The tensors and the device the float64 oracle of a case runs on: the CPU draw for small GPU cases, else the
+    backend's inputs on their device."""
+    if torch.device(device).type != "cpu" and case.b * case.h * case.sq * case.skv <= ORACLE_ON_CPU_UP_TO:
+        return drawn, "cpu"
+    return tensors, device
+
+
+def run_case(backend: Backend, case: Case, *, device: str = "cpu", inflight: Path | None = None) -> V.Verdict:
+    """UNSUPPORTED with the reason, CRASH with the exception, or the graded verdict. With `inflight`, the case is on
+    disk while it runs and removed after."""
+    reason = backend.unsupported(case)
+    if reason is not None:
+        return V.Verdict(V.UNSUPPORTED, None, reason)
+    with write_ahead(inflight, backend.name, device, case):
+        return _graded(backend, case, device)
+
+
+@contextlib.contextmanager
+def write_ahead(inflight: Path | None, backend: str, device: str, case: Case, *, isolated: bool = False):
+    """Keep `case` on disk at `inflight` while it runs, so a process that dies or is killed meanwhile (a segfault in
+    process, a job's time limit) leaves the case behind; removed once the case has a verdict, and on the way out of
+    an interruption (attnfuzz.engine.interrupt), which is not the case's doing. `isolated`: a worker process runs it, so a
+    case left behind was not what ended the run. A case that a SIGINT / SIGTERM interrupted gives no verdict."""
+    interrupt.check()  # a stop whose exception was swallowed between cases: do not start another
+    try:
+        if inflight is not None:
+            inflight.write_text(json.dumps({"backend": backend, "device": device, "case": case.to_dict(),
+                                            "isolated": isolated}))
+        yield
+    finally:
+        if inflight is not None:
+            inflight.unlink(missing_ok=True)
+    interrupt.check()  # ... or during this one, whatever verdict the backend came back with
+
+
+class WrittenAhead:
+    """A worker whose case waits on disk while the worker runs it: the process waiting for it may be killed from
+    outside meanwhile. (A wrapper, not a line in fuzz_property: its source seeds the derandomized ci streams.)"""
+
+    def __init__(self, worker, inflight: Path, backend: str, device: str):
+        self.worker, self.inflight, self.backend, self.device = worker, inflight, backend, device
+
+    def run(self, case: Case) -> V.Verdict:
+        with write_ahead(self.inflight, self.backend, self.device, case, isolated=True):
+            return self.worker.run(case)
+
+    def __getattr__(self, name):  # rerun, restarts, close: the worker's own
+        return getattr(self.worker, name)
+
+
+def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
+    """Run the backend on the case's inputs and grade its output against the float64 oracle."""
+    drawn = draw_on_cpu(case)
+    tensors = drawn.to(device)
+    if poison.enabled():  # outputs cut from NaN memory: an element the backend never writes reads NaN
+        poison.poison(device)
+    try:
+        output = backend.run(case, tensors)
+    except Unsupported as e:
+        return V.Verdict(V.UNSUPPORTED, None, str(e) or type(e).__name__)
+    except Hang as e:
+        return V.Verdict(V.HANG, type(e).__name__, str(e))
+    except Exception as e:  # the backend crashed on a case it said it supports: a finding
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return V.Verdict(V.CRASH, crash_diagnosis(e),
+                         f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
+    oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
+    oracle = Oracle.of(case, oracle_tensors, device=oracle_device)
+    verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
+    if backend.deterministic:
+        verdict = _check_bitwise(backend, case, tensors, output, verdict)
+    signal = getattr(backend, "last_agreement", None)  # CP vs non-CP: reported beside the grade, never graded
+    if signal is not None:
+        verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
+    return verdict
+
+
+# CUDA errors reach Python wrapped in whatever touched the device next (AcceleratorError, CUDADialectError from FA4's
+# CuTe runtime, InternalTorchDynamoError inside torch.compile): named by the error, one crash is one label.
+CUDA_ERRORS = {V.CUDA_ILLEGAL_ADDRESS: ("an illegal memory access was encountered", "cudaErrorIllegalAddress")}
+
+
+def crash_diagnosis(error: Exception) -> str:
+    """The CUDA error a crash reports, else the exception's type name."""
+    text = str(error)
+    return next((name for name, needles in CUDA_ERRORS.items() if any(n in text for n in needles)),
+                type(error).__name__)
+
+
+def _bits(x):
+    """A tensor's bit pattern (NaN-safe equality): its bytes as integers of the same width."""
+    return x.detach().contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
+def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdict: V.Verdict) -> V.Verdict:
+    """A backend that declares itself deterministic runs the case again on the same inputs; any bit that differs is a
+    FAIL:NONDETERMINISTIC (a failed grade stays the verdict, with the difference noted)."""
+    second = backend.run(case, tensors)
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        a, b = getattr(first, name), getattr(second, name)
+        if a is None or b is None or torch.equal(_bits(a), _bits(b)):
+            continue
+        delta = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
+        message = f"{name} is not bitwise reproducible: a second identical run differs by up to {delta:.3g}"
+        if verdict.failed:
+            return dataclasses.replace(verdict, checks=verdict.checks + (message,))
+        return V.Verdict(V.FAIL, V.NONDETERMINISTIC, message, ratio=verdict.ratio, checks=verdict.checks)
+    return verdict
+
+
+def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
+    """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
+    with one of the spellings the backend lists."""
+    own = backend.cases()
+    drawn = own if own is not None else attention_cases(narrow_to(space, backend.unsupported))
+
+    @st.composite
+    def spelled(draw) -> Case:  # a flatmap would build a strategy per case, which costs more than drawing it
+        case = draw(drawn)
+        return case.replace(spelling=pick(draw, tuple(backend.spellings(case))))
+
+    return spelled()
+
+
+KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
+
+
+def mark_known(known: KnownBugs | None, backend: str, case: Case, verdict: V.Verdict) -> V.Verdict:
+    """The verdict as KNOWN, with the known bug's link among its checks, when it is a failure that `known`
+    recognises; else unchanged. (fuzz_property marks KNOWN inline, without the link: Hypothesis derives a
+    derandomized run's seed from that function's source, and the ci streams the negative controls were shrunk on
+    would change with it.)"""
+    hit = known(backend, case, verdict) if verdict.failed and known is not None else None
+    if hit is not None:
+        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (known_bug_check(hit["link"]),))
+    return verdict
+
+
+def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
+                  on_case: Callable[[Case, V.Verdict, Tally], None] | None = None, known: KnownBugs | None = None,
+                  worker=None):
+    """The Hypothesis test for one backend: grade each drawn case, climb toward the bound, raise on failure. A
+    failure that `known` recognises as a known bug is tallied as KNOWN and the search goes on past it."""
+
+    @hypothesis.given(case=cases_for(backend, space))
+    def fuzz_backend(case: Case) -> None:
+        if worker is not None:  # attnfuzz.engine.isolate.Worker: the backend runs in a child process
+            verdict = worker.run(case)
+        else:
+            verdict = run_case(backend, case, device=device, inflight=inflight)
+        if verdict.failed and known is not None and known(backend.name, case, verdict) is not None:
+            verdict = dataclasses.replace(verdict, status=V.KNOWN)
+        tally.add(verdict)
+        if on_case is not None:
+            on_case(case, verdict, tally)
+        if verdict.status == V.PASS:
+            hypothesis.target(min(verdict.ratio, 1e9), label="error / bound")
+        if verdict.failed:
+            raise finding_type(verdict.label)(backend.name, case, verdict)
+
+    return fuzz_backend
+
+
+def findings_of(error: BaseException) -> list[Finding]:
+    """The minimal Findings Hypothesis reported: one, or several in an exception group."""
+    if isinstance(error, Finding):
+        return [error]
+    if isinstance(error, BaseExceptionGroup):
+        return [f for sub in error.exceptions for f in findings_of(sub)]
+    return []
+
+
+def confirm(finding: Finding, run: Callable[[Case], V.Verdict], reruns: int) -> Finding:
+    """Run a finding's case `reruns` more times: when the runs disagree it is FLAKY, with how often it failed. A hang
+    is not re-run (each attempt would cost the whole timeout), nor what is FLAKY already."""
+    if finding.verdict.status in (V.HANG, V.FLAKY):
+        return finding
+    labels = [finding.verdict.label] + [run(finding.case).label for _ in range(reruns)]
+    same = labels.count(finding.verdict.label)
+    if same == len(labels):
+        return finding
+    seen = ", ".join(f"{label} x{n}" for label, n in Counter(labels).items())
+    flaky = V.Verdict(V.FLAKY, finding.verdict.label, f"{finding.verdict.label} in {same} of {len(labels)} identical "
+                      f"runs ({seen}): {finding.verdict.message}", finding.verdict.worst, finding.verdict.ratio)
+    return Finding(finding.backend, finding.case, flaky)
+
+
+class Evidence:
+    """What a run's failing outputs said about each FAIL label: the ALTERNATIVE diagnoses that every output failing
+    with that label matched (its own, and the `also` of each verdict), over all the cases Hypothesis ran, shrinking
+    included. A diagnosis in that set explains the label: no case of it, in this run, told them apart. Labels graded
+    against no alternative (ALL_ZERO, NONFINITE, LSE, GRADIENT, TOLERANCE, crashes) are never explained; EMPTY_ROWS,
+    which is decided first, is when its outputs all matched an alternative too."""
+
+    def __init__(self) -> None:
+        self.common: dict[str, frozenset[str]] = {}
+
+    def add(self, verdict: V.Verdict) -> None:
+        if verdict.status != V.FAIL or verdict.diagnosis not in V.ALTERNATIVE + (V.EMPTY_ROWS,):
+            return  # a diagnosis graded against no alternative: nothing can explain it
+        matched = frozenset((verdict.diagnosis, *verdict.also))
+        self.common[verdict.label] = self.common.get(verdict.label, matched) & matched
+
+    def explains(self, root: Finding, other: Finding) -> bool:
+        """Whether `root`'s diagnosis explains every failing output of `other`'s label seen in this run."""
+        return (root is not other and root.verdict.status == V.FAIL and root.verdict.diagnosis in V.ALTERNATIVE
+                and root.verdict.diagnosis in self.common.get(other.verdict.label, ()))
+
+
+def merge_root_causes(findings: list[Finding], evidence: Evidence) -> list[Finding]:
+    """One finding per root cause. Hypothesis shrinks each verdict label on its own, so one bug can come back under
+    several labels: a kernel that drops the causal mask is MASK_IGNORED on sq = skv = 3, but WINDOW_OFF_BY_ONE on
+    sq = skv = 2 (the right bound moved by one hides every key too), MASK_ALIGNMENT on sq = 1, skv = 2 and
+    EMPTY_ROWS on a bottom-right sq = 2, skv = 1. A finding
+    B is attached to a finding A when A's diagnosis explains B's label (Evidence: every output of B's label in this
+    run matched A's alternative reference as well) and nothing explains A. A label with one output that A's
+    reference does not explain is another bug, and stays a finding of its own; so do findings that nothing
+    explains, and those explained only by an attached one (no chains). B goes to the explaining root whose
+    diagnosis comes last in the grader's order (the most general: no mask at all before one bound moved)."""
+    roots = [a for a in findings if not any(evidence.explains(b, a) for b in findings)]
+    merged = []
+    for f in findings:
+        if f in roots:
+            merged.append(f)
+            continue
+        by = [a for a in roots if evidence.explains(a, f)]
+        if not by:
+            merged.append(f)
+            continue
+        root = max(by, key=lambda a: V.ALTERNATIVE.index(a.verdict.diagnosis))
+        root.attached.append((f.case, f.verdict))
+    return merged
+
+
+def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
+         seed: int | None = None, inflight: Path | None = None,
+         on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
+         known: KnownBugs | None = None, worker=None, reruns: int = 3,
+         database_key: str | None = None) -> tuple[Tally, list[Finding]]:
+    """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
+    findings, one per distinct verdict label, merged where one explains another (merge_root_causes: the others are
+    in its `attached`). Each finding's case is run `reruns` more times: a failure that does not come back every time
+    (or that Hypothesis could not reproduce) is a FLAKY finding, with how often it failed.
+
+    `worker` is anything with run(case) -> Verdict (attnfuzz.engine.isolate.Worker; a campaign's resumable cache); without one,
+    cases run in this process. `database_key` names the backend's failures in the settings' example database, so that
+    runs with other seeds, other processes and other machines replay them (Hypothesis keys by function source
+    otherwise, which is the same for every backend)."""
+    tally = Tally()
+    if worker is not None and inflight is not None:
+        worker = WrittenAhead(worker, inflight, backend.name, device)
+    evidence = Evidence()
+
+    def seen(case: Case, verdict: V.Verdict, so_far: Tally) -> None:  # every case's verdict, for merge_root_causes
+        evidence.add(verdict)
+        if on_case is not None:
+            on_case(case, verdict, so_far)
+
+    prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=seen,
+                         known=known, worker=worker)
+    if settings is not None:
+        prop = settings(prop)
+    if seed is not None:
+        prop = hypothesis.seed(seed)(prop)
+    if database_key is not None:
+        prop._hypothesis_internal_database_key = database_key.encode()  # read by Hypothesis; set last, on the wrapper
+    # the crash record sits beside the write-ahead file: the next start tells a crash from a stop by it
+    with interrupt.crash_record(interrupt.record_path(inflight) if inflight is not None else None):
+        findings = _search(prop, tally)
+        if reruns > 0:
+            run = (getattr(worker, "rerun", worker.run) if worker is not None
+                   else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
+            findings = [confirm(f, run, reruns) for f in findings]
+    return tally, merge_root_causes(findings, evidence)
+
+
+def _search(prop, tally: Tally) -> list[Finding]:
+    """Run the Hypothesis test: the minimal Findings it reports (FLAKY where it could not reproduce one)."""
+    start = time.perf_counter()
+    findings: list[Finding] = []
+    try:
+        prop()
+    except hypothesis.errors.FlakyFailure as e:
+        flaky_findings = findings_of(e)
+        if not flaky_findings:
+            raise  # something other than a backend failure (the harness, the oracle) misbehaved: say so
+        for f in flaky_findings:
+            flaky = V.Verdict(V.FLAKY, f.verdict.label, f"did not reproduce on a second run: {f.verdict.message}",
+                              f.verdict.worst, f.verdict.ratio)
+            findings.append(Finding(f.backend, f.case, flaky))
+    except (Finding, BaseExceptionGroup) as e:
+        stop = e.subgroup(KeyboardInterrupt) if isinstance(e, BaseExceptionGroup) else None
+        if stop is not None:  # an interruption travelling with findings: the run was stopped, keep none
+            raise next(_leaves(stop)) from e
+        findings = findings_of(e)
+        if not findings:
+            raise
+    finally:
+        tally.seconds = time.perf_counter() - start
+    return findings
+
+
+def _leaves(group: BaseExceptionGroup):
+    for sub in group.exceptions:
+        yield from (_leaves(sub) if isinstance(sub, BaseExceptionGroup) else (sub,))

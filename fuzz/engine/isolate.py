@@ -1,0 +1,219 @@
+"""Crash isolation: one backend in a worker process, so a segfault, an abort, a fatal CUDA error or a hang costs one
+case, not the run.
+
+The worker builds the backend from its spec (a registry name or package.module:function), then runs and grades
+cases (attnfuzz.engine.harness.run_case) as they come. When it dies the case is a CRASH named after the signal or exit code.
+When it does not answer within the timeout it is killed, and a fresh worker runs the same case once more with
+`confirm_factor` times the limit (default 2): a JIT compile can take minutes on a loaded host, and a slow case is
+not a hung one. If that attempt answers, its verdict stands, with a line among its checks saying the first attempt
+timed out and how long the second took; if it is silent too, the case is a HANG (TIMEOUT). So a HANG costs
+timeout x (1 + confirm_factor). Either way a fresh worker serves the next case, so Hypothesis can shrink a crash like
+any other failure, each attempt in a clean process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import signal
+import time
+
+from attnfuzz.engine import interrupt, poison
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+
+
+STARTUP_S = 300
+# Imported once by the fork server, so a fresh worker is a fork (tens of ms), not a new interpreter importing torch
+# (seconds): a crash that recurs on every shrink attempt stays cheap. Nothing here may initialise CUDA.
+PRELOAD = ["torch", "attnfuzz.engine.harness", "attnfuzz.backends"]
+
+
+def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
+    # Ctrl-C reaches the whole foreground process group: the parent stops the run and then this worker, which must
+    # not die of it first (the parent would see a worker that died on its case: a CRASH). The fork server ignores it
+    # already (_start_fork_server); this holds for a server started elsewhere.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+    torch.set_num_threads(threads)
+    if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
+        poison.enable()
+    from attnfuzz.backends import get
+    from attnfuzz.engine.harness import run_case
+    backend = get(spec, device)
+    # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
+    unavailable = backend.available()
+    try:
+        conn.send(("ready", unavailable))
+        while True:
+            case = conn.recv()
+            if case is None:
+                return
+            if unavailable is not None:
+                conn.send(V.Verdict(V.UNSUPPORTED, None, f"{spec} is not available here: {unavailable}"))
+            else:
+                conn.send(run_case(backend, case, device=device))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone (a run interrupted while this worker started, before it knew its pid)
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (if not running) with SIGINT ignored, a disposition it and the workers forked from it
+    keep: a Ctrl-C meant for the run reaches the whole process group, and must not kill the server in its seconds of
+    importing torch, nor a worker mid-case (the run would see a CRASH). The run's own SIGINT is ignored only for the
+    spawn itself (milliseconds)."""
+    from multiprocessing import forkserver
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signal dispositions are the main thread's to set
+        forkserver.ensure_running()
+        return
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _death(exitcode: int | None) -> str:
+    """SIGSEGV, SIGABRT, ... for a signal; EXIT_<n> for an exit code."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"SIGNAL_{-exitcode}"
+    return f"EXIT_{exitcode}"
+
+
+class Worker:
+    """A backend in a child process. `run(case)` returns the verdict; the process is replaced after a death or a
+    timeout (which counts from the case's hand-over; start-up is waited for apart). A timed-out case is tried once
+    more in a fresh worker with `timeout_s * confirm_factor` before it is a HANG; confirm_factor None, 0 or 1 turns
+    that off. `restarts` counts the workers replaced. Use as a context manager, or call close()."""
+
+    def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1,
+                 confirm_factor: float | None = 2.0):
+        self.spec, self.device, self.timeout_s, self.threads = spec, device, timeout_s, threads
+        self.confirm_factor = confirm_factor
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(PRELOAD)
+        self._process = None
+        self._conn = None
+        self._unavailable: str | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._context.Pipe()
+        self._process = self._context.Process(target=_serve, daemon=True,
+                                              args=(child, self.spec, self.device, self.threads, poison.enabled()))
+        _start_fork_server()
+        self._process.start()
+        child.close()
+        self._conn = parent
+        # start-up (importing the backend) is not the case's time
+        try:
+            hello = parent.recv() if parent.poll(STARTUP_S) else None
+            ready = isinstance(hello, tuple) and hello[0] == "ready"
+        except (EOFError, ConnectionResetError):
+            ready = False
+        self._unavailable = hello[1] if ready else None
+        if not ready:
+            code = self._process.exitcode
+            self._stop()
+            raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
+                               f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
+
+    def _stop(self) -> None:
+        started = self._process is not None and self._process.pid is not None  # a start may have been interrupted
+        if started and self._process.is_alive():
+            self._process.kill()
+        if started:
+            self._process.join(timeout=10)
+        self._process = self._conn = None
+
+    def _attempt(self, case: Case, timeout_s: float) -> tuple[V.Verdict | None, float]:
+        """One try in the current worker (started if need be): its verdict, a CRASH when it died, or None when it
+        stayed silent for timeout_s (it is killed); and the seconds from hand-over to answer."""
+        if self._process is None:
+            self._start()
+        start = time.perf_counter()
+        try:
+            self._conn.send(case)  # Case and Verdict are frozen dataclasses: pickled as they are
+            if self._conn.poll(timeout_s):
+                return self._conn.recv(), time.perf_counter() - start
+        except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe closed: the worker died
+            process = self._process
+            self.restarts += 1
+            process.join(timeout=30)
+            name = _death(process.exitcode)
+            self._stop()
+            if process.exitcode is not None and -process.exitcode in interrupt.STOPS:
+                # stopped from outside (a job's SIGTERM to every process of the run, a kill): not the case's doing
+                raise interrupt.Interrupted(-process.exitcode, where=f" (sent to the {self.spec} worker)")
+            return (V.Verdict(V.CRASH, name, f"{self.spec}: the worker process died ({name}) while running this case"),
+                    time.perf_counter() - start)
+        self.restarts += 1  # silent: a hang, or a case slower than the limit
+        self._stop()
+        return None, time.perf_counter() - start
+
+    def run(self, case: Case) -> V.Verdict:
+        verdict, _ = self._attempt(case, self.timeout_s)
+        if verdict is not None:
+            return verdict
+        if not self.confirm_factor or self.confirm_factor <= 1:
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: no answer within {self.timeout_s:g}s; worker killed")
+        longer = self.timeout_s * self.confirm_factor
+        verdict, took = self._attempt(case, longer)  # in a fresh worker: the first was killed
+        if verdict is None:
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: timed out twice (no answer within {self.timeout_s:g}s, "
+                                                f"then {longer:g}s in a fresh worker); worker killed")
+        if verdict.status == V.CRASH:
+            return verdict
+        slow = (f"slow: no answer within {self.timeout_s:g}s at first; a fresh worker answered in {took:.1f}s "
+                f"(limit {longer:g}s)")
+        return dataclasses.replace(verdict, checks=verdict.checks + (slow,))
+
+    def available(self) -> str | None:
+        """Why the backend cannot run in the worker, or None; judged there (started if need be), as the backends'
+        own available() is: TE, for one, imports in a fresh worker but not in a process that has loaded cuDNN."""
+        if self._process is None:
+            self._start()
+        return self._unavailable
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self._stop()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Worker | None:
+    """A Worker for `backend` (an adapter), or None when isolation is off or the backend already runs its kernel in
+    processes of its own (context parallelism: a worker, being a daemon, could not start its ranks)."""
+    if not enabled or backend.own_processes:
+        return None
+    return Worker(backend.name, device, timeout_s=timeout_s)
+
+
+class Workers:
+    """Workers by (backend name, device), each started on first use and kept: for replaying many corpus entries."""
+
+    def __init__(self, timeout_s: float = 300.0):
+        self.timeout_s, self._workers = timeout_s, {}
+
+    def __call__(self, backend: str, device: str) -> Worker:
+        if (backend, device) not in self._workers:
+            self._workers[backend, device] = Worker(backend, device, timeout_s=self.timeout_s)
+        return self._workers[backend, device]
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.close()
+

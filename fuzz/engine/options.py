@@ -1,0 +1,130 @@
+"""Every option that several front ends share, declared once: its name, how its value is parsed, default and help.
+
+The CLI adds an option as `--NAME`; the pytest plugin, which pytest loads into every session of the environment,
+adds it as `--attnfuzz-NAME`, so it never claims a generic name (`--device`, `--backend`) that another plugin or a
+user's conftest.py declares. A value that cannot be used fails while the command line is parsed and the message
+names the option and the fix: the CLI exits 2, pytest reports a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from attnfuzz.engine.poison import HELP as POISON_HELP
+from attnfuzz.engine.profiles import PROFILES
+
+PLUGIN_PREFIX = "attnfuzz-"
+
+
+def count(text: str) -> int:
+    """A whole number of 1 or more (examples, threads, lengths, runs)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
+    return value
+
+
+def positive(text: str) -> float:
+    """A finite number above 0 (seconds, hours)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give one above 0") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give a number above 0")
+    return value
+
+
+def device(text: str) -> str:
+    """cpu, cuda or cuda:N; whether the device exists here is checked when a command uses it."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N")
+    return text
+
+
+def profile_name(text: str) -> str:
+    if text not in PROFILES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a profile; choose one of {', '.join(PROFILES)}")
+    return text
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str                     # as typed after the dashes, e.g. "max-examples"
+    help: str
+    type: Callable[[str], Any] | None = None
+    default: Any = None
+    action: str | None = None     # "store_true" or "append"
+    metavar: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+    def kwargs(self, **overrides) -> dict:
+        out = {"help": self.help, "default": self.default, **self.extra}
+        if self.action:
+            out["action"] = self.action
+        if self.type:
+            out["type"] = self.type
+        if self.metavar:
+            out["metavar"] = self.metavar
+        out.update(overrides)
+        if out.get("action") == "append" and out["default"] is None:
+            out["default"] = []
+        return out
+
+
+_ISOLATE = ("run each backend in a worker process: a segfault, abort or fatal CUDA error costs one case (CRASH), a "
+            "hang 3 x --case-timeout seconds (HANG), not the run")
+_CASE_TIMEOUT = ("seconds one isolated case may take (default {default:g}); one that takes longer is run again in a "
+                 "fresh worker with twice the limit, and is a HANG only if that times out too (a HANG costs 3 x "
+                 "this); a slow case that finishes keeps its verdict")
+
+OPTIONS = {o.name: o for o in (
+    Option("backend", "backend to fuzz: a registry name or package.module:function (repeatable)", action="append"),
+    Option("device", "cpu, cuda or cuda:N (default cpu)", type=device, default="cpu"),
+    Option("profile", f"Hypothesis profile: one of {', '.join(PROFILES)} (default quick: 100 examples; ci: 300, "
+           "derandomized; campaign: 100,000)", type=profile_name, default="quick", metavar="NAME"),
+    Option("max-examples", "examples per backend (default: the profile's)", type=count, metavar="N"),
+    Option("seed", "Hypothesis seed, for a reproducible run", type=int, metavar="N"),
+    Option("max-len", "longest sequence drawn (default 160)", type=count, metavar="N"),
+    Option("threads", "torch CPU threads (default 1: small cases are latency-bound, and intra-op threads cost 8x "
+           "under load)", type=count, default=1, metavar="N"),
+    Option("isolate", _ISOLATE, action="store_true"),
+    Option("case-timeout", _CASE_TIMEOUT, type=positive, default=300.0, metavar="SECONDS"),
+    Option("poison-memory", POISON_HELP, action="store_true"),
+    Option("corpus", "folder where findings are saved (default: $ATTNFUZZ_CORPUS, else "
+           "~/.local/share/attnfuzz/corpus); known bugs are read from it and from the corpus shipped with attnfuzz",
+           type=Path, metavar="DIR"),
+)}
+
+
+def add(parser, *names: str, **overrides) -> None:
+    """Add the named options to an argparse parser as --NAME; `overrides` maps an option's dest to keyword changes,
+    e.g. case_timeout={"default": 120.0}, and "shown_default" to the default the help names when `default` is None
+    because the command resolves it later."""
+    for name in names:
+        option = OPTIONS[name]
+        changes = dict(overrides.get(option.dest, {}))
+        shown = changes.pop("shown_default", None)
+        kwargs = option.kwargs(**changes)
+        kwargs["help"] = kwargs["help"].format(default=shown if shown is not None else kwargs["default"])
+        parser.add_argument(f"--{name}", dest=option.dest, **kwargs)
+
+
+def add_to_pytest(group, *names: str) -> None:
+    """Add the named options to a pytest option group as --attnfuzz-NAME, read back as attnfuzz_<dest>."""
+    for name in names:
+        option = OPTIONS[name]
+        kwargs = option.kwargs()
+        kwargs["help"] = kwargs["help"].format(default=kwargs["default"])
+        group.addoption(f"--{PLUGIN_PREFIX}{name}", dest=f"attnfuzz_{option.dest}", **kwargs)

@@ -1,0 +1,498 @@
+"""The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge, and replay.
+
+Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
+seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}, "labels": [...]}: an expected
+failure until the bug is fixed; while fuzzing, a failure of the same backend and verdict label (or one of `labels`:
+a bug whose output is garbage reads 0, NaN or wrong values from run to run) whose message contains `match` and whose
+case has the values in `when` (each optional) counts as this known bug, and the search goes on past it). `when` names
+Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). Optional:
+attached ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the
+entry, each a case and verdict; attnfuzz.engine.harness.merge_root_causes), absent from entries that have none.
+`environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
+(replay_under_isa).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnfuzz.engine import interrupt
+from attnfuzz.oracles.verdict import CRASH, FLAKY, HANG, STOPPED, Verdict
+from attnfuzz.strategies.case import SCHEMA, Case
+
+REQUIRED = ("schema", "signature", "backend", "case", "verdict")
+
+# Derived facts about a case that a known bug's `when` may name beside the Case fields.
+TRAITS = {
+    "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
+    "empty_kv_sequence": lambda c: 0 in c.lens_kv,      # ... no key token
+    "split_head_dims": lambda c: c.d_qk != c.d_v,
+    "gqa": lambda c: c.h != c.hk,
+    "sq_longer": lambda c: c.sq > c.skv,
+    "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
+    # an unbounded window side spelled as the legacy -1 sentinel, whatever else the spelling says ("seqused+neg")
+    "negative_bound": lambda c: "neg" in c.spelling.split("+"),
+    # more than one sequence passed as varlen: packed (thd), with lengths, or as TE's padding mask type
+    "padded_batch": lambda c: c.b > 1 and (c.layout == "thd" or c.padded or c.spelling == "padding"),
+    # the key length a kernel call runs over (thd: the packed total) modulo 16: where a loop over 8- or 16-wide
+    # vectors (AVX2, AVX-512) leaves a tail
+    "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
+    "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
+}
+
+
+def when_fields(case: Case) -> dict:
+    """What a known bug's `when` is matched against: the case's fields and its TRAITS."""
+    return {**case.to_dict(), **{name: trait(case) for name, trait in TRAITS.items()}}
+
+
+class CorpusError(ValueError):
+    """A corpus file that cannot be read; the message names the file and the field."""
+
+
+@dataclass
+class Entry:
+    backend: str
+    case: Case
+    verdict: Verdict
+    device: str = "cpu"
+    backend_version: str = ""
+    environment: dict | None = None
+    found: str = ""
+    last_seen: str = ""
+    seen: int = 1
+    known_bug: dict | None = None
+    attached: list[tuple[Case, Verdict]] = field(default_factory=list)  # other labels of the same root cause
+
+    @property
+    def signature(self) -> str:
+        """backend + verdict label + the case without its seed: the same bug drawn with other numbers merges."""
+        shape = {k: v for k, v in self.case.to_dict().items() if k != "seed"}
+        key = json.dumps([self.backend, self.verdict.label, shape], sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    @property
+    def filename(self) -> str:
+        label = self.verdict.label.replace(":", "-")
+        return f"{self.backend}-{label}-{self.signature}.json".replace("/", "_").replace(":", "_")
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "signature": self.signature, "backend": self.backend,
+                "backend_version": self.backend_version, "device": self.device, "environment": self.environment,
+                "case": self.case.to_dict(), "verdict": self.verdict.to_dict(), "found": self.found,
+                "last_seen": self.last_seen, "seen": self.seen, "known_bug": self.known_bug,
+                **({"attached": [{"case": c.to_dict(), "verdict": v.to_dict()} for c, v in self.attached]}
+                   if self.attached else {})}
+
+    @classmethod
+    def from_dict(cls, data, where: str) -> Entry:
+        if not isinstance(data, dict):
+            raise CorpusError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        for name in REQUIRED:
+            if name not in data:
+                raise CorpusError(f"{where}: missing field {name!r}")
+        if data["schema"] != SCHEMA:
+            raise CorpusError(f"{where}: field 'schema' is {data['schema']!r}; this attnfuzz reads schema {SCHEMA}")
+        if not isinstance(data["backend"], str) or not data["backend"]:
+            raise CorpusError(f"{where}: field 'backend' must be a backend name, got {data['backend']!r}")
+        try:
+            case = Case.from_dict(data["case"], where=f"{where}: field 'case'")
+        except ValueError as e:
+            raise CorpusError(str(e)) from None
+        try:
+            verdict = Verdict.from_dict(data["verdict"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorpusError(f"{where}: field 'verdict' is malformed ({type(e).__name__}: {e})") from None
+        known = data.get("known_bug")
+        if known is not None and not (isinstance(known, dict) and known.get("link")):
+            raise CorpusError(f"{where}: field 'known_bug' must be null or an object with a 'link'")
+        if known is not None and not isinstance(known.get("when", {}), dict):
+            raise CorpusError(f"{where}: field 'known_bug.when' must be an object of case fields and values")
+        labels = (known or {}).get("labels", [])
+        if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
+            raise CorpusError(f"{where}: field 'known_bug.labels' must be a list of verdict labels")
+        unknown = sorted(set((known or {}).get("when", {})) - set(when_fields(case)))
+        if unknown:
+            raise CorpusError(f"{where}: field 'known_bug.when' names {unknown}, which are neither Case fields nor "
+                              f"traits ({', '.join(TRAITS)})")
+        attached = data.get("attached", [])
+        if not isinstance(attached, list) or not all(isinstance(a, dict) for a in attached):
+            raise CorpusError(f"{where}: field 'attached' must be a list of {{'case': ..., 'verdict': ...}} objects")
+        try:
+            attached = [(Case.from_dict(a["case"], where=f"{where}: field 'attached[{i}].case'"),
+                         Verdict.from_dict(a["verdict"])) for i, a in enumerate(attached)]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorpusError(f"{where}: field 'attached' is malformed ({type(e).__name__}: {e})") from None
+        return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
+                   backend_version=data.get("backend_version", ""), environment=data.get("environment"),
+                   found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
+                   known_bug=known, attached=attached)
+
+
+def environment(device: str) -> dict:
+    """Where an entry was found: versions, the GPU, and the CPU's vector ISA torch's CPU kernels and inductor's C++
+    ran with (ATen's capability, and ATEN_CPU_CAPABILITY when it was set to choose one)."""
+    import hypothesis
+    import torch
+    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+           "hypothesis": hypothesis.__version__, "cpu_capability": host_isa()}
+    if os.environ.get("ATEN_CPU_CAPABILITY"):
+        env["ATEN_CPU_CAPABILITY"] = os.environ["ATEN_CPU_CAPABILITY"]
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def host_isa() -> str:
+    """The vector ISA torch's CPU kernels dispatch to in this process ("AVX2", "AVX512", "DEFAULT", ...): chosen
+    once, when torch loads, from the CPU and ATEN_CPU_CAPABILITY. Inductor's CPU code follows the same variable."""
+    import torch
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
+    """Write (or merge into) the entry's file, and its standalone repro script beside it. Returns the JSON path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / entry.filename
+    stamp = now()
+    if path.exists():
+        try:  # the same bug again: keep the first case (its repro script stays valid), count the sighting
+            first = Entry.from_dict(json.loads(path.read_text()), str(path))
+            first.seen, first.last_seen = first.seen + 1, stamp
+            labels = {v.label for _, v in first.attached}  # and keep a label it came with that the entry lacks
+            first.attached += [(c, v) for c, v in entry.attached if v.label not in labels]
+            path.write_text(json.dumps(first.to_dict(), indent=2, sort_keys=True) + "\n")
+            return path
+        except (CorpusError, json.JSONDecodeError):
+            pass  # an unreadable old file is replaced by the fresh finding
+    entry.found = entry.found or stamp
+    entry.last_seen = stamp
+    entry.environment = entry.environment or environment(entry.device)
+    path.write_text(json.dumps(entry.to_dict(), indent=2, sort_keys=True) + "\n")
+    if repro:
+        from attnfuzz.store.repro import write_repro
+        write_repro(entry, path.with_suffix(".py"))
+    return path
+
+
+def replays_isolated(verdict: Verdict) -> bool:
+    """Whether an entry's case should be replayed in a worker: a hang, or a crash that kills or poisons a process."""
+    return verdict.status == HANG or (verdict.status == CRASH and (verdict.diagnosis or "").startswith(
+        ("SIG", "EXIT_", "PROCESS_DIED", "CUDA_")))
+
+
+def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool = True) -> str:
+    """What a user needs of a saved finding, one item a line: its label and message, its case, where its JSON and
+    repro script are, and the commands to replay it (and to shrink it, when nothing has shrunk it yet)."""
+    isolate = " --isolate" if replays_isolated(entry.verdict) else ""
+    script = path.with_suffix(".py")
+    lines = [f"{entry.verdict.label}: {entry.verdict.message}", f"    {entry.case!r}",
+             f"    saved:  {path}" + ("" if new else "  (the same bug as this entry, seen before: sighting counted)")]
+    if script.exists():
+        lines.append(f"    repro:  {script}")
+    lines.append(f"    replay: attnfuzz replay {path}{isolate}" + (f"   or   python3 {script}" if script.exists() else ""))
+    if not shrunk:
+        lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (nothing has shrunk this case yet)")
+    for case, verdict in entry.attached:
+        lines.append(f"    also {verdict.label}, the same root cause (every such output of the run matched "
+                     f"{entry.verdict.diagnosis} too): {case!r}")
+    return "\n".join(lines)
+
+
+def load(path: Path) -> Entry:
+    """One entry; CorpusError names the file and the field when it cannot be read."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot be read ({e.strerror})") from None
+    return Entry.from_dict(data, str(path))
+
+
+def entry_paths(directory: Path) -> list[Path]:
+    """The entries under `directory`; names and folders starting with "." are not entries (write-ahead files, the
+    stopped-case records in .stopped/)."""
+    directory = Path(directory)
+    return sorted(p for p in directory.glob("**/*.json")
+                  if not any(part.startswith(".") for part in p.relative_to(directory).parts))
+
+
+def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusError]]:
+    """Every readable entry under `directory`, and an error per unreadable file (the others still load)."""
+    entries, errors = [], []
+    for path in entry_paths(directory):
+        try:
+            entries.append((path, load(path)))
+        except CorpusError as e:
+            errors.append(e)
+    return entries, errors
+
+
+def _labels(saved: Verdict, bug: dict | None = None) -> tuple[str, ...]:
+    """The labels a saved verdict's known bug answers to: its own, for a FLAKY entry the label it flaked with (a case
+    fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded), and the bug's other `labels`."""
+    own = (saved.label, saved.diagnosis) if saved.status == FLAKY else (saved.label,)
+    return own + tuple((bug or {}).get("labels", ()))
+
+
+def shipped_dir() -> Path:
+    """The corpus that ships with attnfuzz: the repository's corpus/ folder, installed as attnfuzz.shipped_corpus."""
+    from importlib.resources import files
+    return Path(str(files("attnfuzz.shipped_corpus")))
+
+
+def findings_dir(given: Path | None = None) -> Path:
+    """Where a run saves its findings: the folder given, else $ATTNFUZZ_CORPUS, else the per-user data folder
+    ($XDG_DATA_HOME/attnfuzz/corpus, ~/.local/share/attnfuzz/corpus). Never the shipped corpus unless named."""
+    if given is not None:
+        return Path(given)
+    if os.environ.get("ATTNFUZZ_CORPUS"):
+        return Path(os.environ["ATTNFUZZ_CORPUS"])
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data) / "attnfuzz" / "corpus"
+
+
+def known_bugs(*directories: Path):
+    """A `known` predicate for the harness over the entries of every folder given (each read once; a folder that
+    does not exist holds none): the known_bug record that a (backend, verdict) failure matches, with the file name of
+    its entry under "entry". An unreadable file raises CorpusError naming it: skipping it would drop its known bug
+    without a word, and its failures would be reported as new."""
+    entries, errors, seen = [], [], set()
+    for directory in directories:
+        directory = Path(directory).resolve()
+        if directory in seen or not directory.exists():
+            continue
+        seen.add(directory)
+        found, bad = load_all(directory)
+        entries += found
+        errors += bad
+    if errors:
+        raise CorpusError("; ".join(str(e) for e in errors) + " (fix or move away the file: a corpus file that "
+                          "cannot be read would drop its known bug)")
+    return known_bugs_of(entries)
+
+
+def known_bugs_of(entries: list[tuple[Path, Entry]]):
+    """known_bugs over the given (path, entry) pairs; those without a known_bug take nothing."""
+    entries = [(p, e) for p, e in entries if e.known_bug]
+
+    def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
+        fields = when_fields(case)
+        for path, e in entries:
+            bug = e.known_bug
+            if (e.backend == backend and verdict.label in _labels(e.verdict, bug)
+                    and bug.get("match", "") in verdict.message
+                    and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
+                return {**bug, "entry": path.name}
+        return None
+
+    return known
+
+
+def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
+    """Run the entry's case through its backend again (in `worker`, a attnfuzz.engine.isolate.Worker for that backend, when
+    given); UNSUPPORTED (with why) when the backend is unavailable, or when the entry hung and no worker is given
+    (in-process, nothing could stop it). A CPU entry recorded under another vector ISA than this process runs is
+    replayed under that ISA, in a fresh interpreter (replay_under_isa)."""
+    device = device or entry.device
+    isa = recorded_isa(entry, device)
+    if isa is not None and isa != host_isa():
+        return replay_under_isa(entry, device, isa, worker)
+    return _replay_here(entry, device, worker)
+
+
+def _replay_here(entry: Entry, device: str, worker=None) -> Verdict:
+    from attnfuzz.backends import get
+    from attnfuzz.engine.harness import run_case
+    from attnfuzz.oracles.verdict import HANG, UNSUPPORTED
+    backend = get(entry.backend, device)
+    if worker is not None and not backend.own_processes:
+        return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
+    why = backend.available()
+    if why is not None:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
+    if entry.verdict.status == HANG and not backend.own_processes:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
+                                          f"where a case that does not answer is timed out")
+    return run_case(backend, entry.case, device=device)
+
+
+def recorded_isa(entry: Entry, device: str) -> str | None:
+    """The vector ISA a CPU entry was found under (ATen's name, e.g. "AVX2"); None for an entry replayed on a GPU or
+    saved before attnfuzz recorded it."""
+    if not device.startswith("cpu"):
+        return None
+    return (entry.environment or {}).get("cpu_capability") or None
+
+
+_CHILD_MARK = "attnfuzz-replay-verdict: "
+_UNRUNNABLE: set[str] = set()   # ISAs a fresh interpreter here did not run: asked once per process
+
+
+def replay_under_isa(entry: Entry, device: str, isa: str, worker=None) -> Verdict:
+    """Replay an entry under the vector ISA it was recorded on. torch picks its CPU kernels' ISA once, when it loads
+    (ATEN_CPU_CAPABILITY), and inductor's C++ follows the same variable, so this runs in a fresh interpreter with
+    ATEN_CPU_CAPABILITY set (with a worker inside it when `worker` is given). Where this CPU cannot run that ISA,
+    the entry is replayed here instead, and a known bug that does not fail here is UNSUPPORTED ("recorded on ISA X,
+    host runs Y"), not fixed: a kernel that is right under Y says nothing of X."""
+    from attnfuzz.oracles.verdict import UNSUPPORTED
+    verdict = None if isa in _UNRUNNABLE else _child_replay(entry, device, isa, worker)
+    if verdict is not None:
+        return verdict
+    _UNRUNNABLE.add(isa)
+    here = _replay_here(entry, device, worker)
+    if entry.known_bug and not here.failed:
+        return Verdict(UNSUPPORTED, None, f"recorded on ISA {isa}, host runs {host_isa()} and cannot run {isa}: "
+                                          f"the known bug does not fail here ({here.label}), which says nothing "
+                                          f"of {isa}; replay it on a {isa} CPU")
+    return here
+
+
+def _child_replay(entry: Entry, device: str, isa: str, worker) -> Verdict | None:
+    """The entry's verdict from a fresh interpreter under ATEN_CPU_CAPABILITY=isa; None when torch there does not run
+    that ISA (this CPU lacks it)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from attnfuzz.engine import poison
+    from attnfuzz.engine.isolate import _death
+    from attnfuzz.oracles.verdict import CRASH
+    request = {"entry": entry.to_dict(), "device": device, "isa": isa, "threads": torch.get_num_threads(),
+               "poison": poison.enabled(),
+               "isolate_timeout": None if worker is None else getattr(worker, "timeout_s", 300.0)}
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa.lower()}
+    done = subprocess.run([sys.executable, "-c", "from attnfuzz.store.corpus import replay_child; replay_child()"],
+                          input=json.dumps(request), capture_output=True, text=True, env=env)
+    answers = [line[len(_CHILD_MARK):] for line in done.stdout.splitlines() if line.startswith(_CHILD_MARK)]
+    if not answers:
+        name = _death(done.returncode)
+        return Verdict(CRASH, name, f"{entry.backend}: the process replaying this entry under "
+                                    f"ATEN_CPU_CAPABILITY={isa.lower()} died ({name}): {done.stderr[-400:].strip()}")
+    answer = json.loads(answers[-1])
+    if answer is None:
+        return None
+    verdict = Verdict.from_dict(answer)
+    where = (f"replayed in a fresh process under ATEN_CPU_CAPABILITY={isa.lower()}, the ISA it was recorded on "
+             f"(this process runs {host_isa()})")
+    return dataclasses.replace(verdict, checks=tuple(verdict.checks) + (where,))
+
+
+def replay_child() -> None:
+    """The fresh interpreter of _child_replay: reads the request on stdin, prints the verdict (null when torch here
+    does not run the asked ISA) on a marked line."""
+    import sys
+
+    import torch
+
+    from attnfuzz.engine import poison
+    request = json.loads(sys.stdin.read())
+    torch.set_num_threads(request["threads"])
+    if request["poison"]:
+        poison.enable()
+    if host_isa() != request["isa"]:
+        print(_CHILD_MARK + "null", flush=True)
+        return
+    entry = Entry.from_dict(request["entry"], "replay request")
+    worker = None
+    if request["isolate_timeout"] is not None:
+        from attnfuzz.engine.isolate import Worker
+        worker = Worker(entry.backend, request["device"], timeout_s=request["isolate_timeout"])
+    try:
+        verdict = _replay_here(entry, request["device"], worker)
+    finally:
+        if worker is not None:
+            worker.close()
+    print(_CHILD_MARK + json.dumps(verdict.to_dict()), flush=True)
+
+
+def inflight_path(directory: Path, backend: str) -> Path:
+    """Where the case a backend is running waits on disk (write-ahead), one file per backend; its crash record is
+    beside it (attnfuzz.engine.interrupt.record_path)."""
+    return directory / f".inflight-{backend.replace(':', '_').replace('/', '_')}.json"
+
+
+STOPPED_DIR = ".stopped"  # inside a corpus: cases a run was stopped on, kept for replay, never entries
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What a start made of a case the last run left on disk: a CRASH:PROCESS_DIED finding (`finding`), or a
+    stopped-case record under .stopped/ that is not one; `path` is the JSON saved, `message` what to tell the user."""
+
+    path: Path
+    finding: bool
+    message: str
+
+
+def recover_inflight(directory: Path, backend) -> list[Recovered]:
+    """The case a run left on disk (write-ahead) in `directory` when it ended mid-case, judged by recover_case and
+    removed with its crash record. Returns what was saved (none when no case was left)."""
+    inflight = inflight_path(directory, backend.name)
+    record_path = interrupt.record_path(inflight)
+    recovered = []
+    if inflight.exists():
+        recovered.append(recover_case(inflight, interrupt.read_record(record_path), directory, backend))
+    record_path.unlink(missing_ok=True)  # without a case, the process ended between cases: nothing to speak of
+    return recovered
+
+
+def recover_case(inflight: Path, record: interrupt.Record, directory: Path, backend,
+                 device: str = "cpu") -> Recovered:
+    """A write-ahead file left behind, and the crash record beside it. With a record naming a fatal signal (the
+    process died of SIGSEGV, SIGABRT, ... in process) the case is saved in `directory` as a CRASH:PROCESS_DIED
+    finding. Without one the process was stopped from outside (SIGKILL after a job's time limit, the OOM killer, a
+    power loss; or it left through a native exit()), or the case ran in an isolated worker, which reports its own
+    crashes: the case is kept under `directory`/.stopped/, replayable, and is not a finding. The file is removed."""
+    try:
+        data = json.loads(inflight.read_text())
+        case = Case.from_dict(data["case"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        inflight.unlink()
+        return Recovered(inflight, False, f"the last run left an unreadable write-ahead file ({e}); removed")
+    device, isolated = data.get("device", device), bool(data.get("isolated"))
+    if record.fatal is not None and not isolated:
+        verdict = Verdict(CRASH, "PROCESS_DIED", f"the fuzzing process died of {record.fatal} while running this "
+                          f"case (in process, without --isolate)", checks=(f"stack: {record.excerpt()}",))
+        entry = Entry(backend=backend.name, case=case, verdict=verdict, device=device,
+                      backend_version=backend.version())
+        new = not (Path(directory) / entry.filename).exists()
+        path = save(directory, entry)
+        message = (f"the last run died of {record.fatal} while running a case, saved as a finding: "
+                   + describe_saved(entry, path, new=new, shrunk=False))
+        recovered = Recovered(path, True, message)
+    else:
+        if isolated:
+            why = ("the run was killed from outside while an isolated worker ran this case (a worker's own crash "
+                   "is reported as one, so this was not)")
+        elif record.signalled:
+            why = ("the run was sent SIGINT or SIGTERM while running this case, never got back from native code to "
+                   "stop, and was killed later: the case may hang; where it was: " + record.excerpt(3))
+        else:
+            why = ("the run ended while running this case and left no crash record: killed from outside (SIGKILL "
+                   "after a time limit, the OOM killer, a power loss) or gone through a native exit()")
+        entry = Entry(backend=backend.name, case=case, verdict=Verdict(STOPPED, None, why), device=device,
+                      backend_version=backend.version())
+        path = save(Path(directory) / STOPPED_DIR, entry)
+        message = "\n    ".join((
+            f"the last run stopped while running a case, and nothing shows that the case ended it; it is not "
+            f"counted as a finding", why, repr(case), f"kept at: {path}",
+            f"replay: attnfuzz replay {path} --isolate   or   python3 {path.with_suffix('.py')}",
+            f"if it fails there: attnfuzz shrink {path} --isolate   saves it to {directory} as a finding"))
+        recovered = Recovered(path, False, message)
+    inflight.unlink()
+    return recovered

@@ -1,0 +1,258 @@
+"""Standalone repro scripts for corpus entries: torch and the backend are all they need.
+
+The script embeds the inputs exactly as the fuzzer drew them, in the memory format the backend saw (for cases up to
+INLINE elements; larger ones are regenerated from the seed, which needs attnfuzz importable) and the float64
+oracle's output, so it checks the backend without the oracle. The backend call is the adapter's own
+`repro_source(case)`: source defining `attention(q, k, v)` (logical [b, s, heads, d] in, the output out) in the
+backend's API, with the masks, sinks and layouts spelled out as run() makes them. Adapters that write their call out:
+  sdpa-*                          every spelling and layout SDPA takes (fuzz/backends/sdpa/adapter.py)
+  flex-eager, flex-compiled       every case they take (fuzz/backends/flex/repro.py)
+  fa2, fa3, fa4                   every case they take (fuzz/backends/flash/repro.py)
+  te-flash, te-fused, te-unfused  every case they take (fuzz/backends/te/repro.py)
+  ring-*, te-cp-*                 every case they take; the script spawns the ranks itself (fuzz/backends/cp/repro.py)
+Everything else falls back to calling the adapter through attnfuzz (the script then needs attnfuzz importable):
+cases an adapter refuses, and bring-your-own kernels (`package.module:function`).
+
+The script checks the output and, for cases with gradients, dQ / dK / dV (autograd through the written call, with the
+embedded output gradient and float64 answers). It does not check the LSE, whose spelling is each backend's own: an
+LSE finding's script reruns the call and passes. CP scripts gather the output across ranks, so no gradient flows back
+through them; they say so and check the output only.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from attnfuzz.backends.source import literal
+from attnfuzz.oracles.grade import Oracle, check_out, gradient_check
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+
+INLINE = 1 << 16
+
+_ADAPTER_CALL = '''
+
+KERNEL_PATH = {kernel_path!r}  # the folder on sys.path that the fuzzing run imported the kernel's module from
+
+
+def _adapter():
+    """BACKEND's adapter, through attnfuzz; exits 2 (1 means the bug is there) when it cannot be made here."""
+    import os
+    if KERNEL_PATH and os.path.isdir(KERNEL_PATH) and KERNEL_PATH not in sys.path:
+        sys.path.insert(0, KERNEL_PATH)  # import the kernel's module the way the run did, from any folder
+    try:
+        from attnfuzz.backends import get
+        from attnfuzz.strategies import Case, materialize
+        return get(BACKEND, DEVICE), Case, materialize
+    except (ImportError, ValueError) as e:  # attnfuzz, or the kernel's module, is not importable here
+        where = f" (the run imported it from {{KERNEL_PATH}})" if KERNEL_PATH else ""
+        print(f"{{BACKEND}}: cannot run this repro here{{where}}: {{e}}", file=sys.stderr)
+        sys.exit(2)
+
+
+def attention(q, k, v):
+    """No standalone spelling for this backend or case: call it through attnfuzz's adapter."""
+    backend, Case, materialize = _adapter()
+    case = Case.from_dict(CASE)
+    t = materialize(case, DEVICE)
+    t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
+    return backend.run(case, t).out
+'''
+
+# How materialize() lays the drawn values out in memory, rebuilt from the contiguous literals.
+_MEMORY = {
+    "transposed": "q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))  # head-major buffers",
+    "expanded_kv": "k, v = (x[:, :, :1].expand(x.shape) for x in (k, v))  # one KV head seen hk times, stride 0",
+}
+
+
+def _inputs(case: Case, t) -> str:
+    """Source binding q, k, v on DEVICE: exact literals in the case's memory format."""
+    lines = [f"{name} = {literal(x)}.to(DEVICE)" for name, x in (("q", t.q), ("k", t.k), ("v", t.v))]
+    if case.memory in _MEMORY:
+        lines.append(_MEMORY[case.memory])
+    return "\n".join(lines)
+
+
+def script(entry) -> str:
+    """The repro script's source for one corpus entry."""
+    case, device = entry.case, "cpu"
+    t = materialize(case, device)
+    oracle = Oracle.of(case, t)
+    c = check_out(oracle, oracle.ref.out, oracle.ref.out, get_family(entry))
+    small = sum(x.numel() for x in (t.q, t.k, t.v, oracle.ref.out)) <= INLINE
+    if small:
+        inputs, expected = _inputs(case, t), f"EXPECTED = {literal(oracle.ref.out)}"
+    else:
+        inputs = ("from attnfuzz.strategies import Case, materialize  # too large to inline: regenerated from the seed\n"
+                  "_t = materialize(Case.from_dict(CASE), DEVICE)\nq, k, v = _t.q, _t.k, _t.v")
+        expected = ("from attnfuzz.oracles.reference import reference\n"
+                    "EXPECTED = reference(Case.from_dict(CASE), _t).out")
+    constants = ""
+    if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
+        inputs += "\nq, k, v = (x.detach().requires_grad_() for x in (q, k, v))"
+        constants, body = _expected_grads(entry, oracle, t, small)
+        expected += "\n" + body
+    call = written_call(entry)
+    if call is None:
+        call = _ADAPTER_CALL.format(kernel_path=kernel_path(entry))
+        exits = "exits 1 while the bug is there, 2 when attnfuzz or the kernel cannot be imported here"
+    else:
+        exits = "exits 1 while the bug is there"
+    rows_list = list(case.lens_q)
+    return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
+{textwrap.fill(entry.verdict.message, 110)}
+
+Run with: python3 {Path(entry.filename).with_suffix(".py").name}   ({exits})
+"""
+{_isa_pin(entry)}import sys
+
+import torch
+
+BACKEND = {entry.backend!r}
+DEVICE = {entry.device!r}
+CASE = {case.to_dict()!r}
+VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
+BOUND = {c.bound!r}  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+{constants}{call.rstrip()}
+
+
+def main():
+{textwrap.indent(inputs, "    ")}
+{textwrap.indent(expected, "    ")}
+
+    raw = attention(q, k, v)
+    raw = raw[0] if isinstance(raw, tuple) else raw
+    out = raw.detach().to("cpu", torch.float64)
+    want = EXPECTED.to("cpu", torch.float64)
+    rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    got, want = out[rows], want[rows]
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    problems = []
+    if not torch.isfinite(got).all():
+        problems.append("non-finite output")
+    if got.numel() and (got == 0).all() and (want != 0).any():
+        problems.append("all-zero output")
+    if not err <= BOUND:
+        problems.append(f"max |out - float64| = {{err:.4g}} > bound {{BOUND:.4g}}")
+    print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}, bound {{BOUND:.4g}}")
+{_isa_report(entry)}    if {case.grads!r}:
+        problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
+    if problems:
+        print("  " + "\\n  ".join(problems))
+    return 1 if problems else 0
+
+
+{_CHECK_GRADS if case.grads else ""}
+if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
+{_WATCHDOG if entry.verdict.status == "HANG" else ""}    sys.exit(main())
+'''
+
+
+def _isa(entry) -> str | None:
+    from attnfuzz.store.corpus import recorded_isa
+    return recorded_isa(entry, entry.device)
+
+
+def _isa_pin(entry) -> str:
+    """A CPU entry's script runs under the vector ISA the entry was found under, unless ATEN_CPU_CAPABILITY says
+    otherwise: torch reads it once, when it loads, so it is set before `import torch`."""
+    isa = _isa(entry)
+    if isa is None:
+        return ""
+    return (f"import os\n\nRECORDED_ISA = {isa!r}  # the CPU vector ISA this entry was found under\n"
+            f"os.environ.setdefault(\"ATEN_CPU_CAPABILITY\", RECORDED_ISA.lower())  # read once, when torch loads\n")
+
+
+def _isa_report(entry) -> str:
+    if _isa(entry) is None:
+        return ""
+    return ('''    isa = torch.backends.cpu.get_cpu_capability()
+    print(f"CPU ISA {isa}" + ("" if isa == RECORDED_ISA else f"; recorded on {RECORDED_ISA}, which this run is not "
+                                                             f"(ATEN_CPU_CAPABILITY, or a CPU without it)"))
+''')
+
+
+_WATCHDOG = '''    # the fuzzer saw this case hang: give up after WATCHDOG_S seconds and exit 1, as for any bug still there
+    import os
+    import threading
+    WATCHDOG_S = float(os.environ.get("ATTNFUZZ_REPRO_WATCHDOG", 900))  # the worker's 300 s, then 600 s more
+
+    def _give_up():
+        print(f"{BACKEND}: no answer within {WATCHDOG_S:g}s: the hang is still there", flush=True)
+        os._exit(1)  # from this thread: the main one may be stuck inside a kernel or a compile
+
+    _watchdog = threading.Timer(WATCHDOG_S, _give_up)
+    _watchdog.daemon = True
+    _watchdog.start()
+'''
+
+_CHECK_GRADS = '''
+def check_grads(out, q, k, v, dout, expected):
+    """dQ, dK, dV by autograd through the call, each against its float64 answer on the graded rows / keys."""
+    if not out.requires_grad:
+        print("  gradients not checked: this call's output is not differentiable here")
+        return []
+    grads = torch.autograd.grad(out, (q, k, v), dout.to(out.device, out.dtype))
+    rows = torch.arange(q.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
+    keys = torch.arange(k.shape[1])[None, :] < torch.tensor(VALID_KEYS)[:, None]
+    problems = []
+    for name, got, where in zip(("dq", "dk", "dv"), grads, (rows, keys, keys)):
+        got, want = got.detach().to("cpu", torch.float64)[where], expected[name].to(torch.float64)[where]
+        err = (got - want).abs().max().item() if got.numel() else 0.0
+        print(f"{BACKEND}: max |{name} - float64| = {err:.4g}, bound {GRAD_BOUNDS[name]:.4g}")
+        if not torch.isfinite(got).all():
+            problems.append(f"non-finite {name}")
+        elif not err <= GRAD_BOUNDS[name]:
+            problems.append(f"max |{name} - float64| = {err:.4g} > bound {GRAD_BOUNDS[name]:.4g}")
+    return problems
+
+'''
+
+
+def _expected_grads(entry, oracle: Oracle, t, small: bool) -> tuple[str, str]:
+    """Source of the constants (graded keys, the bounds the fuzzer graded dQ / dK / dV with) and of main()'s lines
+    binding DOUT and EXPECTED_GRADS."""
+    case = entry.case
+    bounds = {name: gradient_check(oracle, name, getattr(oracle.ref, name), get_family(entry)).bound
+              for name in ("dq", "dk", "dv")}
+    constants = (f"VALID_KEYS = {list(case.lens_kv)!r}  # graded keys per sequence (dK, dV)\n"
+                 f"GRAD_BOUNDS = {bounds!r}\n")
+    if small:
+        grads = ", ".join(f"{n!r}: {literal(getattr(oracle.ref, n))}" for n in ("dq", "dk", "dv"))
+        return constants, f"DOUT = {literal(t.dout)}\nEXPECTED_GRADS = {{{grads}}}"
+    return constants, ("DOUT = _t.dout\n_ref = reference(Case.from_dict(CASE), _t)\n"
+                       "EXPECTED_GRADS = {'dq': _ref.dq, 'dk': _ref.dk, 'dv': _ref.dv}")
+
+
+def written_call(entry) -> str | None:
+    """The adapter's own source for `attention(q, k, v)`, or None where it has no writer for the case."""
+    from attnfuzz.backends import get
+    try:
+        writer = get(entry.backend, entry.device).repro_source  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return None
+    return writer(entry.case)
+
+
+def kernel_path(entry) -> str | None:
+    """For a bring-your-own kernel, the folder on sys.path its module was imported from in this process."""
+    from attnfuzz.backends import get
+    try:
+        return getattr(get(entry.backend, entry.device), "import_path", None)
+    except ValueError:
+        return None
+
+
+def get_family(entry) -> str:
+    from attnfuzz.backends import get
+    try:
+        return get(entry.backend, entry.device).family
+    except ValueError:
+        return "default"
+
+
+def write_repro(entry, path: Path) -> Path:
+    path.write_text(script(entry))
+    return path

@@ -1,0 +1,196 @@
+"""Shrink a saved case without Hypothesis: `attnfuzz shrink ENTRY`.
+
+Hypothesis shrinks what it finds itself. A corpus entry can arrive unshrunk: a case recovered after the fuzzing
+process died on it (CRASH:PROCESS_DIED), one saved from a campaign log, or one found on another stack. This walks
+such a case toward the plainest one that still fails the same way: it tries simpler cases one field at a time (the
+switches off, then fewer sequences, shorter lengths, fewer heads, smaller head dims) and keeps each change under which
+the backend still fails with the same label (or, for a known bug, one of its `labels`; and still fits its `match`
+and `when`), until no change keeps it. The case it ends on is run three more times, as the fuzzer confirms a
+finding: one that does not fail the same way every time is saved FLAKY (a known FLAKY bug that passes a replay is
+unreproduced, not fixed). Each run goes through the backend's isolated worker when asked, so a crash or a hang costs
+one run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+from attnfuzz.store import corpus as corpus_io
+from attnfuzz.engine import options
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.cases import HEAD_DIMS
+
+SWITCHES = ("grads", "causal", "window", "mask_density", "softcap", "alibi_slopes", "scale", "softmax", "memory",
+            "mean", "std", "alignment", "spelling", "dtype", "layout", "seed")
+# switch -> its plainest value: the Case default, but float16, the dtype the strategies shrink toward
+PLAIN = {**{name: getattr(Case(), name) for name in SWITCHES}, "dtype": "float16"}
+
+
+def _smaller(n: int, low: int = 1) -> list[int]:
+    """Values below n to try, the most drastic first."""
+    return sorted({v for v in (low, n // 4, n // 2, n - 1) if low <= v < n})
+
+
+def _valid(case: Case, **changes) -> Case | None:
+    try:
+        return case.replace(**changes)
+    except ValueError:  # the change breaks a rule of the case language (a thd case needs its lengths, ...)
+        return None
+
+
+def _clip(lens: tuple[int, ...] | None, full: int) -> tuple[int, ...] | None:
+    return None if lens is None else tuple(min(n, full) for n in lens)
+
+
+def _heads(case: Case, h: int, hk: int) -> Case | None:
+    slopes = None if case.alibi_slopes is None else tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
+    memory = case.memory if case.memory != "expanded_kv" or hk > 1 else "contiguous"
+    return _valid(case, h=h, hk=hk, alibi_slopes=slopes, memory=memory)
+
+
+def _sequences(case: Case, keep: slice) -> Case | None:
+    lens_q, lens_kv = case.seqlens_q, case.seqlens_kv
+    b = len(range(case.b)[keep])
+    return _valid(case, b=b, seqlens_q=None if lens_q is None else lens_q[keep],
+                  seqlens_kv=None if lens_kv is None else lens_kv[keep])
+
+
+def candidates(case: Case) -> Iterator[Case]:
+    """Valid cases one step simpler than `case`, the switches first, then the sizes."""
+    for field, plain in PLAIN.items():
+        if getattr(case, field) != plain:
+            yield _valid(case, **{field: plain})
+    left, right = case.window
+    if left is not None:
+        yield _valid(case, window=(None, right))
+    if right is not None and not case.causal:
+        yield _valid(case, window=(left, None))
+    if case.seqlens_q is not None:
+        yield _valid(case, seqlens_q=None, seqlens_kv=None)
+        yield _valid(case, seqlens_q=(case.sq,) * case.b)
+        yield _valid(case, seqlens_kv=(case.skv,) * case.b)
+    for b in _smaller(case.b):
+        yield _sequences(case, slice(0, b))       # the first sequences
+        yield _sequences(case, slice(case.b - b, None))   # the last ones (a bug may need the second sequence)
+    for sq in _smaller(case.sq):
+        yield _valid(case, sq=sq, seqlens_q=_clip(case.seqlens_q, sq))
+    for skv in _smaller(case.skv):
+        yield _valid(case, skv=skv, seqlens_kv=_clip(case.seqlens_kv, skv))
+    if case.h != case.hk:
+        yield _heads(case, case.hk, case.hk)                   # no GQA
+        yield _heads(case, case.h // case.hk, 1)               # the same group size over one KV head
+    for h in _smaller(case.h):
+        if h % case.hk == 0:
+            yield _heads(case, h, case.hk)
+        yield _heads(case, h, 1)
+    if case.d_v != case.d_qk:
+        yield _valid(case, d_v=case.d_qk)
+    for d in (d for d in HEAD_DIMS if d < case.d_qk):
+        yield _valid(case, d_qk=d, d_v=d if case.d_v == case.d_qk else case.d_v)
+    for d in (d for d in HEAD_DIMS if d < case.d_v):
+        yield _valid(case, d_v=d)
+
+
+def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: int = 400,
+           on_step: Callable[[Case, V.Verdict], None] | None = None) -> tuple[Case, V.Verdict | None, int]:
+    """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over
+    from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs."""
+    tried, runs, last = {case}, 0, None
+    progress = True
+    while progress and runs < max_runs:
+        progress = False
+        for candidate in candidates(case):
+            if candidate is None or candidate in tried:
+                continue
+            tried.add(candidate)
+            runs += 1
+            verdict = fails(candidate)
+            if verdict is not None:
+                case, last, progress = candidate, verdict, True
+                if on_step is not None:
+                    on_step(case, verdict)
+                break
+            if runs >= max_runs:
+                break
+    return case, last, runs
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("shrink", help="shrink a corpus entry's case to the plainest one that still fails the same "
+                       "way; saves it beside the entry")
+    p.add_argument("entry", type=Path, help="a corpus entry (.json)")
+    options.add(p, "device", "isolate", "case-timeout", "poison-memory",
+                device={"default": None, "help": "default: the entry's device"}, case_timeout={"default": 120.0})
+    p.add_argument("--max-runs", type=options.count, default=400, help="the most cases to run (default 400)")
+
+
+def cmd_shrink(args) -> int:
+    from attnfuzz.backends import get
+    from attnfuzz.engine.harness import run_case
+    from attnfuzz.engine.isolate import isolated
+    try:
+        entry = corpus_io.load(args.entry)
+        device = args.device or entry.device
+        backend = get(entry.backend, device)
+    except (corpus_io.CorpusError, ValueError) as e:
+        print(f"attnfuzz shrink: {e}", file=sys.stderr)
+        return 2
+    why = None if args.isolate else backend.available()  # an isolated worker judges it in its own process
+    if why is not None:
+        print(f"attnfuzz shrink: {entry.backend} is not available on {device}: {why}", file=sys.stderr)
+        return 2
+    worker = isolated(backend, device, args.case_timeout, enabled=args.isolate)
+    run = worker.run if worker is not None else (lambda c: run_case(backend, c, device=device))
+    try:
+        return _shrink_entry(args, entry, run, device, backend.version())
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+CONFIRM_RUNS = 3  # runs of the shrunk case after the one that kept it, as attnfuzz.engine.harness.fuzz reruns a finding
+
+
+def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) -> int:
+    from attnfuzz.engine.harness import Finding, confirm
+    first = run(entry.case)
+    if not first.failed:
+        print(f"{args.entry}: the case does not fail here ({first.label}{': ' + first.message if first.message else ''}); "
+              "nothing to shrink", file=sys.stderr)
+        return 1
+    bug = entry.known_bug
+    fits = corpus_io.known_bugs_of([(args.entry, entry)]) if bug else (lambda *_: True)
+    labels = {first.label, *(bug or {}).get("labels", ())}   # a known bug's other labels are the same failure
+
+    def fails(case: Case) -> V.Verdict | None:
+        verdict = run(case)
+        same = verdict.label in labels and fits(entry.backend, case, verdict)
+        return verdict if same else None
+
+    steps = lambda case, verdict: print(f"  still {verdict.label}: {case!r}", file=sys.stderr)  # noqa: E731
+    small, verdict, runs = shrink(entry.case, fails, max_runs=args.max_runs, on_step=steps)
+    # a stopped case (corpus/.stopped/, no verdict of its own) that fails here becomes a finding of the corpus
+    stopped = entry.verdict.status == V.STOPPED
+    target = args.entry.parent.parent if stopped and args.entry.parent.name == corpus_io.STOPPED_DIR \
+        else args.entry.parent
+    if verdict is None and not stopped:
+        print(f"{args.entry}: {first.label}, already minimal ({runs} simpler cases tried, none fails the same way)")
+        return 0
+    small, verdict = (small, verdict) if verdict is not None else (entry.case, first)
+    # confirmed as the fuzzer confirms a finding: a case that does not fail the same way every time is FLAKY
+    verdict = confirm(Finding(entry.backend, small, verdict), run, CONFIRM_RUNS).verdict
+    runs += CONFIRM_RUNS
+    note = f"shrunk by `attnfuzz shrink` from {args.entry.name} ({runs} runs)"
+    known = dict(bug, note=f"{bug.get('note', '')} [{note}]".strip()) if bug else None
+    if known and known.get("labels"):  # the entry's own label may be another now: the bug still answers to each
+        known["labels"] = sorted({entry.verdict.label, *known["labels"]} - {verdict.label, verdict.diagnosis})
+    shrunk = corpus_io.Entry(backend=entry.backend, case=small, verdict=verdict, device=device,
+                             backend_version=version, known_bug=known)
+    path = corpus_io.save(target, shrunk)
+    after = (f"the stopped case it came from can go: rm {args.entry} {args.entry.with_suffix('.py')}" if stopped
+             else f"remove {args.entry.name} if it is the same bug")
+    print(f"{first.label}: {entry.case!r}\n  -> {small!r}\n  saved as {path} ({runs} runs); {after}")
+    return 0

@@ -27,7 +27,7 @@ from hypothesis.errors import InvalidArgument  # noqa: E402
 
 from attnfuzz.backends.cp.adapter import BACKENDS, CPBackend  # noqa: E402
 from attnfuzz.backends.cp.cases import cp_cases  # noqa: E402
-from attnfuzz.backends.cp.outcome import run_and_grade  # noqa: E402
+from attnfuzz.engine.harness import run_case  # noqa: E402
 from attnfuzz.backends.cp.pool import CPPool  # noqa: E402
 from attnfuzz.oracles import verdict as V  # noqa: E402
 
@@ -47,7 +47,7 @@ def check_backend(backend: CPBackend, n: int, seed: int, oracle_device: str) -> 
               suppress_health_check=list(HealthCheck))
     @given(case=strategy)
     def run(case):
-        verdict = run_and_grade(backend, case, oracle_device=oracle_device)
+        verdict = run_case(backend, case, device=oracle_device)
         labels[verdict.label] += 1
         if verdict.status == V.UNSUPPORTED:
             reasons[verdict.message] += 1

@@ -101,3 +101,8 @@ class Verdict:
                    worst=Worst(worst["tensor"], tuple(worst["index"]), worst["got"], worst["expected"]) if worst
                    else None, ratio=float(ratio), checks=tuple(data.get("checks", ())),
                    also=tuple(data.get("also", ())))
+
+
+def known_bug_check(link: str) -> str:
+    """The line a verdict marked KNOWN carries among its checks: which known bug it matched."""
+    return f"known bug: {link}"

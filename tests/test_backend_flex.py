@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from attnfuzz.backends.flex import adapter as flex
+from attnfuzz.backends.flex import mods
 from attnfuzz.backends import get
 from attnfuzz.backends.base import Unsupported
 from attnfuzz.engine.harness import cases_for
@@ -136,18 +137,18 @@ def test_spellings_follow_the_case():
 
 def test_mods_carry_their_parameters_in_their_names():
     off = torch.zeros(2, dtype=torch.long)
-    assert flex.band_left(torch.tensor(3), off).__name__ == "band_left(3)"
-    both = flex.all_of(flex.band_left(torch.tensor(3), off), flex.band_right(torch.tensor(0), off))
+    assert mods.band_left(torch.tensor(3), off).__name__ == "band_left(3)"
+    both = mods.all_of(mods.band_left(torch.tensor(3), off), mods.band_right(torch.tensor(0), off))
     assert both.__name__ == "band_left(3) & band_right(0)"
-    assert flex.softcap(torch.tensor(30.0)).__name__ == "softcap(30)"
-    assert flex.padding(torch.tensor([3, 4]), torch.tensor([5, 6])).__name__ == "padding(q=[3, 4], kv=[5, 6])"
+    assert mods.softcap(torch.tensor(30.0)).__name__ == "softcap(30)"
+    assert mods.padding(torch.tensor([3, 4]), torch.tensor([5, 6])).__name__ == "padding(q=[3, 4], kv=[5, 6])"
 
 
 def test_mask_mods_follow_the_documented_index_arithmetic():
     """query i sees key j iff i + off - left <= j <= i + off + right, per batch row: checked against a dense grid."""
     off = torch.tensor([0, 3])
-    mod = flex.all_of(flex.band_left(torch.tensor(2), off), flex.band_right(torch.tensor(1), off),
-                      flex.padding(torch.tensor([4, 5]), torch.tensor([6, 7])))
+    mod = mods.all_of(mods.band_left(torch.tensor(2), off), mods.band_right(torch.tensor(1), off),
+                      mods.padding(torch.tensor([4, 5]), torch.tensor([6, 7])))
     b, i, j = torch.meshgrid(torch.arange(2), torch.arange(5), torch.arange(8), indexing="ij")
     want = (j >= i + off[b] - 2) & (j <= i + off[b] + 1) & (i < torch.tensor([4, 5])[b]) & (j < torch.tensor([6, 7])[b])
     assert torch.equal(mod(b, torch.zeros_like(b), i, j), want)
@@ -217,7 +218,7 @@ def test_compiled_one_variant_serves_other_values_and_shapes():
 def test_a_bound_baked_into_the_graph_costs_a_graph_per_value(monkeypatch):
     """Negative control for the test above: a band whose bound is a Python int (a constant to dynamo, guarded on)
     compiles a new graph for the third case's window, and the graph count says so."""
-    monkeypatch.setattr(flex, "band_left", lambda left, off: flex._named(
+    monkeypatch.setattr(mods, "band_left", lambda left, off: mods._named(
         lambda b, h, q_idx, kv_idx, bound=int(left): kv_idx >= q_idx + off[b] - bound, "baked"))
     backend = compiled()
     for case in (Case(sq=16, skv=24, seqlens_q=(16, 5), seqlens_kv=(20, 24), seed=1, **EVERY_MOD),

@@ -11,6 +11,10 @@ An adapter translates the one canonical Case into its backend's spelling and bac
     cases()            -> None, or a Hypothesis strategy of the cases it takes, for backends whose constraints the
                           general Space cannot express (context parallelism: lengths in units of 2 * world)
     version()          -> the backend library's version, recorded in corpus entries
+    repro_source(case) -> None, or the source of `attention(q, k, v)` calling the backend's library directly as run()
+                          does, for standalone repro scripts (fuzz/store/repro.py); None falls back to calling the
+                          adapter through attnfuzz
+    close()            -> release what the backend holds between cases (a context-parallel backend's rank pool)
 
 Adapters hold no module-level state and read no environment variables except where a backend demands them (TE),
 and set none except FA4's persistent JIT cache (on unless the user turned it off).
@@ -60,6 +64,12 @@ class Backend:
 
     def version(self) -> str:
         return ""
+
+    def repro_source(self, case: Case) -> str | None:
+        return None
+
+    def close(self) -> None:
+        return None
 
     def __repr__(self) -> str:
         return f"<backend {self.name} on {self.device}>"

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 
 from attnfuzz.engine import interrupt, poison
 from attnfuzz.backends.base import Backend, Hang, Unsupported
-from attnfuzz.store.caselog import known_bug_check
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.strategies.case import Case
@@ -217,7 +216,7 @@ def mark_known(known: KnownBugs | None, backend: str, case: Case, verdict: V.Ver
     would change with it.)"""
     hit = known(backend, case, verdict) if verdict.failed and known is not None else None
     if hit is not None:
-        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (known_bug_check(hit["link"]),))
+        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (V.known_bug_check(hit["link"]),))
     return verdict
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.report.triage import known_table
+from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SPACE_SIZE, Coverage
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
@@ -149,17 +151,6 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
     return campaign
 
 
-# -- tables: built once, rendered to markdown and HTML --------------------------------------------------------------
-@dataclass
-class Table:
-    """A titled table; a cell is text, a (text, href) link, or a list of those."""
-
-    title: str
-    headers: list[str]
-    rows: list[list]
-    note: str = ""
-
-
 def totals_table(c: Campaign) -> Table:
     versions = c.meta.get("versions") or {}
     rows = []
@@ -262,57 +253,6 @@ def marginal_tables(c: Campaign) -> list[Table]:
     return tables
 
 
-# -- rendering ------------------------------------------------------------------------------------------------------
-_MD_SPECIAL = str.maketrans({ch: "\\" + ch for ch in "\\|<>[]`*"} | {"\n": " ", "\r": " "})
-
-
-def _md_text(value: str) -> str:
-    """Markdown text that renders as itself: CommonMark backslash-escapes for what could open a tag, link, code or
-    emphasis, or end a table cell."""
-    return str(value).translate(_MD_SPECIAL)
-
-
-_URL_SPECIAL = str.maketrans({ch: f"%{ord(ch):02X}" for ch in " <>()"})
-
-
-def _md_cell(cell) -> str:
-    if isinstance(cell, list):
-        return "<br>".join(_md_cell(c) for c in cell)
-    if isinstance(cell, tuple):
-        return f"[{_md_text(cell[0])}]({cell[1].translate(_URL_SPECIAL)})"
-    return _md_text(cell)
-
-
-def _html_cell(cell) -> str:
-    if isinstance(cell, list):
-        return "<br>".join(_html_cell(c) for c in cell)
-    if isinstance(cell, tuple):
-        text, href = cell
-        safe = not href.lower().startswith(("javascript:", "data:", "vbscript:"))
-        return f'<a href="{html.escape(href)}">{html.escape(text)}</a>' if safe else html.escape(text)
-    return html.escape(str(cell))
-
-
-def table_markdown(t: Table) -> str:
-    lines = [f"## {t.title}", ""]
-    if t.rows:
-        lines += ["| " + " | ".join(_md_text(h) for h in t.headers) + " |", "|" + "---|" * len(t.headers)]
-        lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
-        lines.append("")
-    return "\n".join(lines + ([_md_text(t.note), ""] if t.note else []))
-
-
-def table_html(t: Table) -> str:
-    parts = [f"<h2>{html.escape(t.title)}</h2>"]
-    if t.rows:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in t.headers)
-        body = "".join("<tr>" + "".join(f"<td>{_html_cell(c)}</td>" for c in row) + "</tr>" for row in t.rows)
-        parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-    if t.note:
-        parts.append(f'<p class="note">{html.escape(t.note)}</p>')
-    return "\n".join(parts)
-
-
 def _header(c: Campaign) -> list[tuple[str, str]]:
     items = [("source", str(c.source))]
     for key in ("backends", "skipped", "device", "lanes", "hours", "seed", "db", "round_examples", "max_len",
@@ -352,13 +292,12 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     if c.state:
         tables.append(state_table(c))
     if c.meta.get("known") and campaign_dir.is_dir():
-        from attnfuzz.report.triage import known_table
         known = known_table(campaign_dir, Path(c.meta["known"]))
         if known is not None:
             tables.append(known)
     margins = marginal_tables(c)
     header = _header(c)
-    md = ["# attnfuzz campaign report", ""] + [f"- **{_md_text(k)}**: {_md_text(v)}" for k, v in header] + [""]
+    md = ["# attnfuzz campaign report", ""] + [f"- **{md_text(k)}**: {md_text(v)}" for k, v in header] + [""]
     md += [table_markdown(t) for t in tables]
     md += [f"## {title}\n\n![{title}]({name})\n" for name, title in PLOTS]
     md += [table_markdown(t) for t in margins]

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
-from attnfuzz.report.build import _md_text, _short_link
+from attnfuzz.report.build import _short_link
+from attnfuzz.report.table import md_text
 
 HEADER = """# What attnfuzz found
 
@@ -59,7 +60,7 @@ def rows(directory: Path) -> list[list[str]]:
         labels = ", ".join(sorted({e.verdict.label for _, e in items}))
         names = ", ".join(f"`{p.stem}`" for p, _ in sorted(items))
         shown = f"[{_short_link(link)}]({link})" if link else "not yet reported"
-        out.append([f"`{backend}`", _md_text(what), labels, smallest_case(smallest), shown, names])
+        out.append([f"`{backend}`", md_text(what), labels, smallest_case(smallest), shown, names])
     return out
 
 

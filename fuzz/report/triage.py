@@ -17,6 +17,7 @@ from pathlib import Path
 
 from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.report.table import Table
 from attnfuzz.oracles.verdict import FAILED, KNOWN, Verdict
 from attnfuzz.strategies.case import Case
 
@@ -94,7 +95,6 @@ def markdown(result: dict) -> str:
 def known_table(campaign_dir: Path, known: Path):
     """For a campaign's report: which known bug of `known` (the campaign's --known corpus) took how many of its
     failures, and of what shapes; None when that corpus is not here."""
-    from attnfuzz.report.build import Table
     if not known.is_dir():
         return None
     rows = _taken_rows(triage([campaign_dir], known))

@@ -7,17 +7,12 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.oracles.verdict import Verdict, known_bug_check
 from attnfuzz.strategies.case import Case
 
 # The link a campaign gives a failure it counts as KNOWN because it saved that bug already (fuzz/campaign/lane.py, seen_in);
 # the report tells those apart from the corpus's known bugs by it.
 SEEN_HERE = "this campaign's corpus"
-
-
-def known_bug_check(link: str) -> str:
-    """The line a verdict marked KNOWN carries among its checks: which known bug it matched."""
-    return f"known bug: {link}"
 
 
 def seen_here(row: dict) -> bool:

@@ -83,6 +83,13 @@ class Entry:
         label = self.verdict.label.replace(":", "-")
         return f"{self.backend}-{label}-{self.signature}.json".replace("/", "_").replace(":", "_")
 
+    def recorded_isa(self, device: str) -> str | None:
+        """The vector ISA a CPU entry was found under (ATen's name, e.g. "AVX2"); None for an entry replayed on a GPU or
+        saved before attnfuzz recorded it."""
+        if not device.startswith("cpu"):
+            return None
+        return (self.environment or {}).get("cpu_capability") or None
+
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "signature": self.signature, "backend": self.backend,
                 "backend_version": self.backend_version, "device": self.device, "environment": self.environment,
@@ -308,7 +315,7 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     (in-process, nothing could stop it). A CPU entry recorded under another vector ISA than this process runs is
     replayed under that ISA, in a fresh interpreter (replay_under_isa)."""
     device = device or entry.device
-    isa = recorded_isa(entry, device)
+    isa = entry.recorded_isa(device)
     if isa is not None and isa != host_isa():
         return replay_under_isa(entry, device, isa, worker)
     return _replay_here(entry, device, worker)
@@ -328,14 +335,6 @@ def _replay_here(entry: Entry, device: str, worker=None) -> Verdict:
         return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
                                           f"where a case that does not answer is timed out")
     return run_case(backend, entry.case, device=device)
-
-
-def recorded_isa(entry: Entry, device: str) -> str | None:
-    """The vector ISA a CPU entry was found under (ATen's name, e.g. "AVX2"); None for an entry replayed on a GPU or
-    saved before attnfuzz recorded it."""
-    if not device.startswith("cpu"):
-        return None
-    return (entry.environment or {}).get("cpu_capability") or None
 
 
 _CHILD_MARK = "attnfuzz-replay-verdict: "

@@ -151,8 +151,7 @@ if __name__ == "__main__":  # the guard lets backends that spawn processes (cont
 
 
 def _isa(entry) -> str | None:
-    from attnfuzz.store.corpus import recorded_isa
-    return recorded_isa(entry, entry.device)
+    return entry.recorded_isa(entry.device)
 
 
 def _isa_pin(entry) -> str:
@@ -230,10 +229,10 @@ def written_call(entry) -> str | None:
     """The adapter's own source for `attention(q, k, v)`, or None where it has no writer for the case."""
     from attnfuzz.backends import get
     try:
-        writer = get(entry.backend, entry.device).repro_source  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):
+        backend = get(entry.backend, entry.device)
+    except ValueError:
         return None
-    return writer(entry.case)
+    return backend.repro_source(entry.case)
 
 
 def kernel_path(entry) -> str | None:

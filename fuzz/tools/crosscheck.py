@@ -115,5 +115,4 @@ def _rows(backend, entry: corpus_io.Entry, device: str, isolate: bool, timeout_s
     finally:
         if worker is not None:
             worker.close()
-        if hasattr(backend, "close"):
-            backend.close()  # a context-parallel backend's rank pool
+        backend.close()  # a context-parallel backend's rank pool, say

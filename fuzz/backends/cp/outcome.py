@@ -1,12 +1,10 @@
-"""From a CP backend's run to a Verdict: the exceptions a CP run raises besides Unsupported, and
-`run_and_grade`, which maps a refusal to UNSUPPORTED, a raising rank to CRASH, a hung collective to HANG and grades
-everything else against the float64 oracle of the whole sequence (attnfuzz.oracles.grade.grade)."""
+"""The exceptions a CP run raises besides Unsupported: a raising rank (RankCrash, which the harness records as CRASH)
+and a hung collective (CollectiveHang, a Hang: HANG). The harness (attnfuzz.engine.harness.run_case) grades
+everything else against the float64 oracle of the whole sequence."""
 
 from __future__ import annotations
 
-from attnfuzz.backends.base import Backend, Hang
-from attnfuzz.oracles import verdict as V
-from attnfuzz.strategies.case import Case
+from attnfuzz.backends.base import Hang
 
 
 class RankCrash(Exception):
@@ -32,10 +30,3 @@ class CollectiveHang(Hang):
         super().__init__(message)
         self.saved = saved
 
-
-def run_and_grade(backend: Backend, case: Case, *, oracle_device: str = "cpu") -> V.Verdict:
-    """Run `case` on `backend` and grade it, as the harness does (attnfuzz.engine.harness.run_case): a refusal is
-    UNSUPPORTED, a raising rank CRASH, a hung collective HANG; the CP-vs-non-CP second signal, when the backend
-    gives one, is appended to the verdict's checks, never graded."""
-    from attnfuzz.engine.harness import run_case
-    return run_case(backend, case, device=oracle_device)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -25,6 +24,7 @@ from attnfuzz.backends.base import Unsupported
 from attnfuzz.backends.cp.capabilities import TE_COMM_TYPES, te_refusal
 from attnfuzz.backends.cp.engine import CPEngine, LocalInputs, RankContext, RankOutput
 from attnfuzz.backends.cp.shard import pack_padded, padded, unpack_padded
+from attnfuzz.backends.te.selection import switched
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
@@ -71,22 +71,9 @@ def translate(case: Case, kernel: str, world: int) -> TECall:
     return TECall(init=init, cu_seqlens=cu, env=env)
 
 
-@contextlib.contextmanager
 def forced_kernel(env: dict[str, str], backends_state: dict):
-    """Set TE's backend switches for one call, and make TE select again: it caches its choice by attention
-    parameters, which do not include these variables."""
-    old = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    backends_state["backend_selection_requires_update"] = True
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        backends_state["backend_selection_requires_update"] = True
+    """TE's backend switches for one call, TE made to select again (te.selection.switched)."""
+    return switched(env, lambda: backends_state)
 
 
 @dataclass

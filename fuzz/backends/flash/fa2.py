@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 from attnfuzz.backends.flash import common as fc
-from attnfuzz.backends.base import Unsupported
+from attnfuzz.backends.flash.fa2_fa3 import NegativeUnboundedBand
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
@@ -36,7 +36,7 @@ def capability_refusals(case: Case) -> list[tuple[bool, str]]:
     ]
 
 
-class FlashAttn2(fc.NegativeUnboundedBand):
+class FlashAttn2(NegativeUnboundedBand):
     name = "fa2"
     family = "fa2"
 
@@ -51,10 +51,7 @@ class FlashAttn2(fc.NegativeUnboundedBand):
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA2 call for this case and spelling (shared by run() and the tests)."""
-        band, reason = fc.bottom_right_band(case)
-        if band is None:
-            raise Unsupported(reason)
-        causal, window = fc.spelled_mask(band, case.spelling, case, unbounded=-1)
+        causal, window = self.causal_window(case)
         return {"dropout_p": 0.0, "softmax_scale": case.scale, "causal": causal, "window_size": window,
                 "softcap": case.softcap or 0.0, "alibi_slopes": t.alibi, "deterministic": False,
                 "return_attn_probs": True}

@@ -13,7 +13,7 @@ import importlib
 from importlib import metadata
 
 from attnfuzz.backends.flash import common as fc
-from attnfuzz.backends.base import Unsupported
+from attnfuzz.backends.flash.fa2_fa3 import NegativeUnboundedBand
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
@@ -49,7 +49,7 @@ def capability_refusals(case: Case) -> list[tuple[bool, str]]:
     ]
 
 
-class FlashAttn3(fc.NegativeUnboundedBand):
+class FlashAttn3(NegativeUnboundedBand):
     name = "fa3"
     family = "fa3"
 
@@ -61,10 +61,7 @@ class FlashAttn3(fc.NegativeUnboundedBand):
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA3 call for this case and spelling (shared by run() and the tests)."""
-        band, reason = fc.bottom_right_band(case)
-        if band is None:
-            raise Unsupported(reason)
-        causal, window = fc.spelled_mask(band, case.spelling, case, unbounded=-1)
+        causal, window = self.causal_window(case)
         return {"softmax_scale": case.scale, "causal": causal, "window_size": window,
                 "softcap": case.softcap or 0.0, "deterministic": False, "return_attn_probs": True}
 

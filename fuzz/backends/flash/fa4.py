@@ -22,6 +22,7 @@ import os
 from importlib import metadata
 
 from attnfuzz.backends.flash import common as fc
+from attnfuzz.backends.flash.repro import flash_source
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.layout import cu_seqlens
 from attnfuzz.oracles.verdict import Output
@@ -150,7 +151,6 @@ class FlashAttn4(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` making run()'s call, for standalone repro scripts (fuzz/store/repro.py); None
         for a case the adapter cannot spell."""
-        from attnfuzz.backends.flash.repro import flash_source
         return flash_source(self, case, module=MODULE, library=LIBRARY, positional_varlen=False)
 
     def run(self, case: Case, tensors: Tensors) -> Output:

@@ -39,95 +39,13 @@ import torch
 
 from attnfuzz.backends import layout
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.flex.mods import chain, document_index, documents, has_mask, masked_scores, mods_of, per_document
+from attnfuzz.backends.flex.repro import flex_source
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
 RECOMPILE_LIMIT = 4096  # graphs kept per code object while a campaign runs (dynamo's default is 8)
-
-
-def _named(fn, name: str):
-    fn.__name__ = fn.__qualname__ = name
-    return fn
-
-
-# -- mask_mods and score_mods ------------------------------------------------------------------------------------------
-def band_left(left: torch.Tensor, off: torch.Tensor):
-    """Query i sees key j iff j >= i + off[b] - left."""
-    return _named(lambda b, h, q_idx, kv_idx: kv_idx >= q_idx + off[b] - left, f"band_left({int(left)})")
-
-
-def band_right(right: torch.Tensor, off: torch.Tensor):
-    """Query i sees key j iff j <= i + off[b] + right."""
-    return _named(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx + off[b] + right, f"band_right({int(right)})")
-
-
-def padding(lens_q: torch.Tensor, lens_kv: torch.Tensor):
-    """Query i sees key j iff i < lens_q[b] and j < lens_kv[b]."""
-    return _named(lambda b, h, q_idx, kv_idx: (q_idx < lens_q[b]) & (kv_idx < lens_kv[b]),
-                  f"padding(q={lens_q.tolist()}, kv={lens_kv.tolist()})")
-
-
-def explicit(mask: torch.Tensor):
-    """Query i sees key j iff mask[b, 0, i, j]."""
-    return _named(lambda b, h, q_idx, kv_idx: mask[b, 0, q_idx, kv_idx],
-                  f"explicit(density={mask.float().mean().item():.2f})")
-
-
-def all_of(*mods):
-    """Query i sees key j iff every mask_mod says so."""
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = mods[0](b, h, q_idx, kv_idx)
-        for mod in mods[1:]:
-            keep = keep & mod(b, h, q_idx, kv_idx)
-        return keep
-    return _named(mask_mod, " & ".join(m.__name__ for m in mods))
-
-
-def softcap(cap: torch.Tensor):
-    """s -> cap * tanh(s / cap)."""
-    return _named(lambda s, b, h, q_idx, kv_idx: cap * torch.tanh(s / cap), f"softcap({cap.item():g})")
-
-
-def alibi(slopes: torch.Tensor, off: torch.Tensor):
-    """s -> s - slopes[h] * |i + off[b] - j|."""
-    return _named(lambda s, b, h, q_idx, kv_idx: s - slopes[h] * (q_idx + off[b] - kv_idx).abs(),
-                  f"alibi({[round(x, 4) for x in slopes.tolist()]})")
-
-
-def masked_scores(mask_mod):
-    """s -> s where the mask_mod keeps the key, -inf elsewhere (masking without a block mask)."""
-    return _named(lambda s, b, h, q_idx, kv_idx: torch.where(mask_mod(b, h, q_idx, kv_idx), s, float("-inf")),
-                  f"masked({mask_mod.__name__})")
-
-
-def documents(mod, doc_q, doc_kv, start_q, start_kv, sq: int, skv: int):
-    """Packed sequences (thd): query i sees key j iff both belong to sequence n = doc_q[i] and `mod` (None: any) sees
-    them at their positions in n. Positions are clamped so a pair across sequences still indexes in range."""
-    def mask_mod(b, h, q_idx, kv_idx):
-        n = doc_q[q_idx]
-        same = n == doc_kv[kv_idx]
-        if mod is None:
-            return same
-        return same & mod(n, h, (q_idx - start_q[n]).clamp(0, sq - 1), (kv_idx - start_kv[n]).clamp(0, skv - 1))
-    return _named(mask_mod, f"documents({mod.__name__ if mod is not None else 'all'})")
-
-
-def per_document(mod, doc_q, doc_kv, start_q, start_kv, sq: int, skv: int):
-    """A score_mod applied at positions within the query's packed sequence."""
-    def score_mod(s, b, h, q_idx, kv_idx):
-        n = doc_q[q_idx]
-        return mod(s, n, h, (q_idx - start_q[n]).clamp(0, sq - 1), (kv_idx - start_kv[n]).clamp(0, skv - 1))
-    return _named(score_mod, f"per_document({mod.__name__})")
-
-
-def chain(*mods):
-    """The score_mods applied in order (the case language's order: softcap, then ALiBi, then the mask)."""
-    def score_mod(s, b, h, q_idx, kv_idx):
-        for mod in mods:
-            s = mod(s, b, h, q_idx, kv_idx)
-        return s
-    return _named(score_mod, " -> ".join(m.__name__ for m in mods))
 
 
 def _flex_call(q, k, v, score_mod, block_mask, scale, enable_gqa, want_lse):
@@ -212,7 +130,7 @@ class FlexBackend(Backend):
         )
 
     def spellings(self, case: Case) -> tuple[str, ...]:
-        masks = ("", "score_mask") if _has_mask(case) else ("",)
+        masks = ("", "score_mask") if has_mask(case) else ("",)
         heads = ("", "repeat_kv") if case.hk < case.h else ("",)
         return tuple("+".join(p for p in combo if p) for combo in itertools.product(masks, heads))
 
@@ -225,9 +143,9 @@ class FlexBackend(Backend):
         q, k, v = (_bhsd(case, leaf) for leaf in leaves)
         if "repeat_kv" in parts:
             k, v = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k, v))
-        mask_mod, score_mods = _mods(case, tensors, device)
+        mask_mod, score_mods = mods_of(case, tensors, device)
         if packed:
-            docs = (*_documents(case, device), case.sq, case.skv)
+            docs = (*document_index(case, device), case.sq, case.skv)
             mask_mod, score_mods = documents(mask_mod, *docs), [per_document(m, *docs) for m in score_mods]
         block_mask = None
         if mask_mod is not None and "score_mask" in parts:
@@ -256,7 +174,6 @@ class FlexBackend(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` as run() calls flex, for standalone repro scripts (fuzz/store/repro.py); None
         for a case flex cannot express (a sink, an unknown spelling)."""
-        from attnfuzz.backends.flex.repro import flex_source
         expressible = case.softmax == "vanilla" and case.spelling in self.spellings(case)
         return flex_source(case, self.compiled) if expressible else None
 
@@ -338,14 +255,6 @@ def _logical(case: Case, y: torch.Tensor, lens: tuple[int, ...], s: int) -> torc
     return y.transpose(1, 2)
 
 
-def _documents(case: Case, device):
-    """(sequence of each packed query, of each packed key, first packed query of each sequence, first key)."""
-    lens_q, lens_kv = torch.tensor(case.lens_q), torch.tensor(case.lens_kv)
-    seqs = torch.arange(case.b)
-    return (torch.repeat_interleave(seqs, lens_q).to(device), torch.repeat_interleave(seqs, lens_kv).to(device),
-            (lens_q.cumsum(0) - lens_q).to(device), (lens_kv.cumsum(0) - lens_kv).to(device))
-
-
 def _pin_static(args) -> None:
     """Mark static the batch size of q, k, v and every size of every tensor the mods capture. Works around torch
     2.13 inductor bugs in the CPU flex template, whose generated C++ fails to compile ("'cur_kvSplitSize1' was not
@@ -378,38 +287,11 @@ def _closures(fns):
     return seen
 
 
-def _has_mask(case: Case) -> bool:
-    return case.left is not None or case.right is not None or case.padded or case.mask_density is not None
-
-
 def _variant_key(case: Case) -> tuple:
     """What decides the compiled graph (everything else reaches it as tensor values or dynamic sizes)."""
     return (case.dtype, case.h, case.hk, case.d_qk, case.d_v, case.left is not None, case.right is not None,
             case.padded, case.mask_density is not None, case.softcap is not None, case.alibi_slopes is not None,
             case.scale, case.grads, case.layout, case.memory, case.spelling)
-
-
-def _mods(case: Case, tensors: Tensors, device):
-    """(the mask_mod, or None when nothing is masked; the score_mods in the case's order)."""
-    lens_q = torch.tensor(case.lens_q, device=device)
-    lens_kv = torch.tensor(case.lens_kv, device=device)
-    off = lens_kv - lens_q if case.alignment == "bottom_right" else torch.zeros_like(lens_q)
-    masks = []
-    if case.left is not None:
-        masks.append(band_left(torch.tensor(case.left, device=device), off))
-    if case.right is not None:
-        masks.append(band_right(torch.tensor(case.right, device=device), off))
-    if case.padded:
-        masks.append(padding(lens_q, lens_kv))
-    if tensors.mask is not None:
-        masks.append(explicit(tensors.mask.to(device)))
-    score_dtype = torch.float64 if case.dtype == "float64" else torch.float32
-    mods = []
-    if case.softcap is not None:
-        mods.append(softcap(torch.tensor(case.softcap, dtype=score_dtype, device=device)))
-    if tensors.alibi is not None:
-        mods.append(alibi(tensors.alibi.to(device), off))
-    return (all_of(*masks) if masks else None), mods
 
 
 BACKENDS = {"flex-eager": lambda device: FlexBackend(device, compiled=False),

@@ -4,37 +4,37 @@ FlexBackend.run() makes them. Compiled flex is a fresh torch.compile(fullgraph=T
 
 from __future__ import annotations
 
-from attnfuzz.backends.flex import adapter as flex
 from attnfuzz.backends import layout
+from attnfuzz.backends.flex import mods
 from attnfuzz.backends import source as src
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
 
 
 def _mods(case: Case) -> tuple[list[str], list[str], list]:
-    """(mask_mod expressions, score_mod expressions, the factories they call), in flex._mods's order."""
-    masks, scores, used = [], [], [flex._named]
+    """(mask_mod expressions, score_mod expressions, the factories they call), in mods.mods_of's order."""
+    masks, scores, used = [], [], [mods._named]
     if case.left is not None:
         masks.append(f"band_left(torch.tensor({case.left}, device=device), off)")
-        used.append(flex.band_left)
+        used.append(mods.band_left)
     if case.right is not None:
         masks.append(f"band_right(torch.tensor({case.right}, device=device), off)")
-        used.append(flex.band_right)
+        used.append(mods.band_right)
     if case.padded:
         masks.append("padding(lens_q, lens_kv)")
-        used.append(flex.padding)
+        used.append(mods.padding)
     if case.mask_density is not None:
         masks.append("explicit(MASK.to(device))")
-        used.append(flex.explicit)
+        used.append(mods.explicit)
     if case.softcap is not None:
         score_dtype = "torch.float64" if case.dtype == "float64" else "torch.float32"
         scores.append(f"softcap(torch.tensor({case.softcap!r}, dtype={score_dtype}, device=device))")
-        used.append(flex.softcap)
+        used.append(mods.softcap)
     if case.alibi_slopes is not None:
         scores.append(f"alibi(torch.tensor({list(case.alibi_slopes)!r}, dtype=torch.float32, device=device), off)")
-        used.append(flex.alibi)
+        used.append(mods.alibi)
     if masks:
-        used.append(flex.all_of)
+        used.append(mods.all_of)
     return masks, scores, used
 
 
@@ -73,7 +73,7 @@ def flex_source(case: Case, compiled: bool) -> str:
     if scores:
         body.append("score_mods = [" + ",\n              ".join(scores) + "]")
     if packed:
-        used += [flex.documents] + ([flex.per_document] if scores else [])
+        used += [mods.documents] + ([mods.per_document] if scores else [])
         body += [f"seqs = torch.arange({case.b}, device=device)",
                  "doc_q, doc_kv = seqs.repeat_interleave(lens_q), seqs.repeat_interleave(lens_kv)  # each packed "
                  "token's sequence",
@@ -85,7 +85,7 @@ def flex_source(case: Case, compiled: bool) -> str:
     has_mask = bool(masks) or packed
     block_mask = "None"
     if has_mask and "score_mask" in parts:
-        used.append(flex.masked_scores)
+        used.append(mods.masked_scores)
         body.append(f"score_mods = [{'*score_mods, ' if scores else ''}masked_scores(mask_mod)]  # the mask as -inf")
     elif has_mask:
         batched = not packed and (case.padded or case.mask_density is not None)
@@ -94,7 +94,7 @@ def flex_source(case: Case, compiled: bool) -> str:
         block_mask = "block_mask"
     score_mod = "None"
     if scores or (has_mask and "score_mask" in parts):
-        used.append(flex.chain)
+        used.append(mods.chain)
         body.append("score_mod = chain(*score_mods)")
         score_mod = "score_mod"
     names = "create_block_mask, flex_attention" if block_mask != "None" else "flex_attention"

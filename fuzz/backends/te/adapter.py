@@ -24,9 +24,11 @@ import torch
 
 from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.te import selection as sel
+from attnfuzz.backends.te.call import band_kind, is_cross, te_call, te_mask
+from attnfuzz.backends.te.repro import te_source
 from attnfuzz.backends.flash.fa4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
-from attnfuzz.backends.layout import cu_seqlens, to_layout, unpack, visibility_mask
+from attnfuzz.backends.layout import unpack
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
@@ -62,24 +64,17 @@ def te_version() -> str:
         except metadata.PackageNotFoundError:
             continue
     return ""
+
+
 DTYPES = {sel.FLASH: ("float16", "bfloat16"), sel.FUSED: ("float16", "bfloat16"),
           sel.UNFUSED: ("float16", "bfloat16", "float32")}
-SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off-by-one", "learnable": "learnable"}
 SPELLINGS = ("", "window", "explicit-window", "wide", "padding", "attention_mask", "cross", "forward-args",
              "arbitrary")
 
 
-def _band_kind(case: Case) -> str:
-    if case.mask_density is not None:
-        return "arbitrary"
-    if case.right == 0:
-        return "causal"
-    return "full" if (case.left, case.right) == (None, None) else "window"
-
-
 def applicable_spellings(case: Case, backend: str) -> tuple[str, ...]:
     """The TE spellings that express this case ("" is the default) and that `backend` can take."""
-    kind = _band_kind(case)
+    kind = band_kind(case)
     if kind == "arbitrary":
         return ("",)
     names = [""]
@@ -91,16 +86,12 @@ def applicable_spellings(case: Case, backend: str) -> tuple[str, ...]:
         names.append("padding")
     if case.layout != "thd" and case.padded:
         names.append("attention_mask")
-    if not _is_cross(case):
+    if not is_cross(case):
         names.append("cross")
     names.append("forward-args")
     if backend == sel.UNFUSED and case.layout != "thd":
         names.append("arbitrary")
     return tuple(names)
-
-
-def _is_cross(case: Case) -> bool:
-    return case.sq != case.skv or case.lens_q != case.lens_kv
 
 
 def capability_refusals(case: Case, backend: str, flash_major: str | None = None,
@@ -144,67 +135,6 @@ def capability_refusals(case: Case, backend: str, flash_major: str | None = None
             (sliding and case.sq > case.skv, "sliding window with sq > skv: TE's FusedAttention does not support it"),
         ]
     return rows
-
-
-def te_mask(case: Case) -> tuple[str, tuple[int, int] | None]:
-    """(attn_mask_type, window_size) for the case and its spelling; -1 is TE's unbounded side."""
-    spelling, kind = case.spelling, _band_kind(case)
-    left, right = case.left, case.right
-    wide = max(case.sq, case.skv)
-    if spelling == "arbitrary" or kind == "arbitrary":
-        mask_type, window = "arbitrary", None
-    elif kind == "causal" and spelling != "window":
-        mask_type = "causal_bottom_right" if case.alignment == "bottom_right" else "causal"
-        if spelling == "wide":
-            window = (wide if left is None else left, 0)
-        elif spelling == "explicit-window" or left is not None:
-            window = (-1 if left is None else left, 0)
-        else:
-            window = None
-    else:
-        mask_type, window = "no_mask", None
-        if kind != "full" or spelling == "wide":
-            window = (wide if left is None else left, wide if right is None else right)
-    if (case.padded or case.layout == "thd" or spelling == "padding") and mask_type != "arbitrary":
-        mask_type = "padding" if mask_type == "no_mask" else f"padding_{mask_type}"
-    return mask_type, window
-
-
-def padding_mask(lens, s: int, device) -> torch.Tensor:
-    """bool [b, 1, 1, s], True at the padding positions past each length (TE's attention_mask: True = masked out)."""
-    return (torch.arange(s, device=device)[None] >= torch.tensor(lens, device=device)[:, None])[:, None, None, :]
-
-
-def te_call(case: Case, t: Tensors, backend: str) -> tuple[dict, tuple, dict]:
-    """(DotProductAttention kwargs, forward args, forward kwargs) for the case and its spelling."""
-    spelling = case.spelling
-    bottom_right = case.alignment == "bottom_right"
-    mask_type, window = te_mask(case)
-    padded = "padding" in mask_type
-    cross = _is_cross(case) or spelling == "cross"
-    init = {"num_attention_heads": case.h,
-            "kv_channels": case.d_qk if case.d_qk == case.d_v else (case.d_qk, case.d_v),
-            "num_gqa_groups": case.hk, "attention_dropout": 0.0, "qkv_format": case.layout,
-            "attn_mask_type": mask_type, "window_size": window, "bottom_right_diagonal": bottom_right,
-            "softcap": case.softcap or 0.0, "attention_type": "cross" if cross else "self",
-            "softmax_scale": case.scale, "softmax_type": SOFTMAX_TYPES[case.softmax]}
-    lens = (case.lens_q, case.lens_kv, case.lens_kv) if case.layout == "thd" else ((), (), ())
-    args = tuple(to_layout(case, x, n) for x, n in zip((t.q, t.k, t.v), lens))
-    kwargs = {}
-    if padded and mask_type != "arbitrary" and spelling != "attention_mask":
-        kwargs.update(cu_seqlens_q=cu_seqlens(case.lens_q, t.q.device), cu_seqlens_kv=cu_seqlens(case.lens_kv,
-                      t.q.device), max_seqlen_q=case.sq, max_seqlen_kv=case.skv)
-    if spelling == "attention_mask":
-        masks = (padding_mask(case.lens_q, case.sq, t.q.device), padding_mask(case.lens_kv, case.skv, t.q.device))
-        kwargs["attention_mask"] = masks if cross else masks[0]
-    if mask_type == "arbitrary":
-        kwargs["attention_mask"] = ~visibility_mask(case, t, t.q.device)
-    if case.alibi_slopes is not None:
-        kwargs.update(core_attention_bias_type="alibi", alibi_slopes=t.alibi.float())
-    if spelling == "forward-args":
-        for name in ("attn_mask_type", "window_size", "bottom_right_diagonal"):
-            kwargs[name] = init.pop(name)
-    return init, args, kwargs
 
 
 def _logical_out(case: Case, out: torch.Tensor) -> torch.Tensor:
@@ -295,7 +225,6 @@ class TransformerEngineAttention(Backend):
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` making run()'s construction and call with only this backend enabled, for
         standalone repro scripts (fuzz/store/repro.py); None for a spelling this backend does not take."""
-        from attnfuzz.backends.te.repro import te_source
         known = applicable_spellings(case, self.te_backend)
         return te_source(self, case) if case.spelling in known else None
 

@@ -1,5 +1,5 @@
 """TransformerEngine DotProductAttention's standalone repro source: the NVTE_* switches leaving only the adapter's
-backend eligible (te_select.ENV), then the module's construction arguments and the forward call exactly as the
+backend eligible (selection.ENV), then the module's construction arguments and the forward call exactly as the
 adapter's `te_call(case, tensors, backend)` makes them (qkv_format bshd / sbhd / thd with cu_seqlens,
 attn_mask_type, window_size, bottom_right_diagonal, padding or arbitrary attention_mask, ALiBi, softmax sinks)."""
 
@@ -10,7 +10,7 @@ import torch
 from attnfuzz.backends import layout
 from attnfuzz.backends import source as src
 from attnfuzz.backends.te import selection as sel
-from attnfuzz.backends.te import adapter as te_adapter
+from attnfuzz.backends.te.call import padding_mask, te_call
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
 
@@ -50,7 +50,7 @@ def construction(init: dict, *, learnable: bool, suffix: str = "") -> list[str]:
 def te_source(backend, case: Case) -> str:
     """Source defining `attention(q, k, v)` for a TransformerEngineAttention adapter (te-flash / -fused / -unfused)."""
     t = materialize(case, "cpu")
-    init, _, kwargs = te_adapter.te_call(case, t, backend.te_backend)
+    init, _, kwargs = te_call(case, t, backend.te_backend)
     spelled, constants = _forward_kwargs(case, kwargs)
     if case.softmax == "learnable":
         constants["SINK"] = (t.sink, "the learnable sink logits drawn from the seed")
@@ -72,6 +72,6 @@ def te_source(backend, case: Case) -> str:
            f"{backend.name} adapter builds and calls it for spelling {case.spelling!r}.")
     used = ([layout.pack, layout.unpack] if case.layout == "thd" else []) + (
         [layout.cu_seqlens] if "cu_seqlens_q" in kwargs else []) + (
-        [te_adapter.padding_mask] if case.spelling == "attention_mask" else [])
+        [padding_mask] if case.spelling == "attention_mask" else [])
     named = {"NVTE": (sel.ENV[backend.te_backend], f"only {backend.te_backend} eligible"), **constants}
     return src.preamble(used, named) + src.attention(doc, body)

@@ -40,16 +40,16 @@ class BackendMismatch(RuntimeError):
 
 
 @contextmanager
-def forced_backend(wanted: str):
-    """Only `wanted` eligible for the duration: NVTE_* set here and restored after, TE's cached selection marked
-    stale before the call so the variables are read again."""
-    if wanted not in ENV:
-        raise ValueError(f"backend={wanted!r} is not a TE backend; one of {sorted(ENV)}")
-    saved = {name: os.environ.get(name) for name in ENV[wanted]}
-    os.environ.update(ENV[wanted])
+def switched(env: dict[str, str], backends_state):
+    """TE's NVTE_* switches set to `env` for the duration and restored after. TE caches its backend choice by
+    attention parameters, which do not include these variables, so its record (`backends_state()`, read once the
+    variables are set: importing TE reads them too) is marked stale on the way in and on the way out."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    state = None
     try:
-        record = importlib.import_module(DPA_MODULE)._attention_backends
-        record["backend_selection_requires_update"] = True
+        state = backends_state()
+        state["backend_selection_requires_update"] = True
         yield
     finally:
         for name, value in saved.items():
@@ -57,6 +57,17 @@ def forced_backend(wanted: str):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        if state is not None:
+            state["backend_selection_requires_update"] = True
+
+
+@contextmanager
+def forced_backend(wanted: str):
+    """Only `wanted` eligible for the duration (switched)."""
+    if wanted not in ENV:
+        raise ValueError(f"backend={wanted!r} is not a TE backend; one of {sorted(ENV)}")
+    with switched(ENV[wanted], lambda: importlib.import_module(DPA_MODULE)._attention_backends):
+        yield
 
 
 @dataclass

@@ -15,7 +15,7 @@ VALID_ROWS = [2]  # graded query rows per sequence (rows past them are padding)
 BOUND = 1.666862918500018e-06  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 
 
-# sharding helpers, verbatim from attnfuzz (fuzz/cp/shard.py)
+# sharding helpers, verbatim from attnfuzz (fuzz/backends/cp/shard.py)
 
 def _need(ok: bool, message: str) -> None:
     if not ok:

@@ -17,7 +17,7 @@ VALID_KEYS = [8]  # graded keys per sequence (dK, dV)
 GRAD_BOUNDS = {'dq': 1.0000006601285072e-07, 'dk': 1.0000004098873053e-07, 'dv': 1.0000001140230792e-07}
 
 
-# sharding helpers, verbatim from attnfuzz (fuzz/cp/shard.py)
+# sharding helpers, verbatim from attnfuzz (fuzz/backends/cp/shard.py)
 
 def _need(ok: bool, message: str) -> None:
     if not ok:

@@ -14,7 +14,7 @@ VALID_ROWS = [4]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.10254632777820077  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 
 
-# sharding helpers, verbatim from attnfuzz (fuzz/cp/shard.py)
+# sharding helpers, verbatim from attnfuzz (fuzz/backends/cp/shard.py)
 
 def _need(ok: bool, message: str) -> None:
     if not ok:

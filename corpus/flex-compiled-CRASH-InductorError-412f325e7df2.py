@@ -19,7 +19,7 @@ VALID_ROWS = [1]  # graded query rows per sequence (rows past them are padding)
 BOUND = 0.0029470204270498146  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
 
 
-# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/adapter.py)
+# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/mods.py)
 
 def _named(fn, name: str):
     fn.__name__ = fn.__qualname__ = name

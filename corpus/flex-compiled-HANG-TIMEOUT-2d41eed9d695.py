@@ -17,7 +17,7 @@ VALID_KEYS = [52]  # graded keys per sequence (dK, dV)
 GRAD_BOUNDS = {'dq': 0.0006481961724976914, 'dk': 0.00044406218425207416, 'dv': 4.1495993882010134e-05}
 
 
-# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/adapter.py)
+# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/mods.py)
 
 def _named(fn, name: str):
     fn.__name__ = fn.__qualname__ = name

@@ -17,7 +17,7 @@ VALID_KEYS = [1]  # graded keys per sequence (dK, dV)
 GRAD_BOUNDS = {'dq': 3.0146596356388146e-05, 'dk': 1.991086744170929e-06, 'dv': 7.909164201040514e-05}
 
 
-# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/adapter.py)
+# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/mods.py)
 
 def _named(fn, name: str):
     fn.__name__ = fn.__qualname__ = name

@@ -117,6 +117,6 @@ def flex_source(case: Case, compiled: bool) -> str:
                      LENS_KV=(list(case.lens_kv), "valid keys per sequence"))
     if case.mask_density is not None:
         named["MASK"] = (materialize(case, "cpu").mask, "the explicit mask drawn from the seed, True = keep")
-    header = "\n\n# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/adapter.py)"
+    header = "\n\n# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/mods.py)"
     functions = used + ([layout.pack, layout.unpack] if packed else [])
     return header + src.preamble(functions, named) + src.attention(doc, body)

@@ -3,7 +3,7 @@
     python3 bench/isolation_overhead.py [--backend sdpa-math] [--examples 400]
 
 Runs the same derandomized fuzz loop twice, with and without the worker, and reports seconds per case and the
-overhead. The issue's target is <= 10 % on CPU for small shapes.
+overhead; on CPU, for small shapes, it should stay within 10 %.
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ Padding between thd sequences (lengths not multiples of 2*cp) is taken by FA3 / 
 off-by-one / learnable softmax with thd needs cuDNN >= 9.18 (utils.py, "Filter: Softmax type"); all_gather over
 bshd/sbhd with sq = skv = 2*cp (one query and one key row per chunk): TE 2.20.2 found no FusedAttention for its
 per-step configs on the H200 runner (16 of 16; sq = 4 with skv = 8 or 12 ran), reason not yet read from TE's log
-(bench/verify_cp.py prints it).
+(TEEngine(table=False) lets such a case through to read it).
 
 Known defects are not refusals: the cases run (and replay) as they are, and the strategy only avoids drawing the
 torch one, which would otherwise end every fp32 ring run at its first example. They are written down here so the
-table and the triage say the same thing (.gpu-findings/cp, bench/verify_cp.py).
+table and the triage say the same thing.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def from_te(case: Case, y: torch.Tensor, heads: int, packed: bool) -> torch.Tens
 class TEEngine(CPEngine):
     """TE DotProductAttention with cp_comm_type=`comm_type`, forced to `kernel` ("fused" or "flash"). `cudnn` is
     the cuDNN version TE runs with (torch's spelling, e.g. 91800; None: unknown); `table=False` lets every case
-    through to TE (bench/verify_cp.py uses it to read TE's own reason for a refusal the table declares)."""
+    through to TE (to read TE's own reason for a refusal the table declares)."""
 
     comm_type: str = "p2p"
     kernel: str = "fused"

@@ -12,7 +12,7 @@ sm90 backward (first H200 run): GQA with d_qk != d_v is an explicit assert in Fl
 here as a refusal; two other sm90 backward failures are the library's, not refusals, and stay findings: a compile
 error (MLIRError) for d_qk > d_v when d_v's 16-padded tile is narrower than the dO shared-memory swizzle atom sized
 from d_qk, and a wrong dq when the kernel pads d to a multiple of 16 but interface.py pads the dq accumulator to 32
-(seen: rows >= 64 exactly 0 for d = 8, 16; predicted for d = 40, 48, 72, 80). bench/verify_findings.py checks both.
+(seen: rows >= 64 exactly 0 for d = 8, 16; predicted for d = 40, 48, 72, 80).
 """
 
 from __future__ import annotations

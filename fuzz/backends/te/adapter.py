@@ -9,8 +9,8 @@ not an equivalent spelling of causal and is not listed. The module returns no LS
 the backend asked for (fuzz/backends/te/selection.py).
 
 Inputs go to TE as the case lays them out, strided views included (DotProductAttention allows non-contiguous inputs):
-what TE does with them is graded, not avoided. TE-side findings of the first H200 run, left in the fuzzed space on
-purpose (bench/verify_findings.py separates them from adapter mistakes): FusedAttention reads head-major views as
+what TE does with them is graded, not avoided. TE-side findings, left in the fuzzed space on
+purpose: FusedAttention reads head-major views as
 bshd (get_qkv_layout checks only k against v, cuDNN strides come from the layout name); the unfused backend turns
 "no window" (-1, -1) into the finite window (skv, sq), which hides keys when the diagonal is top-left and sq != skv;
 unfused thd crashes when no query token is left.

@@ -73,7 +73,7 @@ def translate(case: Case, kernel: str, world: int) -> TECall:
 
 def forced_kernel(env: dict[str, str], backends_state: dict):
     """TE's backend switches for one call, TE made to select again (te.selection.switched)."""
-    return switched(env, lambda: backends_state)
+    return switched(env, lambda: backends_state, stale_after=True)
 
 
 @dataclass

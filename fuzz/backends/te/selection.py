@@ -40,10 +40,11 @@ class BackendMismatch(RuntimeError):
 
 
 @contextmanager
-def switched(env: dict[str, str], backends_state):
+def switched(env: dict[str, str], backends_state, *, stale_after: bool = False):
     """TE's NVTE_* switches set to `env` for the duration and restored after. TE caches its backend choice by
     attention parameters, which do not include these variables, so its record (`backends_state()`, read once the
-    variables are set: importing TE reads them too) is marked stale on the way in and on the way out."""
+    variables are set: importing TE reads them too) is marked stale on the way in, and with `stale_after` on the
+    way out too."""
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     state = None
@@ -57,7 +58,7 @@ def switched(env: dict[str, str], backends_state):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        if state is not None:
+        if stale_after and state is not None:
             state["backend_selection_requires_update"] = True
 
 

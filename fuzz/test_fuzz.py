@@ -34,14 +34,14 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
                            attnfuzz.max_examples)
-    findings_dir = corpus_io.findings_dir(attnfuzz.store.corpus)
+    findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
     findings_dir.mkdir(parents=True, exist_ok=True)
     recovered = corpus_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
     for r in recovered:
         if not r.finding:
             warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
     space = Space(max_len=attnfuzz.max_len) if attnfuzz.max_len else Space()
-    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.engine.isolate)
+    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     try:
         with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", and no finding
             tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings,

@@ -4,7 +4,6 @@ table, and the check that the backend asked for is the one that ran."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest

@@ -49,7 +49,7 @@ FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -93,6 +93,7 @@ class Check:
     got: float
     expected: float
     rows: int = 1
+    row_bounds: torch.Tensor | None = field(default=None, compare=False, repr=False)  # every row's bound (inf: ungraded)
 
     @property
     def bound(self) -> float:
@@ -190,4 +191,5 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     index = row + ((int(torch.argmax(diff[row]).item()),) if rowwise else ())
     return Check(name=name, diff_max=diff_r[row].item(), baseline_max=base_r[row].item(), k=k,
                  floor=floor[row].item(), index=index, got=got64[index].item(), expected=ref64[index].item(),
-                 rows=int(graded_r.sum().item()))
+                 rows=int(graded_r.sum().item()),
+                 row_bounds=torch.where(graded_r, bound_r, float("inf")))

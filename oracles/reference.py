@@ -38,6 +38,7 @@ class Reference:
     d_rounding: float = 0.0            # max over rows of |rowsum(dO * (O rounded to the inputs' dtype - O))|
     row_logit_size: torch.Tensor | None = None  # [b, h, sq]: logit_size of each query row's visible logits
     row_dv_terms: torch.Tensor | None = None    # [b, skv, hk]: dv_terms of each key row
+    row_rms: torch.Tensor | None = None         # [b, sq, h]: max over channels of sqrt(sum_j (P_ij V_j)^2)
     row_spread: torch.Tensor | None = None      # [b, sq, h]: max over channels of sum_j P_ij |V_j|, the terms a
     #                                             row's output sums (a weight's relative error moves it by that much)
 
@@ -114,9 +115,13 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s - lse_safe[..., None])
-    spread = _weighted_values(p.detach(), v.detach().abs(), head_map).amax(-1) if terms and v.shape[-1] else None
+    spread = rms = None
+    if terms and v.shape[-1]:
+        pd, vd = p.detach(), v.detach()
+        spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
+        rms = _weighted_values(pd * pd, vd * vd, head_map).sqrt().amax(-1)
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread)
+            spread, rms)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -141,6 +146,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     logit_terms, terms = terms, grads and terms
     row_logit_size = torch.zeros(case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
     row_spread = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
+    row_rms = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
@@ -160,13 +166,13 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # Textbook GQA repeats the KV heads, so dK / dV are per-query-head sums rounded in the dtype
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
-                o_c, l_c, m_c, e_c, size_c, spread_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
                                                                alibi=alibi, sq_n=sq_n, head_map=head_map,
                                                                bounds=bounds, scale=scale, terms=logit_terms)
             if size_c is not None:
                 row_logit_size[n, :, rows] = size_c
             if spread_c is not None:
-                row_spread[n, rows] = spread_c
+                row_spread[n, rows], row_rms[n, rows] = spread_c, rms_c
             out[n, rows] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)
             empty[n, rows] = e_c
@@ -189,4 +195,5 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      bias_max=float(maxima[1]),
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
                      row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
-                     d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread)
+                     d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread,
+                     row_rms=row_rms)

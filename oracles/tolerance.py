@@ -49,7 +49,7 @@ FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,6 +62,9 @@ K = {
                 "grad": {"float16": 4.0, "bfloat16": 4.0, "float32": 4.0, "float64": 4.0}},
 }
 LOW_PRECISION = ("float16", "bfloat16")
+# How many standard deviations of P's rounding an output row may be off by (see check): 6 leaves about one row in
+# 10^9 of a correct kernel over its bound from this alone, and a leaked key on a row of 1024 still 5x over.
+P_ROUNDING_SIGMAS = 6.0
 # torch's CPU flash kernel on fp16 and bf16 inputs takes a fast exp: its LSE is off by up to 6.2e-5 absolute,
 # the same in both dtypes and whatever the head dim (measured on rows of 2 to 1024 keys; with one key, where the
 # only exp is exp(0), it is off by 3e-8), i.e. a relative error of the row sum up to ~2^-14. Twice that, 2^-13 =
@@ -90,6 +93,7 @@ class Check:
     got: float
     expected: float
     rows: int = 1
+    row_bounds: torch.Tensor | None = field(default=None, compare=False, repr=False)  # every row's bound (inf: ungraded)
 
     @property
     def bound(self) -> float:
@@ -117,7 +121,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
           family: str, quantity: str, dtype: str, logit_size: float | torch.Tensor = 0.0,
           spread: torch.Tensor | None = None, scale_of_terms: float = 0.0, inherited: float = 0.0,
           bias_max: float = 0.0, baseline: torch.Tensor | None = None, keys: int = 0,
-          row_terms: float | torch.Tensor = 0.0) -> Check:
+          row_terms: float | torch.Tensor = 0.0, rms: torch.Tensor | None = None) -> Check:
     """Grade `got` against the float64 `ref`, row by row, at the elements `where` (bool, broadcast to got's shape);
     elements outside `where` are not graded. A row is all dims but the last for out / dq / dk / dv, one element for
     the LSE. Non-finite values count as infinite error. `logit_size` is a float or a per-row tensor (the shape of
@@ -164,6 +168,14 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
             floor_terms = EPS[dtype] * row_terms
         else:
             floor_terms = 0.0
+        # The same rounding of P before O = P V: eps / 2 on each term P_ij V_j, with signs that do not conspire, so a
+        # row moves by about eps / 2 * sqrt(sum_j (P_ij V_j)^2) (`rms`) times a few standard deviations, and never
+        # by more than eps / 2 * sum_j P_ij |V_j| (`spread`). A row's own naive baseline rounds P too, but its error
+        # can land low by chance when the row sums few terms (sdpa-flash bf16 on an H200, 2 keys whose values cancel
+        # to an output of 0.02: 1.14x over without it). On a long row it stays far below one key's weight, 1 / n.
+        if dtype in LOW_PRECISION and rms is not None and spread is not None:
+            floor_terms = floor_terms + EPS[dtype] / 2 * torch.minimum(P_ROUNDING_SIGMAS * rms.to(torch.float64),
+                                                                        spread.to(torch.float64))
         floor = (floor_terms + 2 * EPS[dtype] * mag_r + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
             logit_err.max() if isinstance(logit_err, torch.Tensor) and logit_err.numel() else logit_err))
             * scale_of_terms + 2 * inherited + 1e-7)
@@ -179,4 +191,5 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     index = row + ((int(torch.argmax(diff[row]).item()),) if rowwise else ())
     return Check(name=name, diff_max=diff_r[row].item(), baseline_max=base_r[row].item(), k=k,
                  floor=floor[row].item(), index=index, got=got64[index].item(), expected=ref64[index].item(),
-                 rows=int(graded_r.sum().item()))
+                 rows=int(graded_r.sum().item()),
+                 row_bounds=torch.where(graded_r, bound_r, float("inf")))

@@ -118,7 +118,8 @@ def test_known_bug_is_tallied_and_the_search_goes_on(tmp_path):
     assert not findings and tally.labels["KNOWN:ALL_ZERO"] > 20 and tally.examples >= 300, tally.to_dict()
     _, findings = fuzz(ZeroCausalAndBatch(), space=Space(max_len=40), settings=profile("ci", max_examples=300),
                        known=known)
-    assert [f.verdict.diagnosis for f in findings] == [V.TOLERANCE]
+    # the batch bug is reported (TOLERANCE, or on probe inputs MASK_DROP / MASK_LEAK), the known one never
+    assert findings and all(f.verdict.diagnosis != V.ALL_ZERO for f in findings), [f.verdict.label for f in findings]
 
 
 def test_repro_script_checks_gradients_through_the_written_call(tmp_path):
@@ -236,7 +237,8 @@ def test_run_log_keeps_the_whole_verdict_checks_and_all(tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["label"] for r in rows} == {"PASS", "KNOWN:ALL_ZERO"}
     assert all(V.Verdict.from_dict(r["verdict"]).label == r["label"] for r in rows)
-    assert all(any(c.startswith("out: diff_max=") for c in r["verdict"]["checks"]) for r in rows if r["label"] == "PASS")
+    assert all(any(c.startswith("out: ") and "diff_max=" in c for c in r["verdict"]["checks"]) for r in rows
+               if r["label"] == "PASS")
 
 
 def test_a_hang_entry_is_replayed_only_where_it_can_be_timed_out(tmp_path, capsys):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
-from attnfuzz.cli import main
-from attnfuzz.engine.harness import Evidence, Finding, fuzz, merge_root_causes
+from attnfuzz.engine.harness import Evidence, Finding, fuzz, merge_root_causes, run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.engine.profiles import profile
 from attnfuzz.strategies.case import Case
@@ -16,19 +18,30 @@ from attnfuzz.strategies.space import Space
 from tests.broken import BROKEN
 
 
-def test_run_prints_where_each_finding_is_and_how_to_replay_it(tmp_path, capsys):
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def attnfuzz(*argv: str) -> subprocess.CompletedProcess:
+    """The CLI in a process of its own: a run in this one would load modules whose constants Hypothesis draws from,
+    and so change the derandomized streams of the tests after it."""
+    return subprocess.run([sys.executable, "-m", "attnfuzz", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_run_prints_where_each_finding_is_and_how_to_replay_it(tmp_path):
     spec = "tests.misbehaving:zero_when_causal"
-    assert main(["run", "--backend", spec, "--max-examples", "30", "--seed", "0", "--corpus", str(tmp_path)]) == 1
-    err = capsys.readouterr().err
+    ran = attnfuzz("run", "--backend", spec, "--max-examples", "30", "--seed", "0", "--corpus", str(tmp_path))
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    err = ran.stderr
     [path] = corpus_io.entry_paths(tmp_path)
     script = path.with_suffix(".py")
     assert f"[{spec}] FAIL:ALL_ZERO: every graded output element is 0" in err, err
     for line in (f"saved:  {path}", f"repro:  {script}", f"replay: attnfuzz replay {path}   or   python3 {script}"):
         assert line in err, (line, err)
     assert "shrink:" not in err, "Hypothesis shrank it: no shrink command"
-    assert main(["replay", str(path)]) == 1, "the printed replay command replays it: the bug is still there"
-    assert main(["run", "--backend", spec, "--max-examples", "30", "--seed", "0", "--corpus", str(tmp_path)]) == 1
-    assert "seen before" in capsys.readouterr().err, "the same bug again merges into its entry, and says so"
+    assert attnfuzz("replay", str(path)).returncode == 1, "the printed replay command replays it: the bug is there"
+    again = attnfuzz("run", "--backend", spec, "--max-examples", "30", "--seed", "0", "--corpus", str(tmp_path))
+    assert again.returncode == 1 and "seen before" in again.stderr, "the same bug again merges into its entry"
 
 
 # -- one root cause, one finding -------------------------------------------------------------------------------------
@@ -60,11 +73,29 @@ def test_control_two_independent_bugs_stay_two_findings():
 
 
 def test_control_a_bug_whose_smallest_case_is_ambiguous_keeps_its_own_finding():
-    """A left bound widened by one and a band dropped when sq > skv: the smallest WINDOW_OFF_BY_ONE case may match
-    "no band at all" too, but larger ones of the run do not, so the window bug is not folded into the other."""
-    tally, findings = fuzz(BROKEN["broken-window-and-mask-dropped"](), space=SPACE, settings=SEARCH)
-    labels = [f.verdict.label for f in findings]
-    assert "FAIL:WINDOW_OFF_BY_ONE" in labels and "FAIL:MASK_IGNORED" in labels, (labels, tally.to_dict())
+    """A left bound widened by one and a band dropped when sq > skv: the window bug's smallest case, sq = skv = 2 with
+    window (0, None), reads as "no band at all" too, and if that is all the run saw of it, the evidence alone would
+    fold it into the dropped band. The grown case (sq = skv = 5) fails as a moved bound only: two findings."""
+    backend = BROKEN["broken-window-and-mask-dropped"]()
+    window_case = Case(sq=2, skv=2, d_qk=8, d_v=8, window=(0, None))
+    band_case = Case(sq=4, skv=3, d_qk=8, d_v=8, causal=True)
+    findings = [Finding(backend.name, c, run_case(backend, c)) for c in (window_case, band_case)]
+    assert [f.verdict.label for f in findings] == ["FAIL:WINDOW_OFF_BY_ONE", "FAIL:MASK_IGNORED"]
+    assert V.MASK_IGNORED in findings[0].verdict.also, "the smallest window case is ambiguous"
+    evidence = Evidence()
+    for f in findings:
+        evidence.add(f.verdict)
+    assert merge_root_causes(findings, evidence) == [findings[1]], "what the evidence alone would do"
+    findings[1].attached = []
+    merged = merge_root_causes(findings, evidence, probe=lambda c: run_case(backend, c))
+    assert merged == findings and not findings[1].attached, [f.attached for f in merged]
+    one_bug = BROKEN["broken-causal-dropped"]()  # the same probe keeps one root cause one finding
+    findings = [Finding(one_bug.name, c, run_case(one_bug, c)) for c in (Case(sq=2, skv=2, d_qk=8, d_v=8, causal=True),
+                                                                         Case(sq=3, skv=3, d_qk=8, d_v=8, causal=True))]
+    evidence = Evidence()
+    for f in findings:
+        evidence.add(f.verdict)
+    assert merge_root_causes(findings, evidence, probe=lambda c: run_case(one_bug, c)) == [findings[1]]
 
 
 def test_the_merge_needs_every_output_of_the_label_explained():
@@ -80,11 +111,11 @@ def test_the_merge_needs_every_output_of_the_label_explained():
     assert merge_root_causes([window, ignored], evidence) == [window, ignored] and not ignored.attached
 
 
-def test_run_saves_one_entry_with_the_other_labels_attached_and_old_entries_still_load(tmp_path, capsys):
-    spec = "tests.misbehaving:drops_causal"
-    assert main(["run", "--backend", spec, "--max-examples", "200", "--profile", "ci", "--corpus",
-                 str(tmp_path)]) == 1
-    err = capsys.readouterr().err
+def test_run_saves_one_entry_with_the_other_labels_attached_and_old_entries_still_load(tmp_path):
+    ran = attnfuzz("run", "--backend", "tests.misbehaving:drops_causal", "--max-examples", "200", "--profile", "ci",
+                   "--corpus", str(tmp_path))
+    err = ran.stderr
+    assert ran.returncode == 1, err[-3000:]
     [path] = corpus_io.entry_paths(tmp_path)
     entry = corpus_io.load(path)
     assert entry.verdict.label == "FAIL:MASK_IGNORED" and entry.attached, (entry.verdict, err)

@@ -291,23 +291,35 @@ class Evidence:
                 and root.verdict.diagnosis in self.common.get(other.verdict.label, ()))
 
 
-def merge_root_causes(findings: list[Finding], evidence: Evidence) -> list[Finding]:
+def merge_root_causes(findings: list[Finding], evidence: Evidence,
+                      probe: Callable[[Case], V.Verdict] | None = None) -> list[Finding]:
     """One finding per root cause. Hypothesis shrinks each verdict label on its own, so one bug can come back under
     several labels: a kernel that drops the causal mask is MASK_IGNORED on sq = skv = 3, but WINDOW_OFF_BY_ONE on
     sq = skv = 2 (the right bound moved by one hides every key too), MASK_ALIGNMENT on sq = 1, skv = 2 and
-    EMPTY_ROWS on a bottom-right sq = 2, skv = 1. A finding
-    B is attached to a finding A when A's diagnosis explains B's label (Evidence: every output of B's label in this
-    run matched A's alternative reference as well) and nothing explains A. A label with one output that A's
-    reference does not explain is another bug, and stays a finding of its own; so do findings that nothing
-    explains, and those explained only by an attached one (no chains). B goes to the explaining root whose
-    diagnosis comes last in the grader's order (the most general: no mask at all before one bound moved)."""
-    roots = [a for a in findings if not any(evidence.explains(b, a) for b in findings)]
+    EMPTY_ROWS on a bottom-right sq = 2, skv = 1.
+
+    A finding B is attached to a finding A when A's diagnosis explains B's label: every output of B's label the run
+    saw matched A's alternative reference as well (Evidence), and, with `probe` (runs a case through the backend),
+    B's case grown by a few queries and keys (_grown) does not fail with B's label alone either. A small case can
+    match both a moved bound and no band at all; a larger one tells a window bug from a dropped band. So a label with
+    one output that A's reference does not explain is another bug and stays a finding of its own; so do findings
+    that nothing explains, and those explained only by an attached one (no chains). B goes to the explaining root
+    whose diagnosis comes last in the grader's order (the most general: no mask at all before one bound moved)."""
+    told: dict[tuple[int, int], bool] = {}
+
+    def explains(a: Finding, b: Finding) -> bool:
+        if not evidence.explains(a, b):
+            return False
+        if probe is not None and (id(a), id(b)) not in told:
+            told[id(a), id(b)] = any(v.status == V.FAIL and v.label == b.verdict.label
+                                     and a.verdict.diagnosis not in (v.diagnosis, *v.also)
+                                     for v in map(probe, _grown(b.case)))
+        return not told.get((id(a), id(b)), False)
+
+    roots = [a for a in findings if not any(explains(b, a) for b in findings)]
     merged = []
     for f in findings:
-        if f in roots:
-            merged.append(f)
-            continue
-        by = [a for a in roots if evidence.explains(a, f)]
+        by = [] if f in roots else [a for a in roots if explains(a, f)]
         if not by:
             merged.append(f)
             continue
@@ -316,15 +328,29 @@ def merge_root_causes(findings: list[Finding], evidence: Evidence) -> list[Findi
     return merged
 
 
+def _grown(case: Case) -> list[Case]:
+    """The case with 3 and with 8 more queries and keys in every sequence (the alignment offset kept)."""
+    grown = []
+    for more in (3, 8):
+        lens = {name: None if getattr(case, name) is None else tuple(n + more for n in getattr(case, name))
+                for name in ("seqlens_q", "seqlens_kv")}
+        try:
+            grown.append(case.replace(sq=case.sq + more, skv=case.skv + more, **lens))
+        except ValueError:  # a rule of the case language the larger case breaks
+            continue
+    return grown
+
+
 def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
          seed: int | None = None, inflight: Path | None = None,
          on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
          known: KnownBugs | None = None, worker=None, reruns: int = 3,
          database_key: str | None = None) -> tuple[Tally, list[Finding]]:
     """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
-    findings, one per distinct verdict label, merged where one explains another (merge_root_causes: the others are
-    in its `attached`). Each finding's case is run `reruns` more times: a failure that does not come back every time
-    (or that Hypothesis could not reproduce) is a FLAKY finding, with how often it failed.
+    findings, one per distinct verdict label, merged where one explains another (merge_root_causes, which runs a few
+    grown cases to tell them apart: the others are in its `attached`). Each finding's case is run `reruns` more
+    times: a failure that does not come back every time (or that Hypothesis could not reproduce) is a FLAKY finding,
+    with how often it failed.
 
     `worker` is anything with run(case) -> Verdict (attnfuzz.engine.isolate.Worker; a campaign's resumable cache); without one,
     cases run in this process. `database_key` names the backend's failures in the settings' example database, so that
@@ -351,11 +377,12 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     # the crash record sits beside the write-ahead file: the next start tells a crash from a stop by it
     with interrupt.crash_record(interrupt.record_path(inflight) if inflight is not None else None):
         findings = _search(prop, tally)
+        run = (getattr(worker, "rerun", worker.run) if worker is not None
+               else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
         if reruns > 0:
-            run = (getattr(worker, "rerun", worker.run) if worker is not None
-                   else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
             findings = [confirm(f, run, reruns) for f in findings]
-    return tally, merge_root_causes(findings, evidence)
+        findings = merge_root_causes(findings, evidence, probe=run)
+    return tally, findings
 
 
 def _search(prop, tally: Tally) -> list[Finding]:

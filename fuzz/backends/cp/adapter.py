@@ -124,7 +124,10 @@ def cudnn_version(device: str) -> int | None:
     if not device.startswith("cuda"):
         return None
     import torch
-    return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except RuntimeError:  # torch refuses a cuDNN of another version on the library path: say none, not crash
+        return None
 
 
 def _te(comm: str, kernel: str):

@@ -53,7 +53,7 @@ def test_the_wheel_is_what_runs(wheel_env, tmp_path):
 
 
 def test_an_installed_wheel_knows_the_shipped_bugs(wheel_env, tmp_path):
-    script = ("from attnfuzz import corpus as c\n"
+    script = ("from attnfuzz.store import corpus as c\n"
               "entries, errors = c.load_all(c.shipped_dir())\n"
               "known = c.known_bugs(c.shipped_dir(), c.findings_dir())\n"
               "print(len(entries), len(errors), sum(1 for _, e in entries if e.known_bug and "

@@ -152,8 +152,11 @@ def test_memory_stays_bounded_on_a_long_head(n, chunk_mib, limit_mib):
 
 
 def test_control_an_unchunked_head_is_what_the_memory_bound_catches():
-    """Negative control for the bound above: the same 4k head in one chunk raises the peak past it."""
-    assert _peak_growth_mib(4096, 1024) > 128
+    """Negative control for the bound above: the same 4k head in one chunk raises the peak far above the chunked
+    run's. Relative, not against the 128 MiB its scores take: in a long test session the subprocess's peak before
+    the oracle ran was already high enough to hide part of it (86 MiB of growth seen, 601 in a fresh session)."""
+    unchunked, chunked = _peak_growth_mib(4096, 1024), _peak_growth_mib(4096, 4)
+    assert unchunked > max(2 * chunked, chunked + 64), (unchunked, chunked)
 
 
 FORBIDDEN_NAMES = {"softmax", "log_softmax", "_safe_softmax", "scaled_dot_product_attention", "flex_attention",

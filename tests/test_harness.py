@@ -44,10 +44,15 @@ def test_planted_bug_is_found_named_and_shrunk(name):
     assert minimal(case), f"{name}: not shrunk far enough: {case!r}"
 
 
-def test_correct_backend_never_fails_over_2000_examples():
-    tally, findings = fuzz(Correct(), space=SPACE, settings=profile("ci", max_examples=2000))
+# A correct kernel over many random cases: no false positive. The default run draws 400; the full 2000 are long.
+EXAMPLES = [400, pytest.param(2000, marks=pytest.mark.long)]
+
+
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_correct_backend_never_fails_over_many_examples(examples):
+    tally, findings = fuzz(Correct(), space=SPACE, settings=profile("ci", max_examples=examples))
     assert not findings, [f"{f.verdict.label} {f.verdict.message} {f.case!r}" for f in findings]
-    assert tally.labels["PASS"] >= 1500, tally.to_dict()
+    assert tally.labels["PASS"] >= 0.75 * examples, tally.to_dict()
 
 
 def test_shrinking_keeps_the_diagnosis():
@@ -117,13 +122,14 @@ def test_refused_features_are_not_drawn():
     assert seen and not any(c.softcap is not None or c.layout != "bshd" or c.grads for c in seen)
 
 
-def test_correct_custom_kernel_never_fails_over_2000_examples():
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_correct_custom_kernel_never_fails_over_many_examples(examples):
     """The bring-your-own contract end to end: tests/test_custom_backend.py's example kernel, loaded by spec."""
     from attnfuzz.backends import get
     backend = get("tests.test_custom_backend:example_attention")
-    tally, findings = fuzz(backend, space=SPACE, settings=profile("ci", max_examples=2000))
+    tally, findings = fuzz(backend, space=SPACE, settings=profile("ci", max_examples=examples))
     assert not findings, [f"{f.verdict.label} {f.verdict.message} {f.case!r}" for f in findings]
-    assert tally.labels["PASS"] >= 1500, tally.to_dict()
+    assert tally.labels["PASS"] >= 0.75 * examples, tally.to_dict()
 
 
 def test_a_small_gpu_case_is_graded_by_an_oracle_on_the_cpu_with_the_same_inputs():

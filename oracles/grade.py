@@ -84,8 +84,8 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
         if rest.ok:
             verdict = fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {failed.got:.6g} at "
                                           f"{list(failed.index)}; every other row passes", failed, failed.ratio)
-            return dataclasses.replace(verdict, also=tuple(d for d, _ in _matching(o, out, failed, family)))
-    matched = _matching(o, out, failed, family)
+            return dataclasses.replace(verdict, also=tuple(d for d, _ in _matching(o, out, family)))
+    matched = _matching(o, out, family)
     if matched:
         (diagnosis, description), others = matched[0], matched[1:]
         verdict = fail(diagnosis, f"{description}; {failed.describe()}", failed, failed.ratio)
@@ -95,8 +95,8 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verd
     return fail(V.TOLERANCE, failed.describe(), failed, failed.ratio)
 
 
-def _matching(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> list[tuple[str, str]]:
-    """(diagnosis, description) of each alternative the output matches within the failed check's bound, in the
+def _matching(o: Oracle, out: torch.Tensor, family: str) -> list[tuple[str, str]]:
+    """(diagnosis, description) of each alternative the output matches, every row within its own bound, in the
     order alternatives() gives them, one per diagnosis."""
     matched: list[tuple[str, str]] = []
     for diagnosis, description, overrides in alternatives(o.case):

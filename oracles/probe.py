@@ -58,8 +58,7 @@ def out_check(o, out: torch.Tensor, ref_out: torch.Tensor | None = None) -> Chec
 
 def grade_out(o, out: torch.Tensor, checks: list) -> V.Verdict | None:
     """None when the probe's output is exact to rounding; else a FAIL named by the alternative reference it
-    matches (an alignment, a window bound moved by one, the modulo head mapping), else MASK_LEAK (a channel reads
-    more than its share: a key the row must not see was counted) or MASK_DROP (less: a visible key was lost)."""
+    matches (an alignment, a window bound moved by one, the modulo head mapping), else by `_named`."""
     c = out_check(o, out)
     checks.append(c)
     if c.ok:
@@ -73,25 +72,64 @@ def grade_out(o, out: torch.Tensor, checks: list) -> V.Verdict | None:
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
         if out_check(o, out, alt.out).ok:
             return fail(diagnosis, f"probe: {description}; {where}", c, c.ratio, [x.describe() for x in checks])
-    return _named(c, where, checks)
+    return _named(o, out, c, where, checks)
 
 
-def _named(c: Check, where: str, checks) -> V.Verdict:
+# A row that counted whole keys too many or too few reads, in every channel, an integer count over the row's new
+# total: got_c * (count + m) is an integer for the m keys it gained (m < 0: lost), the integers sum to the row's key
+# count + m and differ from the row's own counts. A quarter of a key is far beyond the rounding of a short row
+# (R * count_c < 0.25 while count_c < 0.25 / R: bf16 rows of up to ~64 keys per channel) and far from any whole-key
+# error; on longer rows the rounding cannot tell, and the sign rule stays.
+WHOLE_KEY = 0.25
+KEYS_MOVED = range(-4, 5)
+
+
+def _whole_keys(row: torch.Tensor, expected: torch.Tensor, count: float, rel: float) -> bool | None:
+    """True when the row reads as whole keys counted too many or too few (over count + m for a small m), False when
+    it cannot, None when the row is too long for its rounding to tell."""
+    row, expected = row.to(torch.float64), expected.to(torch.float64)
+    if rel * float(row.abs().max()) * count > WHOLE_KEY:
+        return None
+    own = (expected * count).round()
+    for m in KEYS_MOVED:
+        keys = row * (count + m)
+        whole = keys.round()
+        if (count + m > 0 and float((keys - whole).abs().max()) <= WHOLE_KEY
+                and float(whole.sum() - own.sum()) == m and not bool(torch.equal(whole, own))):
+            return True
+    return False
+
+
+def _named(o, out: torch.Tensor, c: Check, where: str, checks) -> V.Verdict:
+    """MASK_LEAK (a channel reads more than its share: a key the row must not see was counted) or MASK_DROP (less: a
+    visible key was lost) when the row reads as whole keys counted too many or too few; TOLERANCE when it cannot
+    (a fraction of a key: weights or precision, not a mask), or when the whole row reads 0 (never written, or every
+    key lost: a mask cannot tell them apart)."""
+    described = [x.describe() for x in checks]
+    b, i, h, _ = c.index
+    row = out[b, i, h].to(torch.float64)
+    count = _counts(o)[b, h, i].item()
+    if not bool(row.any()):
+        return fail(V.TOLERANCE, f"probe: the row reads 0 in every channel where it sees {count:.6g} keys (not "
+                                 f"written, or every key lost): {where}", c, c.ratio, described)
+    rel = EPS[o.case.dtype] + (count + 4) * EPS["float32"]
+    if _whole_keys(row, o.ref.out[b, i, h], count, rel) is False:
+        off = (c.got - c.expected) * count
+        return fail(V.TOLERANCE, f"probe: the row is off by {off:+.3g} of one key's weight, not by whole keys (a "
+                                 f"weighting or precision error, not a mask): {where}", c, c.ratio, described)
     if c.got > c.expected:
-        return fail(V.MASK_LEAK, f"probe: a key the row must not see was counted: {where}", c, c.ratio,
-                     [x.describe() for x in checks])
-    return fail(V.MASK_DROP, f"probe: a key the row sees was dropped: {where}", c, c.ratio,
-                 [x.describe() for x in checks])
+        return fail(V.MASK_LEAK, f"probe: a key the row must not see was counted: {where}", c, c.ratio, described)
+    return fail(V.MASK_DROP, f"probe: a key the row sees was dropped: {where}", c, c.ratio, described)
 
 
 def name_failure(o, out: torch.Tensor, failed: Check) -> V.Verdict:
-    """A probe output that failed the per-row bound and matches no alternative: MASK_LEAK or MASK_DROP by the sign
-    of its worst element against the exact share, with the per-row check that failed it."""
+    """A probe output that failed the per-row bound and matches no alternative, named by `_named`, with the per-row
+    check that failed it."""
     c = out_check(o, out)
     b, i, h, ch = c.index
     where = (f"row {[b, i, h]} channel {ch} reads {c.got:.6g} where its share of visible keys is {c.expected:.6g}; "
              f"{failed.describe()}")
-    return _named(c, where, [failed])
+    return _named(o, out, c, where, [failed])
 
 
 def grade_lse(o, lse: torch.Tensor, checks: list) -> V.Verdict | None:

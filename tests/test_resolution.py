@@ -62,6 +62,25 @@ def test_probe_catches_one_key_past_the_band_on_one_row_exactly(dtype):
     assert grade(case, t, Output(dropped), oracle=oracle).diagnosis == V.MASK_DROP
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_probe_names_a_mask_only_for_whole_keys(dtype):
+    case = LONG.replace(dtype=dtype, values="probe")
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    out, _ = _fused(case, t)
+    scaled = out.clone()
+    scaled[0, 40, 1] = (scaled[0, 40, 1].double() * 1.05).to(scaled.dtype)        # a weight error, not a key
+    verdict = grade(case, t, Output(scaled), oracle=oracle)
+    assert verdict.diagnosis == V.TOLERANCE and "not by whole keys" in verdict.message, verdict
+    zeroed = out.clone()
+    zeroed[0, 40, 1] = 0                                                             # a row never written
+    verdict = grade(case, t, Output(zeroed), oracle=oracle)
+    assert verdict.diagnosis == V.TOLERANCE and "reads 0 in every channel" in verdict.message, verdict
+    dropped = out.clone()                                                            # control: one key lost is named
+    dropped[0, 40] = _fused(case.replace(window=(39, None)), t)[0][0, 40]
+    assert grade(case, t, Output(dropped), oracle=oracle).diagnosis == V.MASK_DROP
+
+
 def test_probe_lse_counts_the_keys():
     case = LONG.replace(dtype="bfloat16", values="probe", sq=4096, skv=4096, h=1)
     t = materialize(case)

@@ -106,15 +106,21 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
                                  s.detach().masked_fill(~visible, 0).abs().amax(-1))
     logit_size = torch.maximum(terms_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else terms_max)
     s = s.masked_fill(~visible, float("-inf"))
+    # The softmax of a textbook implementation in fp16 / bf16 (torch.softmax) works in fp32 and rounds only its
+    # result, P: the naive baseline does the same. Taking exp(s - lse) with the LSE rounded to the dtype instead
+    # scales a whole row by the LSE's rounding (bf16: 2^-9 * |lse|, 1.6 % on a row of 1024 keys), an error no kernel
+    # makes, which made the bound 10-60x what correct kernels show and hid one wrong key on a long row.
+    wide = torch.promote_types(s.dtype, torch.float32)
     if sink is not None:
         sink_col = sink.to(s.dtype)[:, None, None].expand(-1, s.shape[1], 1)
-        lse = torch.logsumexp(torch.cat([s, sink_col], dim=-1), dim=-1)           # [h, r]
+        lse = torch.logsumexp(torch.cat([s, sink_col], dim=-1).to(wide), dim=-1)  # [h, r]
     else:
-        lse = torch.logsumexp(s, dim=-1)
+        lse = torch.logsumexp(s.to(wide), dim=-1)
     # A row with no visible key: lse is -inf (or the sink) and every weight is 0, so its output is 0. Subtracting a
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    p = torch.exp(s - lse_safe[..., None])
+    p = torch.exp(s.to(wide) - lse_safe[..., None]).to(s.dtype)
+    lse = lse.to(s.dtype)
     spread = rms = None
     if terms and v.shape[-1]:
         pd, vd = p.detach(), v.detach()

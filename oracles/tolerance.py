@@ -65,6 +65,8 @@ LOW_PRECISION = ("float16", "bfloat16")
 # How many standard deviations of P's rounding an output row may be off by (see check): 6 leaves about one row in
 # 10^9 of a correct kernel over its bound from this alone, and a leaked key on a row of 1024 still 5x over.
 P_ROUNDING_SIGMAS = 6.0
+# A rounding error spread evenly over +-u has a standard deviation of u / sqrt(3): the sigmas above count those.
+UNIFORM_SD = 3.0 ** -0.5
 # torch's CPU flash kernel on fp16 and bf16 inputs takes a fast exp: its LSE is off by up to 6.2e-5 absolute,
 # the same in both dtypes and whatever the head dim (measured on rows of 2 to 1024 keys; with one key, where the
 # only exp is exp(0), it is off by 3e-8), i.e. a relative error of the row sum up to ~2^-14. Twice that, 2^-13 =
@@ -154,8 +156,18 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
         floor = fast_exp + 2 * compute_eps * mag_r.clamp(min=1.0) + 2 * logit_err + 1e-7
     else:
         moved = spread.to(torch.float64) if spread is not None else mag_r
-        # the fast exp's relative error moves the weights like a logit error does (an output row by 2 e spread_i)
-        weight_err = logit_err + (FAST_EXP if dtype in LOW_PRECISION and spread is not None else 0.0)
+        # the fast exp's relative error moves the weights like a logit error does, an output row by at most
+        # 2 e spread_i; a share common to the row's weights cancels in the normalisation, and what is left varies
+        # with each logit's fraction, so it moves the row like P's rounding below does, by P_ROUNDING_SIGMAS
+        # standard deviations (the spread, which assumed every key's error conspires, was 10x a correct fp16
+        # kernel's error on a row of 1024 keys and hid one leaked key on it)
+        fast_exp = FAST_EXP if dtype in LOW_PRECISION and spread is not None else 0.0
+        p_sd = P_ROUNDING_SIGMAS * UNIFORM_SD * rms.to(torch.float64) if rms is not None else None
+        if fast_exp and p_sd is not None:
+            fast_exp_floor = 2 * fast_exp * torch.minimum(p_sd, spread.to(torch.float64))
+        else:
+            fast_exp_floor = 2 * fast_exp * moved
+        weight_err = logit_err
         # P V summed over up to `keys` terms in the compute precision: blocked sums err ~sqrt(n) ulps of the terms
         # (a row's own naive baseline can be exact by luck: sdpa-math fp32 read 1 +- 3 ulps for a probe row of 26
         # keys summing to exactly 1, whose fp32 naive was exact)
@@ -173,10 +185,12 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
         # by more than eps / 2 * sum_j P_ij |V_j| (`spread`). A row's own naive baseline rounds P too, but its error
         # can land low by chance when the row sums few terms (sdpa-flash bf16 on an H200, 2 keys whose values cancel
         # to an output of 0.02: 1.14x over without it). On a long row it stays far below one key's weight, 1 / n.
-        if dtype in LOW_PRECISION and rms is not None and spread is not None:
-            floor_terms = floor_terms + EPS[dtype] / 2 * torch.minimum(P_ROUNDING_SIGMAS * rms.to(torch.float64),
-                                                                        spread.to(torch.float64))
-        floor = (floor_terms + 2 * EPS[dtype] * mag_r + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
+        if dtype in LOW_PRECISION and p_sd is not None and spread is not None:
+            floor_terms = floor_terms + EPS[dtype] / 2 * torch.minimum(p_sd, spread.to(torch.float64))
+        # The final rounding of a correct value to the dtype, u = eps / 2 of the row's largest element, twice (the
+        # kernel's and once to spare) for an output row; gradients keep four times, for their two more matmuls.
+        final = (1.0 if quantity == "out" else 2.0) * EPS[dtype] * mag_r
+        floor = (floor_terms + fast_exp_floor + final + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
             logit_err.max() if isinstance(logit_err, torch.Tensor) and logit_err.numel() else logit_err))
             * scale_of_terms + 2 * inherited + 1e-7)
     k = k_for(family, quantity, dtype)

@@ -16,6 +16,7 @@ from attnfuzz.store import caselog
 from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import inflight as inflight_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import Tally, fuzz
 from attnfuzz.engine.isolate import Workers, isolated
@@ -143,11 +144,11 @@ def cmd_run(args) -> int:
             summary[name] = {"skipped": why}
             continue
         args.corpus.mkdir(parents=True, exist_ok=True)
-        recovered = corpus_io.recover_inflight(args.corpus, backend)
+        recovered = inflight_io.recover_inflight(args.corpus, backend)
         for r in recovered:
             print(f"[{name}] {r.message}", file=sys.stderr)
         saved = [r.path for r in recovered if r.finding]
-        inflight = corpus_io.inflight_path(args.corpus, backend.name)
+        inflight = inflight_io.inflight_path(args.corpus, backend.name)
         backend_settings = for_backend(settings, backend.cost, args.max_examples)
         progress = Progress(name, backend_settings.max_examples)
         log = CaseLog(args.log, name)

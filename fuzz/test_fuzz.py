@@ -5,7 +5,7 @@ corpus (JSON + standalone repro script) and reported. The case being run waits o
 in the corpus), so a session killed by a segfault leaves it behind, with a crash record beside it: the next session
 saves it as CRASH:PROCESS_DIED and fails with it. Ctrl-C or SIGTERM interrupt the session (pytest's exit 2) and leave
 nothing; a case left by a session killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed
-on (attnfuzz.store.corpus.recover_inflight).
+on (attnfuzz.store.inflight.recover_inflight).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import warnings
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import fuzz
@@ -36,7 +37,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
                            attnfuzz.max_examples)
     findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
     findings_dir.mkdir(parents=True, exist_ok=True)
-    recovered = corpus_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
+    recovered = inflight_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
     for r in recovered:
         if not r.finding:
             warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
@@ -47,7 +48,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
             tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings,
                                    seed=attnfuzz.seed, worker=worker,
                                    known=corpus_io.known_bugs(corpus_io.shipped_dir(), findings_dir),
-                                   inflight=corpus_io.inflight_path(findings_dir, backend.name))
+                                   inflight=inflight_io.inflight_path(findings_dir, backend.name))
     finally:
         if worker is not None:
             worker.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import run_case
@@ -136,7 +137,7 @@ def test_a_campaign_lane_stopped_mid_case_resumes_without_a_finding(tmp_path, si
                              capture_output=True, text=True, timeout=300)
     assert "resuming" in resumed.stderr and not corpus_io.entry_paths(camp / "corpus"), resumed.stderr[-3000:]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert not (camp / "corpus" / corpus_io.STOPPED_DIR).exists()
+    assert not (camp / "corpus" / inflight_io.STOPPED_DIR).exists()
     assert stopped.returncode == 128 + sig, stopped.stdout[-3000:]
     assert "interrupted" in stopped.stdout
     assert f"interrupted by {signal.Signals(sig).name}" in lane_log, lane_log[-3000:]
@@ -171,7 +172,7 @@ def test_a_run_killed_from_outside_keeps_its_case_as_stopped_not_as_a_finding(tm
     assert again.returncode == 0, again.stderr[-3000:]
     assert "the last run stopped while running a case" in again.stderr and "not counted as a finding" in \
         again.stderr and "left no crash record" in again.stderr, again.stderr[-3000:]
-    [kept] = (corpus / corpus_io.STOPPED_DIR).glob("*.json")
+    [kept] = (corpus / inflight_io.STOPPED_DIR).glob("*.json")
     assert f"attnfuzz replay {kept} --isolate" in again.stderr and f"python3 {kept.with_suffix('.py')}" in \
         again.stderr
     assert corpus_io.load(kept).verdict.status == V.STOPPED and not corpus_io.entry_paths(corpus)
@@ -225,13 +226,13 @@ def test_a_crash_record_names_the_fatal_signal_and_where(tmp_path):
 ])
 def test_a_case_left_without_a_fatal_record_is_kept_aside(tmp_path, stack, isolated, why):
     backend = get(NAPS)
-    inflight = corpus_io.inflight_path(tmp_path, backend.name)
+    inflight = inflight_io.inflight_path(tmp_path, backend.name)
     inflight.write_text(json.dumps({"backend": backend.name, "device": "cpu", "isolated": isolated,
                                     "case": Case(sq=2, skv=2).to_dict()}))
     interrupt.record_path(inflight).write_text(stack)
-    [recovered] = corpus_io.recover_inflight(tmp_path, backend)
+    [recovered] = inflight_io.recover_inflight(tmp_path, backend)
     assert not recovered.finding and why in recovered.message, recovered.message
-    assert recovered.path.parent == tmp_path / corpus_io.STOPPED_DIR
+    assert recovered.path.parent == tmp_path / inflight_io.STOPPED_DIR
     assert not corpus_io.entry_paths(tmp_path) and not list(tmp_path.glob(".inflight-*"))
 
 
@@ -240,7 +241,7 @@ def test_shrinking_a_stopped_case_that_fails_saves_it_to_the_corpus_as_a_finding
     backend = get("tests.misbehaving:zero_when_causal")
     stopped = corpus_io.Entry(backend.name, Case(sq=5, skv=5, d_qk=8, d_v=8, causal=True),
                               V.Verdict(V.STOPPED, None, "left no crash record"))
-    path = corpus_io.save(tmp_path / corpus_io.STOPPED_DIR, stopped)
+    path = corpus_io.save(tmp_path / inflight_io.STOPPED_DIR, stopped)
     assert main(["shrink", str(path)]) == 0
     [saved] = corpus_io.entry_paths(tmp_path)
     entry = corpus_io.load(saved)

@@ -132,6 +132,7 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
     from pathlib import Path
 
     from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store import inflight as inflight_io
     spec = "tests.misbehaving:hangs"
     run = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", spec, "--isolate", "--case-timeout",
                             "300", "--max-examples", "5", "--corpus", str(tmp_path)],
@@ -147,7 +148,7 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
     [left] = tmp_path.glob(".inflight-*.json")
     assert json.loads(left.read_text())["backend"] == spec
     assert json.loads(left.read_text())["isolated"] is True
-    [recovered] = corpus_io.recover_inflight(tmp_path, get(spec))
+    [recovered] = inflight_io.recover_inflight(tmp_path, get(spec))
     assert not recovered.finding and "isolated worker" in recovered.message, recovered
     assert recovered.path.parent.name == ".stopped" and recovered.path.with_suffix(".py").exists()
     assert corpus_io.load(recovered.path).verdict.status == V.STOPPED

@@ -26,6 +26,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from attnfuzz.store import caselog
 from attnfuzz.engine import interrupt, poison
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import inflight as inflight_io
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import Evidence, Finding, Tally, fuzz, mark_known, merge_root_causes, run_case
 from attnfuzz.engine.isolate import isolated
@@ -267,7 +268,7 @@ class Lane:
             runner.known = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)
             verdict = runner.run(case)  # re-runs it, and removes the write-ahead file; the old record goes below
         elif backend is not None:  # judged as `attnfuzz run` judges what it finds on disk
-            r = corpus_io.recover_case(inflight, self.last_record, self.corpus, backend, self.device)
+            r = inflight_io.recover_case(inflight, self.last_record, self.corpus, backend, self.device)
             print(f"[lane {self.index}] {backend.name}: {r.message}", file=sys.stderr)
         if verdict is not None and verdict.failed:
             self.save_finding(backend, case, verdict)

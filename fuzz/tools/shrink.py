@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import options
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -174,7 +175,7 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
     small, verdict, runs = shrink(entry.case, fails, max_runs=args.max_runs, on_step=steps)
     # a stopped case (corpus/.stopped/, no verdict of its own) that fails here becomes a finding of the corpus
     stopped = entry.verdict.status == V.STOPPED
-    target = args.entry.parent.parent if stopped and args.entry.parent.name == corpus_io.STOPPED_DIR \
+    target = args.entry.parent.parent if stopped and args.entry.parent.name == inflight_io.STOPPED_DIR \
         else args.entry.parent
     if verdict is None and not stopped:
         print(f"{args.entry}: {first.label}, already minimal ({runs} simpler cases tried, none fails the same way)")

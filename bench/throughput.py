@@ -7,6 +7,10 @@ ready: the GPU is synchronized before the clock stops), oracle + grade (float64 
 inputs (drawing and moving the tensors) and the fuzzer (Hypothesis, bookkeeping). `--lanes N` runs N such processes
 at once on the same device, each with its own Hypothesis stream, as `attnfuzz campaign --workers N` would, started
 together after their warm-up; the aggregate is their graded cases over the common wall time.
+
+On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
+reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
+loop's: the fuzzer's overhead, measured under the same load.
 """
 
 from __future__ import annotations
@@ -118,6 +122,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result = measure(args.backend, args.device, args.examples, args.go)
     print(json.dumps(result) if args.json else describe(result))
+    if not args.json and args.device == "cpu" and args.backend == "sdpa-math":
+        sys.path.insert(0, str(Path(__file__).parent))
+        import bare_loop
+        bare_loop.run(20)  # warm-up
+        n, seconds = bare_loop.run(args.examples)
+        ours = result["examples"] / result["seconds"]
+        print(f"bare loop (bench/bare_loop.py): {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s; attnfuzz "
+              f"{ours:.1f} examples/s = {ours / (n / seconds):.2f}x the bare loop")
 
 
 if __name__ == "__main__":

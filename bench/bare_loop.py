@@ -60,7 +60,7 @@ def check(s: dict) -> None:
             assert torch.allclose(g.double(), w, atol=10 * atol, rtol=10 * atol)
 
 
-def run(examples: int) -> tuple[int, float]:
+def run(examples: int, seed: int | None = None) -> tuple[int, float]:
     """Cases checked and the seconds they took."""
     seen = [0]
 
@@ -71,6 +71,8 @@ def run(examples: int) -> tuple[int, float]:
         seen[0] += 1
         check(s)
 
+    if seed is not None:
+        bare = hypothesis.seed(seed)(bare)
     start = time.perf_counter()
     bare()
     return seen[0], time.perf_counter() - start
@@ -79,10 +81,11 @@ def run(examples: int) -> tuple[int, float]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--examples", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
     run(20)  # warm-up
-    n, seconds = run(args.examples)
+    n, seconds = run(args.examples, args.seed)
     print(f"bare loop: {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s")
 
 

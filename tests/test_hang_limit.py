@@ -19,23 +19,24 @@ HANGS = "tests.misbehaving:hangs_unless_square"
 
 
 def test_after_a_confirmed_hang_later_cases_get_the_adaptive_limit():
-    with Worker(HANGS, timeout_s=3, hang_floor_s=0.5, hang_factor=2) as worker:
+    with Worker(HANGS, timeout_s=5, hang_floor_s=0.5, hang_factor=2) as worker:
         assert worker.run(SQUARE).status == V.PASS
-        assert worker.limit_s == 3 and worker.slowest_s > 0, "no hang yet: the full timeout"
+        assert worker.limit_s == 5 and worker.slowest_s > 0, "no hang yet: the full timeout"
         first = worker.run(OBLONG)
         assert (first.status, first.diagnosis) == (V.HANG, "TIMEOUT"), first
-        assert "within 3s, then 6s" in first.message and "limit after" not in first.message, first.message
+        assert "within 5s, then 10s" in first.message and "limit after" not in first.message, first.message
         assert worker.hangs == 1 and worker.restarts == 2
         limit = worker.limit_s
-        assert limit == max(0.5, 2 * worker.slowest_s) and limit < 3, (limit, worker.slowest_s)
+        assert limit == max(0.5, 2 * worker.slowest_s) and limit < 5, (limit, worker.slowest_s)
         second = worker.run(OBLONG.replace(seed=1))
         assert (second.status, second.diagnosis) == (V.HANG, "TIMEOUT"), second
         assert f"within {limit:g}s, then {2 * limit:g}s" in second.message, second.message
         assert "the limit after 1 HANG(s)" in second.message, second.message
         assert worker.hangs == 2 and worker.restarts == 4, "the adapted limit still confirms in a fresh worker"
-        # the correct half of the kernel stays quiet under the shorter limit
+        # the correct half of the kernel is not called a HANG under the shorter limit (a fresh worker's first call
+        # may need the confirmation's longer limit on a loaded host: then it passes with a slow: line)
         after = worker.run(SQUARE.replace(seed=2))
-        assert after.status == V.PASS and not any(c.startswith("slow:") for c in after.checks), after
+        assert after.status == V.PASS, after
 
 
 def test_without_a_hang_the_limit_stays_the_timeout():
@@ -57,7 +58,7 @@ def test_a_kernel_that_hangs_unless_square_is_found_and_shrunk():
     """The hang is found, and Hypothesis shrinks it through hanging steps under the adapted limit, down to one query
     against two keys (or two against one)."""
     space = Space(max_len=16, max_batch=2, max_heads=2)
-    with Worker(HANGS, timeout_s=3, hang_floor_s=0.3, hang_factor=2) as worker:
+    with Worker(HANGS, timeout_s=5, hang_floor_s=0.3, hang_factor=2) as worker:
         tally, findings = fuzz(get(HANGS), space=space, worker=worker, settings=profile("ci", max_examples=15))
         hangs = worker.hangs
     assert [f.verdict.label for f in findings] == ["HANG:TIMEOUT"], findings

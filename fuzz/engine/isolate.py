@@ -241,14 +241,15 @@ def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Wo
 
 
 class Workers:
-    """Workers by (backend name, device), each started on first use and kept: for replaying many corpus entries."""
+    """Workers by (backend name, device), each started on first use and kept: for replaying many corpus entries,
+    unrelated cases, so without the adaptive limit after a hang."""
 
     def __init__(self, timeout_s: float = 300.0):
         self.timeout_s, self._workers = timeout_s, {}
 
     def __call__(self, backend: str, device: str) -> Worker:
         if (backend, device) not in self._workers:
-            self._workers[backend, device] = Worker(backend, device, timeout_s=self.timeout_s)
+            self._workers[backend, device] = Worker(backend, device, timeout_s=self.timeout_s, hang_factor=None)
         return self._workers[backend, device]
 
     def close(self) -> None:

@@ -7,6 +7,10 @@ ready: the GPU is synchronized before the clock stops), oracle + grade (float64 
 inputs (drawing and moving the tensors) and the fuzzer (Hypothesis, bookkeeping). `--lanes N` runs N such processes
 at once on the same device, each with its own Hypothesis stream, as `attnfuzz campaign --workers N` would, started
 together after their warm-up; the aggregate is their graded cases over the common wall time.
+
+On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
+reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
+loop's: the fuzzer's overhead, measured under the same load.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from attnfuzz.strategies.space import Space
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
 
 
-def measure(backend_name: str, device: str, examples: int, go: Path | None = None) -> dict:
+def measure(backend_name: str, device: str, examples: int, go: Path | None = None, seed: int | None = 0) -> dict:
     """One process's run: warm up, (wait for `go` to exist,) fuzz `examples` cases, and split the time."""
     import torch
 
@@ -63,7 +67,7 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
             time.sleep(0.01)
     began = time.time()
     tally, findings = fuzz(backend, device=device, space=SMALL, known=known,
-                           settings=profile("ci", max_examples=examples, derandomize=False))
+                           settings=profile("ci", max_examples=examples, derandomize=False), seed=seed)
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
     return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
             "began": began, "ended": time.time(), "labels": dict(tally.labels),
@@ -109,6 +113,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads, as the CLI's --threads")
     p.add_argument("--lanes", type=int, default=1, help="processes fuzzing the backend at once")
+    p.add_argument("--seed", type=int, default=0, help="Hypothesis seed of the measured run (the same cases each time)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -116,8 +121,16 @@ def main() -> None:
         return lanes(args)
     import torch
     torch.set_num_threads(args.threads)
-    result = measure(args.backend, args.device, args.examples, args.go)
+    result = measure(args.backend, args.device, args.examples, args.go, args.seed)
     print(json.dumps(result) if args.json else describe(result))
+    if not args.json and args.device == "cpu" and args.backend == "sdpa-math":
+        sys.path.insert(0, str(Path(__file__).parent))
+        import bare_loop
+        bare_loop.run(20)  # warm-up
+        n, seconds = bare_loop.run(args.examples, args.seed)
+        ours = result["examples"] / result["seconds"]
+        print(f"bare loop (bench/bare_loop.py): {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s; attnfuzz "
+              f"{ours:.1f} examples/s = {ours / (n / seconds):.2f}x the bare loop")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 An entry passes when its backend now passes the case. An entry marked as a known bug (`known_bug: {"link": ...}`) is
 an expected failure, and fails loudly once it starts passing, so it gets marked fixed. An entry whose backend cannot
 run here is skipped with the reason; an unreadable file fails alone, naming the file and the field. With
-`--isolate` each entry runs in a worker process: a crash that poisons CUDA costs that entry, not the ones after it.
+`--isolate` each entry runs in a worker process: a crash that poisons CUDA costs that entry, not the ones after it;
+`--attnfuzz-replay-workers N` runs N entries at once. The summary lists each entry's replay time.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import changed_label, replay_outcome
 
 
-def test_entry(corpus_entry, attnfuzz, attnfuzz_workers) -> None:
+def test_entry(corpus_entry, attnfuzz_replay) -> None:
     entry = corpus_io.load(corpus_entry)  # CorpusError names the file and the field
-    # an entry replays on its own device; --device picks which GPU a CUDA entry runs on (cuda:1, ...)
-    device = attnfuzz.device if entry.device.startswith("cuda") and attnfuzz.device.startswith("cuda") \
-        else entry.device
-    verdict = corpus_io.replay(entry, device, worker=attnfuzz_workers(entry.backend, device))
+    verdict = attnfuzz_replay(corpus_entry, entry)
     outcome = replay_outcome(entry, verdict)
     if outcome == "skip":
         pytest.skip(verdict.message)

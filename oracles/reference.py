@@ -163,8 +163,9 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
         per_row = max(1, case.h * max(skv_n, 1) * torch.finfo(dtype).bits // 8 * 3)
         step = max(1, min(sq_n, chunk_bytes // per_row))
         for r0 in range(0, sq_n, step):
-            rows = torch.arange(r0, min(r0 + step, sq_n), device=device)
-            q_c = q_n[rows].requires_grad_(grads)
+            r1 = min(r0 + step, sq_n)
+            rows = torch.arange(r0, r1, device=device)
+            q_c = q_n[r0:r1].clone().requires_grad_(grads)   # a copy, as indexing by `rows` made: a leaf of its own
             m = t.mask[n, 0, r0:r0 + len(rows), :skv_n].to(device) if t.mask is not None else None
             with torch.set_grad_enabled(grads):
                 k_c, v_c = k_n, v_n
@@ -175,20 +176,21 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 o_c, l_c, m_c, e_c, size_c, spread_c, rms_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
                                                                alibi=alibi, sq_n=sq_n, head_map=head_map,
                                                                bounds=bounds, scale=scale, terms=logit_terms)
+            # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:
-                row_logit_size[n, :, rows] = size_c
+                row_logit_size[n, :, r0:r1] = size_c
             if spread_c is not None:
-                row_spread[n, rows], row_rms[n, rows] = spread_c, rms_c
-            out[n, rows] = o_c.detach()
+                row_spread[n, r0:r1], row_rms[n, r0:r1] = spread_c, rms_c
+            out[n, r0:r1] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)
-            empty[n, rows] = e_c
-            lse[n, :, rows] = l_c.detach()
+            empty[n, r0:r1] = e_c
+            lse[n, :, r0:r1] = l_c.detach()
             if grads:
-                d_c = t.dout[n, rows].to(device, dtype)
+                d_c = t.dout[n, r0:r1].to(device, dtype)
                 if terms:
                     dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T|dO|
                 g_q, g_k, g_v = torch.autograd.grad(o_c, (q_c, k_n, v_n), d_c)
-                dq[n, rows] = g_q
+                dq[n, r0:r1] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
     d_rounding = 0.0

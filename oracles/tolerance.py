@@ -115,6 +115,15 @@ class Check:
                 f"got={self.got:.6g} expected={self.expected:.6g}")
 
 
+def _unravel(flat: int, shape) -> tuple[int, ...]:
+    """The index of element `flat` of a row-major tensor of `shape` (torch.unravel_index, without its tensors)."""
+    index = []
+    for size in reversed(tuple(shape)):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
 def _per_row(x: torch.Tensor, rowwise: bool) -> torch.Tensor:
     return x.amax(-1) if rowwise else x
 
@@ -201,7 +210,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     if not diff.numel():
         return Check(name, 0.0, 0.0, k, 0.0, (), 0.0, 0.0, 0)
     worst = int(torch.argmax(ratio_r).item())
-    row = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), ratio_r.shape))
+    row = _unravel(worst, ratio_r.shape)
     index = row + ((int(torch.argmax(diff[row]).item()),) if rowwise else ())
     return Check(name=name, diff_max=diff_r[row].item(), baseline_max=base_r[row].item(), k=k,
                  floor=floor[row].item(), index=index, got=got64[index].item(), expected=ref64[index].item(),

@@ -183,3 +183,44 @@ def nan_every_other_call(q, k, v, *, causal, window, bottom_right, scale):
 
 
 nan_every_other_call.supports = segfault_when_causal.supports
+
+
+def hangs_unless_square(q, k, v, *, causal, window, bottom_right, scale):
+    """Right when there are as many keys as queries, else it never answers: a hang that a shrink can walk down (to
+    sq = 1, skv = 2 or the like), each hanging step costing what the worker's time limit lets it."""
+    if q.shape[1] != k.shape[1]:
+        time.sleep(3600)
+    return _plain(q, k, v, scale, causal, bottom_right)
+
+
+hangs_unless_square.supports = segfault_when_causal.supports
+
+
+MEET = "ATTNFUZZ_TEST_MEET"  # names a folder: the meeting kernel below waits there for a call in another process
+
+
+def meets_another(q, k, v, *, causal, window, bottom_right, scale):
+    """Right only when a call in another process is under way at the same time (each leaves its pid in the folder
+    ATTNFUZZ_TEST_MEET names and waits up to 10 s for a second); zeros when it runs alone: replays that run one at a
+    time fail, replays that run side by side pass."""
+    folder = os.environ[MEET]
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 10
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out if len(os.listdir(folder)) >= 2 else out * 0
+
+
+SHARED_CACHE = "attnfuzz-shared-cache-test"
+
+
+def zero_unless_shared_cache(q, k, v, *, causal, window, bottom_right, scale):
+    """Right only where TORCHINDUCTOR_CACHE_DIR names a folder called attnfuzz-shared-cache-test: tells a test which
+    compile cache its worker was given."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out if os.path.basename(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")) == SHARED_CACHE else out * 0
+
+
+meets_another.supports = segfault_when_causal.supports
+zero_unless_shared_cache.supports = segfault_when_causal.supports

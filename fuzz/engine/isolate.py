@@ -9,12 +9,19 @@ not a hung one. If that attempt answers, its verdict stands, with a line among i
 timed out and how long the second took; if it is silent too, the case is a HANG (TIMEOUT). So a HANG costs
 timeout x (1 + confirm_factor). Either way a fresh worker serves the next case, so Hypothesis can shrink a crash like
 any other failure, each attempt in a clean process.
+
+Once a HANG is confirmed, the worker's later cases get an adaptive limit instead of the timeout: max(HANG_FLOOR_S,
+HANG_FACTOR x the slowest answer seen so far), never above the timeout, with the same confirmation at confirm_factor
+times that. A backend that hangs on some shapes hangs on most of its shrink steps, and each then costs seconds, not
+3 x the timeout; a case has to outlast HANG_FACTOR x confirm_factor times the slowest answer seen (whose first
+compile it includes) to be called a HANG.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import signal
 import time
 
@@ -27,13 +34,17 @@ STARTUP_S = 300
 # Imported once by the fork server, so a fresh worker is a fork (tens of ms), not a new interpreter importing torch
 # (seconds): a crash that recurs on every shrink attempt stays cheap. Nothing here may initialise CUDA.
 PRELOAD = ["torch", "attnfuzz.engine.harness", "attnfuzz.backends"]
+HANG_FLOOR_S = 2.0   # the least a case gets once a hang is confirmed
+HANG_FACTOR = 10.0   # ... else this many times the slowest answer seen
 
 
-def _serve(conn, spec: str, device: str, threads: int, poisoned: bool) -> None:
+def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict | None = None) -> None:
     # Ctrl-C reaches the whole foreground process group: the parent stops the run and then this worker, which must
     # not die of it first (the parent would see a worker that died on its case: a CRASH). The fork server ignores it
     # already (_start_fork_server); this holds for a server started elsewhere.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if env:  # passed, not inherited, for the same reason as `poisoned`; before anything reads it
+        os.environ.update(env)
     import torch
     torch.set_num_threads(threads)
     if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
@@ -88,12 +99,18 @@ class Worker:
     """A backend in a child process. `run(case)` returns the verdict; the process is replaced after a death or a
     timeout (which counts from the case's hand-over; start-up is waited for apart). A timed-out case is tried once
     more in a fresh worker with `timeout_s * confirm_factor` before it is a HANG; confirm_factor None, 0 or 1 turns
-    that off. `restarts` counts the workers replaced. Use as a context manager, or call close()."""
+    that off. `restarts` counts the workers replaced, `hangs` the HANGs confirmed, `slowest_s` the slowest answer;
+    after a HANG, `limit_s` is the adaptive limit (module docstring; hang_factor None keeps the timeout). `env`:
+    variables set in the worker before the backend is built. Use as a context manager, or call close()."""
 
     def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1,
-                 confirm_factor: float | None = 2.0):
+                 confirm_factor: float | None = 2.0, hang_floor_s: float = HANG_FLOOR_S,
+                 hang_factor: float | None = HANG_FACTOR, env: dict[str, str] | None = None):
         self.spec, self.device, self.timeout_s, self.threads = spec, device, timeout_s, threads
         self.confirm_factor = confirm_factor
+        self.hang_floor_s, self.hang_factor = hang_floor_s, hang_factor
+        self.hangs, self.slowest_s = 0, 0.0
+        self.env = dict(env or {})
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
         self._process = None
@@ -104,7 +121,8 @@ class Worker:
     def _start(self) -> None:
         parent, child = self._context.Pipe()
         self._process = self._context.Process(target=_serve, daemon=True,
-                                              args=(child, self.spec, self.device, self.threads, poison.enabled()))
+                                              args=(child, self.spec, self.device, self.threads, poison.enabled(),
+                                                    self.env))
         _start_fork_server()
         self._process.start()
         child.close()
@@ -155,20 +173,40 @@ class Worker:
         self._stop()
         return None, time.perf_counter() - start
 
+    @property
+    def limit_s(self) -> float:
+        """The seconds the next case gets before it is tried again: the timeout until a HANG is confirmed, then
+        max(hang_floor_s, hang_factor x the slowest answer seen), at most the timeout."""
+        if not self.hangs or self.hang_factor is None:
+            return self.timeout_s
+        return min(self.timeout_s, max(self.hang_floor_s, self.hang_factor * self.slowest_s))
+
+    def _answered(self, verdict: V.Verdict | None, took: float) -> V.Verdict | None:
+        if verdict is not None:
+            self.slowest_s = max(self.slowest_s, took)
+        return verdict
+
     def run(self, case: Case) -> V.Verdict:
-        verdict, _ = self._attempt(case, self.timeout_s)
+        limit = self.limit_s
+        adapted = "" if limit == self.timeout_s else (
+            f" (the limit after {self.hangs} HANG(s): {self.hang_factor:g} x the slowest answer, "
+            f"{self.slowest_s:.2f}s, at least {self.hang_floor_s:g}s)")
+        verdict = self._answered(*self._attempt(case, limit))
         if verdict is not None:
             return verdict
         if not self.confirm_factor or self.confirm_factor <= 1:
-            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: no answer within {self.timeout_s:g}s; worker killed")
-        longer = self.timeout_s * self.confirm_factor
+            self.hangs += 1
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: no answer within {limit:g}s{adapted}; worker killed")
+        longer = limit * self.confirm_factor
         verdict, took = self._attempt(case, longer)  # in a fresh worker: the first was killed
         if verdict is None:
-            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: timed out twice (no answer within {self.timeout_s:g}s, "
-                                                f"then {longer:g}s in a fresh worker); worker killed")
+            self.hangs += 1
+            return V.Verdict(V.HANG, "TIMEOUT", f"{self.spec}: timed out twice (no answer within {limit:g}s, "
+                                                f"then {longer:g}s in a fresh worker){adapted}; worker killed")
+        self._answered(verdict, took)
         if verdict.status == V.CRASH:
             return verdict
-        slow = (f"slow: no answer within {self.timeout_s:g}s at first; a fresh worker answered in {took:.1f}s "
+        slow = (f"slow: no answer within {limit:g}s at first; a fresh worker answered in {took:.1f}s "
                 f"(limit {longer:g}s)")
         return dataclasses.replace(verdict, checks=verdict.checks + (slow,))
 
@@ -203,14 +241,15 @@ def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Wo
 
 
 class Workers:
-    """Workers by (backend name, device), each started on first use and kept: for replaying many corpus entries."""
+    """Workers by (backend name, device), each started on first use and kept: for replaying many corpus entries,
+    unrelated cases, so without the adaptive limit after a hang."""
 
     def __init__(self, timeout_s: float = 300.0):
         self.timeout_s, self._workers = timeout_s, {}
 
     def __call__(self, backend: str, device: str) -> Worker:
         if (backend, device) not in self._workers:
-            self._workers[backend, device] = Worker(backend, device, timeout_s=self.timeout_s)
+            self._workers[backend, device] = Worker(backend, device, timeout_s=self.timeout_s, hang_factor=None)
         return self._workers[backend, device]
 
     def close(self) -> None:

@@ -84,7 +84,7 @@ class Option:
 
 
 _ISOLATE = ("run each backend in a worker process: a segfault, abort or fatal CUDA error costs one case (CRASH), a "
-            "hang 3 x --case-timeout seconds (HANG), not the run")
+            "hang 3 x --case-timeout seconds (HANG; after the first, 3 x max(2 s, 10 x the slowest case seen)), not the run")
 _CASE_TIMEOUT = ("seconds one isolated case may take (default {default:g}); one that takes longer is run again in a "
                  "fresh worker with twice the limit, and is a HANG only if that times out too (a HANG costs 3 x "
                  "this); a slow case that finishes keeps its verdict")
@@ -102,6 +102,11 @@ OPTIONS = {o.name: o for o in (
     Option("isolate", _ISOLATE, action="store_true"),
     Option("case-timeout", _CASE_TIMEOUT, type=positive, default=300.0, metavar="SECONDS"),
     Option("poison-memory", POISON_HELP, action="store_true"),
+    Option("replay-workers", "corpus entries replayed at once, each in an isolated worker of its own (default 1; "
+           "more than 1 implies --isolate)", type=count, default=1, metavar="N"),
+    Option("replay-hang-timeout", "seconds a corpus entry saved as a HANG gets when replayed isolated (default "
+           "{default:g}; confirming the hang in a fresh worker at twice that, it replays in 3 x this)", type=positive,
+           default=20.0, metavar="SECONDS"),
     Option("corpus", "folder where findings are saved (default: $ATTNFUZZ_CORPUS, else "
            "~/.local/share/attnfuzz/corpus); known bugs are read from it and from the corpus shipped with attnfuzz",
            type=Path, metavar="DIR"),

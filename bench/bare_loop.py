@@ -1,0 +1,93 @@
+"""The yardstick for the fuzz loop's overhead: a bare hand-written property test, no attnfuzz.
+
+    python3 bench/bare_loop.py [--examples 500]
+
+Hypothesis @given draws small shapes (b <= 2, s <= 64, h <= 4 with GQA, d <= 64, float16 / bfloat16 / float32,
+causal or not, gradients or not), calls the same kernel as the sdpa-math backend (torch SDPA forced to MATH, on the
+CPU) and compares its output (and dq, dk, dv) to a float64 reference written out in torch with allclose.
+bench/throughput.py runs it in the same process as the attnfuzz loop and prints the ratio of their rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import hypothesis
+import torch
+from hypothesis import strategies as st
+
+TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 8e-2, torch.float32: 1e-4}
+
+
+@st.composite
+def shapes(draw):
+    hk = draw(st.integers(1, 4))
+    return {"b": draw(st.integers(1, 2)), "sq": draw(st.integers(1, 64)), "skv": draw(st.integers(1, 64)),
+            "hk": hk, "h": hk * draw(st.integers(1, 4 // hk)), "d": draw(st.sampled_from([8, 16, 32, 64])),
+            "dtype": draw(st.sampled_from(list(TOLERANCE))), "causal": draw(st.booleans()),
+            "grads": draw(st.booleans())}
+
+
+def reference(q, k, v, causal: bool):
+    """Float64 attention over [b, h, s, d] tensors (GQA by repeating the KV heads), causal top-left."""
+    q, k, v = (x.double() for x in (q, k, v))
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        hidden = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return (scores.softmax(-1).nan_to_num(0.0)) @ v
+
+
+def check(s: dict) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype, atol = s["dtype"], TOLERANCE[s["dtype"]]
+    q = torch.randn(s["b"], s["h"], s["sq"], s["d"], dtype=dtype, requires_grad=s["grads"])
+    k = torch.randn(s["b"], s["hk"], s["skv"], s["d"], dtype=dtype, requires_grad=s["grads"])
+    v = torch.randn(s["b"], s["hk"], s["skv"], s["d"], dtype=dtype, requires_grad=s["grads"])
+    with sdpa_kernel([SDPBackend.MATH]), torch.set_grad_enabled(s["grads"]):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=s["causal"], enable_gqa=True)
+    leaves = [x.detach().double().requires_grad_(s["grads"]) for x in (q, k, v)]
+    with torch.set_grad_enabled(s["grads"]):
+        want = reference(*leaves, s["causal"])
+    assert torch.allclose(out.detach().double(), want.detach(), atol=atol, rtol=atol)
+    if s["grads"]:
+        dout = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), dout)
+        wanted = torch.autograd.grad(want, leaves, dout.double())
+        for g, w in zip(got, wanted):
+            assert torch.allclose(g.double(), w, atol=10 * atol, rtol=10 * atol)
+
+
+def run(examples: int, seed: int | None = None) -> tuple[int, float]:
+    """Cases checked and the seconds they took."""
+    seen = [0]
+
+    @hypothesis.settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(s=shapes())
+    def bare(s) -> None:
+        seen[0] += 1
+        check(s)
+
+    if seed is not None:
+        bare = hypothesis.seed(seed)(bare)
+    start = time.perf_counter()
+    bare()
+    return seen[0], time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--examples", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    run(20)  # warm-up
+    n, seconds = run(args.examples, args.seed)
+    print(f"bare loop: {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s")
+
+
+if __name__ == "__main__":
+    main()

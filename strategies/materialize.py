@@ -18,7 +18,7 @@ softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family wri
   the few aligned ones, so its weight is exactly 0, and a row that sees no aligned key (a causal row 0, a window,
   a mask) has every logit near -4096.
 - "outlier_channel": q[..., c] and k[..., c] are +-OUTLIER (256) with a drawn sign per row and key, and v[..., c]
-  is OUTLIER times its Gaussian: the massive activations of LLMs. The raw product q_c k_c = +-65536 is past fp16's
+  is OUTLIER times its Gaussian (within +-2^15, finite in fp16): the massive activations of LLMs. The raw product q_c k_c = +-65536 is past fp16's
   largest value (65504), so a q.k rounded to fp16 before the scale overflows; a row's keys of the other sign sit
   2 * 65536 * scale below those of its own, and a row that sees none of its own sign has its LSE near
   -65536 * scale.
@@ -149,7 +149,7 @@ def _family(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink:
     elif family == "outlier_channel":
         q[..., c] = pick((OUTLIER, -OUTLIER), q.shape[:3]).to(q.dtype)
         k[..., c] = pick((OUTLIER, -OUTLIER), k.shape[:3]).to(k.dtype)
-        v[..., c % v.shape[-1]] *= OUTLIER
+        v[..., c % v.shape[-1]] = (v[..., c % v.shape[-1]].double() * OUTLIER).clamp(-Q_SHIFT_MAX, Q_SHIFT_MAX)
     elif family == "large_sink" and sink is not None and case.softmax == "learnable":
         sink.copy_(pick(SINK_SIZES, (h,)) * pick((1.0, -1.0), (h,)))
         u = torch.rand((b, sq, h), generator=gen, dtype=torch.float64) * 8 - 4

@@ -14,7 +14,7 @@ from functools import cached_property
 
 import torch
 
-from attnfuzz.oracles import probe
+from attnfuzz.oracles import probe, shift
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
@@ -70,7 +70,7 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
     size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
-                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms)
+                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms, dot_terms=o.case.d_qk)
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
@@ -111,8 +111,14 @@ def _matching(o: Oracle, out: torch.Tensor, family: str) -> list[tuple[str, str]
 
 def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "default",
           oracle: Oracle | None = None) -> V.Verdict:
-    """PASS, or FAIL with a diagnosis and the worst element, for one backend output."""
+    """PASS, or FAIL with a diagnosis and the worst element, for one backend output (on a row with a logit shift,
+    the failure says what the shift means: oracles/shift.py)."""
     o = oracle or Oracle.of(case, tensors)
+    verdict = _graded(case, output, family, o)
+    return shift.explain(o, output, verdict, family) if verdict.failed else verdict
+
+
+def _graded(case: Case, output: V.Output, family: str, o: Oracle) -> V.Verdict:
     device = o.ref.out.device
     out = output.out.to(device)
     if tuple(out.shape) != tuple(o.ref.out.shape):
@@ -160,7 +166,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
                             f"at {list(idx)}", c)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max)
+              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max, dot_terms=o.case.d_qk)
     checks.append(c)
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 

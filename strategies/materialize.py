@@ -14,9 +14,9 @@ softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family wri
   exp(-87.3)), -128 and -1024 past -103.3, where exp of a raw logit is 0 in fp32 even as a denormal. (A softcap
   bends the shifted logits, so with one the rows are far negative but not a shift of the unshifted ones.)
 - "anti_aligned": q[..., c] = A on every row and k[..., c] = -A on every key but every fourth (from a drawn phase),
-  where it is 0; A = round(sqrt(ANTI_LOGIT / scale)): a key anti-aligned to the row sits ~ANTI_LOGIT (4096) below
+  where it is 0; A = round(sqrt(ANTI_LOGIT / scale)): a key anti-aligned to the row sits ~ANTI_LOGIT (2^14) below
   the few aligned ones, so its weight is exactly 0, and a row that sees no aligned key (a causal row 0, a window,
-  a mask) has every logit near -4096.
+  a mask) has every logit near -16384, past a finite mask fill of -1e4.
 - "outlier_channel": q[..., c] and k[..., c] are +-OUTLIER (256) with a drawn sign per row and key, and v[..., c]
   is OUTLIER times its Gaussian (within +-2^15, finite in fp16): the massive activations of LLMs. The raw product q_c k_c = +-65536 is past fp16's
   largest value (65504), so a q.k rounded to fp16 before the scale overflows; a row's keys of the other sign sit
@@ -81,7 +81,7 @@ def _moved(x: torch.Tensor | None, device) -> torch.Tensor | None:
 
 
 ROW_SHIFTS = (0.0, -96.0, -128.0, -1024.0)   # far_negative: the per-row logit shifts, drawn per row and head
-ANTI_LOGIT = 4096.0                          # anti_aligned: how far below the aligned keys the others sit
+ANTI_LOGIT = 16384.0                         # anti_aligned: how far below the aligned keys the others sit
 OUTLIER = 256.0                              # outlier_channel: the size of the outlier channel (std 1 elsewhere)
 SINK_SIZES = (100.0, 1000.0)                 # large_sink: |sink|, drawn per head with its sign
 Q_SHIFT_MAX = 2.0**15   # |q[..., c]| of a shifted row at most: finite in fp16 (a scale of 0.01 gets shifts / 3)

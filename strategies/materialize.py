@@ -13,13 +13,14 @@ softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family wri
   its LSE plus the shift. -96 puts a row's LSE near -90 (each exp of a raw logit is an fp32 denormal, below
   exp(-87.3)), -128 and -1024 past -103.3, where exp of a raw logit is 0 in fp32 even as a denormal. (A softcap
   bends the shifted logits, so with one the rows are far negative but not a shift of the unshifted ones.)
-- "anti_aligned": q[..., c] = A on every row and k[..., c] = -A on every key but every fourth (from a drawn phase),
-  where it is 0; A = round(sqrt(ANTI_LOGIT / scale)): a key anti-aligned to the row sits ~ANTI_LOGIT (2^14) below
-  the few aligned ones, so its weight is exactly 0, and a row that sees no aligned key (a causal row 0, a window,
-  a mask) has every logit near -16384, past a finite mask fill of -1e4.
+- "anti_aligned": q[..., c] = A on every row and k[..., c] = -A on every key but one in `period` (drawn from
+  ANTI_PERIODS: 4, 16, 64, or 0 for none; the phase drawn too), where it is 0; A = round(sqrt(ANTI_LOGIT / scale)):
+  a key anti-aligned to the row sits ~ANTI_LOGIT (2^14) below the few aligned ones, so its weight is exactly 0,
+  and a row that sees no aligned key (period 0, a causal row 0, a window, a mask) has every logit near -16384,
+  past a finite start of the running maximum or a mask fill of -1e4.
 - "outlier_channel": q[..., c] and k[..., c] are +-OUTLIER (256) with a drawn sign per row and key, and v[..., c]
-  is OUTLIER times its Gaussian (within +-2^15, finite in fp16): the massive activations of LLMs. The raw product q_c k_c = +-65536 is past fp16's
-  largest value (65504), so a q.k rounded to fp16 before the scale overflows; a row's keys of the other sign sit
+  is OUTLIER times its Gaussian (within +-2^15, finite in fp16): the massive activations of LLMs. The raw product
+  q_c k_c = +-65536 is past fp16's largest value (65504), so a q.k rounded to fp16 before the scale overflows; a row's keys of the other sign sit
   2 * 65536 * scale below those of its own, and a row that sees none of its own sign has its LSE near
   -65536 * scale.
 - "large_sink" (learnable softmax; other softmaxes keep their sinks): the sink of head h is +-SINK_SIZES (100,
@@ -81,6 +82,7 @@ def _moved(x: torch.Tensor | None, device) -> torch.Tensor | None:
 
 
 ROW_SHIFTS = (0.0, -96.0, -128.0, -1024.0)   # far_negative: the per-row logit shifts, drawn per row and head
+ANTI_PERIODS = (0, 4, 16, 64)                # anti_aligned: one key in `period` aligned (0: none)
 ANTI_LOGIT = 16384.0                         # anti_aligned: how far below the aligned keys the others sit
 OUTLIER = 256.0                              # outlier_channel: the size of the outlier channel (std 1 elsewhere)
 SINK_SIZES = (100.0, 1000.0)                 # large_sink: |sink|, drawn per head with its sign
@@ -142,9 +144,10 @@ def _family(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink:
         _shift_rows(q, k, pick(ROW_SHIFTS, (b, sq, h)), c, scale)
     elif family == "anti_aligned":
         a = torch.tensor(math.sqrt(ANTI_LOGIT / scale), dtype=torch.float64).to(q.dtype)
-        phase = int(torch.randint(4, (), generator=gen))
+        period = ANTI_PERIODS[int(torch.randint(len(ANTI_PERIODS), (), generator=gen))]
+        phase = int(torch.randint(period, (), generator=gen)) if period else -1
         q[..., c] = a
-        aligned = (torch.arange(k.shape[1]) % 4 == phase)[None, :, None]
+        aligned = (torch.arange(k.shape[1]) % max(period, 1) == phase)[None, :, None]
         k[..., c] = torch.where(aligned, torch.zeros((), dtype=k.dtype), -a)
     elif family == "outlier_channel":
         q[..., c] = pick((OUTLIER, -OUTLIER), q.shape[:3]).to(q.dtype)

@@ -16,7 +16,7 @@ def _attend(q, k, v, *, causal, window, bottom_right, scale, softcap=None, alibi
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     heads = torch.arange(h) // (h // hk)
     kk, vv = k[:, :, heads], v.to(work)[:, :, heads]
-    if bug == "fp16_logits":  # q.k rounded to fp16 before the scale: overflows past 65504
+    if bug == "fp16_logits" and q.dtype == torch.float16:  # q.k stored in fp16 before the scale: past 65504, inf
         s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kk.float()).half().to(work) * scale
     else:
         s = torch.einsum("bqhd,bkhd->bhqk", q.to(work), kk.to(work)) * scale
@@ -44,7 +44,7 @@ def _attend(q, k, v, *, causal, window, bottom_right, scale, softcap=None, alibi
         s = s - alibi_slopes.to(work)[None, :, None, None] * rel.abs()[:, None].to(work)
     if bug == "clamp_logits":  # clamps logits at -80 "so exp cannot underflow"
         s = s.clamp(min=-80.0)
-    s = s.masked_fill(~keep, -1e4 if bug == "mask_sentinel" else float("-inf"))
+    s = s.masked_fill(~keep, float("-inf"))
     sink = None
     if sink_logits is not None:
         sink = sink_logits.to(work)[None, :, None, None]
@@ -54,14 +54,14 @@ def _attend(q, k, v, *, causal, window, bottom_right, scale, softcap=None, alibi
     if sink is not None:
         top = torch.maximum(top, sink)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    if bug == "max_from_zero":  # the running maximum starts at 0, not -inf
-        top = top.clamp(min=0.0)
+    if bug in ("max_from_zero", "max_from_finite"):  # the running maximum starts at 0 / -1e4, not -inf
+        top = top.clamp(min=0.0 if bug == "max_from_zero" else -1e4)
     seen = keep.expand_as(s).any(-1, keepdim=True)  # rows that see a key; the others give 0 (and LSE -inf or the sink)
     weights = torch.where(seen, torch.exp(s - top), 0.0)
     denom = weights.sum(-1, keepdim=True)
     if sink is not None:
         denom = denom + torch.exp(sink - top)
-    # a row whose every weight underflowed divides 0 by 0 (only max_from_zero gets there)
+    # a row whose every weight underflowed divides 0 by 0 (only the max_from_* bugs get there)
     p = weights / torch.where(seen | (denom > 0), denom, torch.ones_like(denom))
     out = torch.einsum("bhqk,bkhd->bqhd", p, vv).to(q.dtype)
     return out, (top + torch.log(denom)).squeeze(-1).float()
@@ -74,13 +74,15 @@ def _kernel(bug):
                        softcap=softcap, alibi_slopes=alibi_slopes, sink_logits=sink_logits, mask=mask,
                        seqlens_q=seqlens_q, seqlens_kv=seqlens_kv, bug=bug)
     kernel.__name__ = bug or "correct"
+    if bug == "fp16_logits":  # its LSE would carry the fp16 logits' rounding on every case: it gives none
+        return lambda *args, **kw: (kernel(*args, **kw)[0], None)
     return kernel
 
 
 correct = _kernel(None)
 max_from_zero = _kernel("max_from_zero")
 clamp_logits = _kernel("clamp_logits")
-mask_sentinel = _kernel("mask_sentinel")
+max_from_finite = _kernel("max_from_finite")
 fp16_logits = _kernel("fp16_logits")
 drop_huge_sinks = _kernel("drop_huge_sinks")
 dedup_keys = _kernel("dedup_keys")

@@ -9,10 +9,11 @@ softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family wri
 - "probe": q = 0 and v of 0 / 1 (strategies/case.py states what that makes exact).
 - "far_negative": k[..., c] = 1 on every key, and q[b, i, h, c] = round(o / scale) in the dtype, with o drawn per
   query row and head from ROW_SHIFTS (0, -96, -128, -1024): every logit of the row moves by the same
-  shift = scale * q[b, i, h, c] (`row_shift`; |q[..., c]| <= 2^15, so a tiny custom scale shifts less), so the output is the unshifted row's (q[..., c] = 0) and the LSE is
-  its LSE plus the shift. -96 puts a row's LSE near -90 (each exp of a raw logit is an fp32 denormal, below
-  exp(-87.3)), -128 and -1024 past -103.3, where exp of a raw logit is 0 in fp32 even as a denormal. (A softcap
-  bends the shifted logits, so with one the rows are far negative but not a shift of the unshifted ones.)
+  shift = scale * q[b, i, h, c] (`row_shift`; |q[..., c]| <= 2^15, so a tiny custom scale shifts less), so the
+  output is the unshifted row's (q[..., c] = 0) and the LSE is its LSE plus the shift. -96 puts a row's LSE near
+  -90 (each exp of a raw logit is an fp32 denormal, below exp(-87.3)), -128 and -1024 past -103.3, where exp of a
+  raw logit is 0 in fp32 even as a denormal. (A softcap bends the shifted logits, so with one the rows are far
+  negative but not a shift of the unshifted ones.)
 - "anti_aligned": q[..., c] = A on every row and k[..., c] = -A on every key but one in `period` (drawn from
   ANTI_PERIODS: 4, 16, 64, or 0 for none; the phase drawn too), where it is 0; A = round(sqrt(ANTI_LOGIT / scale)):
   a key anti-aligned to the row sits ~ANTI_LOGIT (2^14) below the few aligned ones, so its weight is exactly 0,
@@ -20,9 +21,9 @@ softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family wri
   past a finite start of the running maximum or a mask fill of -1e4.
 - "outlier_channel": q[..., c] and k[..., c] are +-OUTLIER (256) with a drawn sign per row and key, and v[..., c]
   is OUTLIER times its Gaussian (within +-2^15, finite in fp16): the massive activations of LLMs. The raw product
-  q_c k_c = +-65536 is past fp16's largest value (65504), so a q.k rounded to fp16 before the scale overflows; a row's keys of the other sign sit
-  2 * 65536 * scale below those of its own, and a row that sees none of its own sign has its LSE near
-  -65536 * scale.
+  q_c k_c = +-65536 is past fp16's largest value (65504), so a q.k rounded to fp16 before the scale overflows; a
+  row's keys of the other sign sit 2 * 65536 * scale below those of its own, and a row that sees none of its own
+  sign has its LSE near -65536 * scale.
 - "large_sink" (learnable softmax; other softmaxes keep their sinks): the sink of head h is +-SINK_SIZES (100,
   1000), drawn per head; half the query rows of each head are shifted as in far_negative by sink_h + u, u uniform
   in [-4, 4], so the huge sink weighs as much as the row's keys; the other rows keep their logits (a positive sink

@@ -127,7 +127,9 @@ def test_an_lse_that_lost_the_shift_or_an_output_that_moved_fails_saying_so():
 # kernel in tests/value_kernels.py -> the families its bug shows in, the label it must be found under
 PLANTED = {
     "max_from_zero": (("far_negative",), {"FAIL:NONFINITE", "FAIL:LSE"}),
-    "clamp_logits": (("far_negative", "large_sink"), {"FAIL:TOLERANCE", "FAIL:LSE", "FAIL:SCALE"}),
+    # every family with rows of logits below -80 reaches it; a one-key row can match another scale by chance
+    "clamp_logits": (("far_negative", "anti_aligned", "outlier_channel", "large_sink"),
+                     {"FAIL:TOLERANCE", "FAIL:LSE", "FAIL:SCALE"}),
     "max_from_finite": (("anti_aligned",), {"FAIL:NONFINITE"}),
     "fp16_logits": (("outlier_channel",), {"FAIL:NONFINITE"}),
     "drop_huge_sinks": (("large_sink",), {"FAIL:TOLERANCE", "FAIL:SCALE"}),

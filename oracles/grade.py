@@ -18,7 +18,7 @@ from attnfuzz.oracles import probe, shift
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
-from attnfuzz.oracles.tolerance import Check, check
+from attnfuzz.oracles.tolerance import Check, check, dominated_dot
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
@@ -70,7 +70,7 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
     size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
-                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms, dot_terms=o.case.d_qk)
+                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms, dot_terms=dominated_dot(o.case))
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
@@ -166,7 +166,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
                             f"at {list(idx)}", c)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max, dot_terms=o.case.d_qk)
+              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max, dot_terms=dominated_dot(o.case))
     checks.append(c)
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 

@@ -18,7 +18,7 @@ import torch
 
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.alternatives import valid_rows
-from attnfuzz.oracles.tolerance import check
+from attnfuzz.oracles.tolerance import check, dominated_dot
 from attnfuzz.strategies.materialize import row_shift
 
 FP32_DENORMAL_LSE = -87.34  # log of fp32's smallest normal: exp of a logit below it is a denormal
@@ -41,7 +41,7 @@ def unshifted_lse(o, lse: torch.Tensor, shift: torch.Tensor, family: str):
     baseline = (o.lse_baseline.to(torch.float64) - ref).abs().nan_to_num(nan=0.0, posinf=0.0)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     return check("lse (unshifted)", lse.to(ref.device), ref - shift, None, rows, family=family, quantity="lse",
-                 dtype=o.case.dtype, logit_size=size, baseline=baseline, dot_terms=o.case.d_qk)
+                 dtype=o.case.dtype, logit_size=size, baseline=baseline, dot_terms=dominated_dot(o.case))
 
 
 def explain(o, output: V.Output, verdict: V.Verdict, family: str) -> V.Verdict:

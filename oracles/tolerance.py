@@ -74,6 +74,13 @@ FAST_EXP = 2.0**-13
 BIAS_IN_INPUT_DTYPE = ("sdpa",)  # families whose API takes ALiBi only as a bias in the input dtype
 
 
+def dominated_dot(case) -> int:
+    """d_qk where one term dominates every dot product by construction (values="outlier_channel"), else 0: Gaussian
+    terms keep their partial sums ~sqrt(d) below L, and a sqrt(d) allowance there would hide a 4x LSE error at d = 64
+    (tests/test_tolerance_calibration.py)."""
+    return case.d_qk if case.values == "outlier_channel" else 0
+
+
 def k_for(family: str, quantity: str, dtype: str) -> float:
     table = K.get(family, {}).get(quantity, {})
     return table.get(dtype, K["default"][quantity][dtype])
@@ -151,7 +158,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     # sum, a random walk of ~sqrt(d) / 2 ulps of the largest partial sum, which is L itself when one term dominates
     # (an outlier channel: sdpa-flash bf16, d = 128, one +-65536 product in each dot: its LSE was 5.1 eps * L off,
     # where 2 eps * L was allowed). Gaussian terms keep their partial sums ~sqrt(d) below L, so up to d = 16 this
-    # stays eps * L, the allowance before.
+    # stays eps * L, the allowance before; only cases built so (dominated_dot) pass d here.
     dot_walk = max(1.0, dot_terms ** 0.5 / 2)
     logit_err = logit_eps * size * dot_walk + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
     if quantity == "lse":  # absolute: exp(lse + e) = exp(lse) * (1 + e); kernels keep it in fp32

@@ -14,11 +14,11 @@ from functools import cached_property
 
 import torch
 
-from attnfuzz.oracles import probe
+from attnfuzz.oracles import probe, shift
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
-from attnfuzz.oracles.tolerance import Check, check
+from attnfuzz.oracles.tolerance import Check, check, dominated_dot
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
@@ -76,7 +76,7 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
     size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
-                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms)
+                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms, dot_terms=dominated_dot(o.case))
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
@@ -117,8 +117,14 @@ def _matching(o: Oracle, out: torch.Tensor, family: str) -> list[tuple[str, str]
 
 def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "default",
           oracle: Oracle | None = None) -> V.Verdict:
-    """PASS, or FAIL with a diagnosis and the worst element, for one backend output."""
+    """PASS, or FAIL with a diagnosis and the worst element, for one backend output (on a row with a logit shift,
+    the failure says what the shift means: oracles/shift.py)."""
     o = oracle or Oracle.of(case, tensors)
+    verdict = _graded(case, output, family, o)
+    return shift.explain(o, output, verdict, family) if verdict.failed else verdict
+
+
+def _graded(case: Case, output: V.Output, family: str, o: Oracle) -> V.Verdict:
     device = o.ref.out.device
     out = output.out.to(device)
     if tuple(out.shape) != tuple(o.ref.out.shape):
@@ -166,7 +172,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
                             f"at {list(idx)}", c)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max)
+              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max, dot_terms=dominated_dot(o.case))
     checks.append(c)
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
@@ -212,7 +218,14 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
     # the whole sum would hide a 10 % error in dK, tests/test_grade.py).
     n = o.case.skv if name == "dq" else o.case.sq
     row_terms = o.ref.row_dv_terms if name == "dv" and o.ref.row_dv_terms is not None else terms / max(n, 1) ** 0.5
-    return check(name, got, getattr(o.ref, name), getattr(o.naive, name), rows[:, :, None, None], family=family,
+    where = rows[:, :, None, None]
+    if terms >= torch.finfo(got.dtype).max:
+        # The products this gradient sums can pass the dtype's largest value: a kernel's partial sums in the dtype
+        # (per query head before a GQA group sum) may overflow although the sum fits, and a sum past it rounds to
+        # inf. Non-finite elements are not graded then (sdpa-flash fp16 dK of 58608 came back inf where a
+        # far_negative q carries its row's shift, -1024 / scale, in one channel); finite ones are, as ever.
+        where = where & torch.isfinite(got)
+    return check(name, got, getattr(o.ref, name), getattr(o.naive, name), where, family=family,
                  quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size, scale_of_terms=terms,
                  inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms)
 

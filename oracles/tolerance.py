@@ -76,6 +76,13 @@ FAST_EXP = 2.0**-13
 BIAS_IN_INPUT_DTYPE = ("sdpa",)  # families whose API takes ALiBi only as a bias in the input dtype
 
 
+def dominated_dot(case) -> int:
+    """d_qk where one term dominates every dot product by construction (values="outlier_channel"), else 0: Gaussian
+    terms keep their partial sums ~sqrt(d) below L, and a sqrt(d) allowance there would hide a 4x LSE error at d = 64
+    (tests/test_tolerance_calibration.py)."""
+    return case.d_qk if case.values == "outlier_channel" else 0
+
+
 def k_for(family: str, quantity: str, dtype: str) -> float:
     table = K.get(family, {}).get(quantity, {})
     return table.get(dtype, K["default"][quantity][dtype])
@@ -132,7 +139,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
           family: str, quantity: str, dtype: str, logit_size: float | torch.Tensor = 0.0,
           spread: torch.Tensor | None = None, scale_of_terms: float = 0.0, inherited: float = 0.0,
           bias_max: float = 0.0, baseline: torch.Tensor | None = None, keys: int = 0,
-          row_terms: float | torch.Tensor = 0.0, rms: torch.Tensor | None = None) -> Check:
+          row_terms: float | torch.Tensor = 0.0, rms: torch.Tensor | None = None, dot_terms: int = 0) -> Check:
     """Grade `got` against the float64 `ref`, row by row, at the elements `where` (bool, broadcast to got's shape);
     elements outside `where` are not graded. A row is all dims but the last for out / dq / dk / dv, one element for
     the LSE. Non-finite values count as infinite error. `logit_size` is a float or a per-row tensor (the shape of
@@ -158,7 +165,13 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     # Where ALiBi can only reach the kernel as a bias tensor in the input dtype (SDPA's additive float mask), each
     # logit carries that bias's rounding in the dtype too: the API's error, not the kernel's.
     size = logit_size.to(torch.float64) if isinstance(logit_size, torch.Tensor) else logit_size
-    logit_err = logit_eps * size + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
+    # A logit is a dot product of `dot_terms` (d_qk) terms summed in fp32: each add rounds at the size of its partial
+    # sum, a random walk of ~sqrt(d) / 2 ulps of the largest partial sum, which is L itself when one term dominates
+    # (an outlier channel: sdpa-flash bf16, d = 128, one +-65536 product in each dot: its LSE was 5.1 eps * L off,
+    # where 2 eps * L was allowed). Gaussian terms keep their partial sums ~sqrt(d) below L, so up to d = 16 this
+    # stays eps * L, the allowance before; only cases built so (dominated_dot) pass d here.
+    dot_walk = max(1.0, dot_terms ** 0.5 / 2)
+    logit_err = logit_eps * size * dot_walk + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
     if quantity == "lse":  # absolute: exp(lse + e) = exp(lse) * (1 + e); kernels keep it in fp32
         fast_exp = FAST_EXP if dtype in LOW_PRECISION else 0.0
         compute_eps = logit_eps if dtype in LOW_PRECISION else EPS[dtype]

@@ -17,6 +17,9 @@ Semantics (the oracle grades every backend against these):
   log(count + exp(sink)); k is drawn as for "gaussian"; v holds 0 and 1, channel c of KV head g is 1 on the keys j
   with (j + g) % d_v == c. A row's output in channel c is then the share of its visible keys in that residue class:
   0 exactly where it sees none, and one key more or less moves it by ~1/count_c, far beyond rounding.
+  The value families (FAMILIES: far_negative, anti_aligned, outlier_channel, large_sink, ties, zero_rows) rewrite the
+  Gaussian draw into the patterns that reach extreme logits: rows shifted far below zero, anti-aligned keys, one
+  outlier channel, sinks of +-100 and more, exact ties at the row maximum, all-zero rows (strategies/materialize.py).
 
 `layout` and `memory` say how the same logical tensors reach the backend (bshd / sbhd / packed thd; contiguous,
 head-major transposed views, or one KV head expanded with stride 0); `spelling` names how the adapter spells the
@@ -36,6 +39,8 @@ SOFTMAXES = ("vanilla", "off_by_one", "learnable")
 LAYOUTS = ("bshd", "sbhd", "thd")
 MEMORY = ("contiguous", "transposed", "expanded_kv")
 VALUES = ("gaussian", "probe")
+# Value families that reach extreme logits (strategies/materialize.py says what each holds)
+FAMILIES = ("far_negative", "anti_aligned", "outlier_channel", "large_sink", "ties", "zero_rows")
 # Fields added after cases were saved: left out of to_dict() at their default, so every saved case, corpus
 # signature (a hash of to_dict()), repro script and campaign log of before keeps its bytes.
 OMITTED_AT_DEFAULT = ("values",)
@@ -104,7 +109,7 @@ class Case:
         _check(self.softmax in SOFTMAXES, "softmax", self.softmax, f"one of {SOFTMAXES}")
         _check(self.layout in LAYOUTS, "layout", self.layout, f"one of {LAYOUTS}")
         _check(self.memory in MEMORY, "memory", self.memory, f"one of {MEMORY}")
-        _check(self.values in VALUES, "values", self.values, f"one of {VALUES}")
+        _check(self.values in VALUES + FAMILIES, "values", self.values, f"one of {VALUES + FAMILIES}")
         for name, full in (("seqlens_q", self.sq), ("seqlens_kv", self.skv)):
             lens = getattr(self, name)
             if lens is None:

@@ -12,9 +12,10 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 
-from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.case import FAMILIES, Case
 from attnfuzz.strategies.space import Space
 
+_NO_SINK_FAMILIES = tuple(f for f in FAMILIES if f != "large_sink")
 TILES = (16, 32, 64, 128, 256)
 HEAD_DIMS = (8, 16, 32, 64, 96, 128, 256)
 ODD_HEAD_DIMS = (1, 3, 24, 40, 72, 80, 100, 160, 192)
@@ -158,6 +159,12 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     # random values keep testing weights and rounding. Drawn last, so every other field of a stream is as before;
     # shrinks toward "gaussian", so a probe case stays one only when the failure needs it.
     values = "probe" if space.probes and _sometimes(draw, 5) else "gaussian"
+    # A value family (strategies/materialize.py) one non-probe case in four, so a fifth of all cases: split evenly
+    # over the families the case can take, 1/25 each, or 1/30 each with a learnable softmax, the only one large_sink
+    # takes (off-by-one's sink is 0 by definition). Drawn after the probe switch, so probe and gaussian cases keep
+    # their fields; shrinks toward "gaussian", then toward the first family (far_negative).
+    if values == "gaussian" and space.value_families and _sometimes(draw, 4):
+        values = pick(draw, FAMILIES if softmax == "learnable" else _NO_SINK_FAMILIES)
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,

@@ -1,7 +1,44 @@
-"""Deterministic tensors for a Case: the same case gives bit-identical inputs on the same device."""
+"""Deterministic tensors for a Case: the same case gives bit-identical inputs on the same device.
+
+q, k and v are first drawn as Gaussians (the case's mean and std), and the mask, sinks and dout after them, from
+`case.seed`; a value family (`case.values`) then rewrites q, k, v or the sinks in place, from a second generator
+seeded from the seed, so every family keeps the Gaussian stream of the rest of the case. `scale` below is the case's
+softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family writes, "the dtype" the case's dtype.
+
+- "gaussian": as drawn.
+- "probe": q = 0 and v of 0 / 1 (strategies/case.py states what that makes exact).
+- "far_negative": k[..., c] = 1 on every key, and q[b, i, h, c] = round(o / scale) in the dtype, with o drawn per
+  query row and head from ROW_SHIFTS (0, -96, -128, -1024): every logit of the row moves by the same
+  shift = scale * q[b, i, h, c] (`row_shift`; |q[..., c]| <= 2^15, so a tiny custom scale shifts less), so the
+  output is the unshifted row's (q[..., c] = 0) and the LSE is its LSE plus the shift. -96 puts a row's LSE near
+  -90 (each exp of a raw logit is an fp32 denormal, below exp(-87.3)), -128 and -1024 past -103.3, where exp of a
+  raw logit is 0 in fp32 even as a denormal. (A softcap bends the shifted logits, so with one the rows are far
+  negative but not a shift of the unshifted ones.)
+- "anti_aligned": q[..., c] = A on every row and k[..., c] = -A on every key but one in `period` (drawn from
+  ANTI_PERIODS: 4, 16, 64, or 0 for none; the phase drawn too), where it is 0; A = round(sqrt(ANTI_LOGIT / scale)):
+  a key anti-aligned to the row sits ~ANTI_LOGIT (2^14) below the few aligned ones, so its weight is exactly 0,
+  and a row that sees no aligned key (period 0, a causal row 0, a window, a mask) has every logit near -16384,
+  past a finite start of the running maximum or a mask fill of -1e4.
+- "outlier_channel": q[..., c] and k[..., c] are +-OUTLIER (256) with a drawn sign per row and key, and v[..., c]
+  is OUTLIER times its Gaussian (within +-2^15, finite in fp16): the massive activations of LLMs. The raw product
+  q_c k_c = +-65536 is past fp16's largest value (65504), so a q.k rounded to fp16 before the scale overflows; a
+  row's keys of the other sign sit 2 * 65536 * scale below those of its own, and a row that sees none of its own
+  sign has its LSE near -65536 * scale.
+- "large_sink" (learnable softmax; other softmaxes keep their sinks): the sink of head h is +-SINK_SIZES (100,
+  1000), drawn per head; half the query rows of each head are shifted as in far_negative by sink_h + u, u uniform
+  in [-4, 4], so the huge sink weighs as much as the row's keys; the other rows keep their logits (a positive sink
+  then takes nearly all the weight: output ~0; a negative one none).
+- "ties": q and k rounded to integers in [-2, 2] (every q.k is then exact in any order and precision), and key j
+  repeats key j % m, m drawn in 1..4: keys with the same residue have bitwise equal logits, so many keys of a row
+  share its maximum (all of them when m = 1). v stays Gaussian, so the tied keys' values differ.
+- "zero_rows": every query row (b, i) and every key (b, j) is, with probability 1/4 each (drawn), exactly 0 across
+  its heads and channels (a zero key row: k and v). A zero query row weighs its visible keys equally; a zero key
+  has logit 0 for every query.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +82,15 @@ def _moved(x: torch.Tensor | None, device) -> torch.Tensor | None:
     return x.to(device)
 
 
+ROW_SHIFTS = (0.0, -96.0, -128.0, -1024.0)   # far_negative: the per-row logit shifts, drawn per row and head
+ANTI_PERIODS = (0, 4, 16, 64)                # anti_aligned: one key in `period` aligned (0: none)
+ANTI_LOGIT = 16384.0                         # anti_aligned: how far below the aligned keys the others sit
+OUTLIER = 256.0                              # outlier_channel: the size of the outlier channel (std 1 elsewhere)
+SINK_SIZES = (100.0, 1000.0)                 # large_sink: |sink|, drawn per head with its sign
+Q_SHIFT_MAX = 2.0**15   # |q[..., c]| of a shifted row at most: finite in fp16 (a scale of 0.01 gets shifts / 3)
+FAMILY_SEED = 0x5EED_F00D                    # the family generator's seed is the case's seed xor this
+
+
 def torch_dtype(case: Case) -> torch.dtype:
     return TORCH_DTYPES[case.dtype]
 
@@ -62,6 +108,66 @@ def probe_values(case: Case, heads: int, head_major: bool) -> torch.Tensor:
     c = torch.arange(case.d_v)[None, None, :]
     v = ((j + g) % case.d_v == c).to(torch.float32).expand(case.b, -1, -1, -1).contiguous()
     return v.transpose(1, 2).contiguous().transpose(1, 2) if head_major else v
+
+
+def family_channel(case: Case) -> int:
+    """The q / k (and v, for outlier_channel) channel a value family writes."""
+    return case.seed % case.d_qk
+
+
+def row_shift(case: Case, t: Tensors) -> torch.Tensor | None:
+    """[b, h, sq] float64: the shift every logit of a row carries through channel c (far_negative, large_sink), read
+    from the tensors; None for the other families. The unshifted row is the same row with q[..., c] = 0."""
+    shifted = case.values == "far_negative" or (case.values == "large_sink" and case.softmax == "learnable")
+    if not shifted or case.softcap is not None:  # a softcap bends the shifted logits: no shift invariance then
+        return None
+    c = family_channel(case)
+    return (case.softmax_scale * t.q[..., c].double() * t.k[0, 0, 0, c].double()).transpose(1, 2).cpu()
+
+
+def _shift_rows(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, c: int, scale: float) -> None:
+    """Every logit of row (b, i, h) moves by about shift[b, i, h]: k[..., c] = 1, q[..., c] = shift / scale."""
+    k[..., c] = 1.0
+    q[..., c] = (shift.double() / scale).clamp(-Q_SHIFT_MAX, Q_SHIFT_MAX).to(q.dtype)
+
+
+def _family(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None) -> None:
+    """Rewrite q, k, v (views in the case's memory format, k / v with hk_drawn heads) or the sink in place as the
+    case's value family says (the module's docstring)."""
+    gen = torch.Generator(device="cpu").manual_seed(case.seed ^ FAMILY_SEED)
+    c, scale, family = family_channel(case), case.softmax_scale, case.values
+    b, sq, h = q.shape[:3]
+
+    def pick(options, shape) -> torch.Tensor:
+        return torch.tensor(options, dtype=torch.float64)[torch.randint(len(options), shape, generator=gen)]
+
+    if family == "far_negative":
+        _shift_rows(q, k, pick(ROW_SHIFTS, (b, sq, h)), c, scale)
+    elif family == "anti_aligned":
+        a = torch.tensor(math.sqrt(ANTI_LOGIT / scale), dtype=torch.float64).to(q.dtype)
+        period = ANTI_PERIODS[int(torch.randint(len(ANTI_PERIODS), (), generator=gen))]
+        phase = int(torch.randint(period, (), generator=gen)) if period else -1
+        q[..., c] = a
+        aligned = (torch.arange(k.shape[1]) % max(period, 1) == phase)[None, :, None]
+        k[..., c] = torch.where(aligned, torch.zeros((), dtype=k.dtype), -a)
+    elif family == "outlier_channel":
+        q[..., c] = pick((OUTLIER, -OUTLIER), q.shape[:3]).to(q.dtype)
+        k[..., c] = pick((OUTLIER, -OUTLIER), k.shape[:3]).to(k.dtype)
+        v[..., c % v.shape[-1]] = (v[..., c % v.shape[-1]].double() * OUTLIER).clamp(-Q_SHIFT_MAX, Q_SHIFT_MAX)
+    elif family == "large_sink" and sink is not None and case.softmax == "learnable":
+        sink.copy_(pick(SINK_SIZES, (h,)) * pick((1.0, -1.0), (h,)))
+        u = torch.rand((b, sq, h), generator=gen, dtype=torch.float64) * 8 - 4
+        shifted = torch.rand((b, sq, h), generator=gen) < 0.5
+        _shift_rows(q, k, torch.where(shifted, sink.double() + u, 0.0), c, scale)
+    elif family == "ties":
+        period = int(torch.randint(1, 5, (), generator=gen))
+        q.copy_(q.float().round().clamp(-2, 2))
+        k.copy_(k.float().round().clamp(-2, 2)[:, torch.arange(k.shape[1]) % period])
+    elif family == "zero_rows":
+        q.masked_fill_((torch.rand((b, sq), generator=gen) < 0.25)[:, :, None, None], 0.0)
+        zero_keys = (torch.rand((b, k.shape[1]), generator=gen) < 0.25)[:, :, None, None]
+        k.masked_fill_(zero_keys, 0.0)
+        v.masked_fill_(zero_keys, 0.0)
 
 
 def draw_on_cpu(case: Case) -> Tensors:
@@ -86,9 +192,6 @@ def draw_on_cpu(case: Case) -> Tensors:
     v = qkv(case.skv, hk_drawn, case.d_v, case.mean[2], case.std[2])
     if case.values == "probe":  # drawn all the same, so the rest of the stream (mask, sink, dout) is the seed's
         q, v = q.zero_(), probe_values(case, hk_drawn, head_major).to(dtype)
-    if case.memory == "expanded_kv":
-        k = k.expand(case.b, case.skv, case.hk, case.d_qk)
-        v = v.expand(case.b, case.skv, case.hk, case.d_v)
     mask = None
     if case.mask_density is not None:
         mask = torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density
@@ -100,6 +203,11 @@ def draw_on_cpu(case: Case) -> Tensors:
     alibi = None
     if case.alibi_slopes is not None:
         alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32)
+    if case.values not in ("gaussian", "probe"):  # after every draw of the seed's stream, before KV is expanded
+        _family(case, q, k, v, sink)
+    if case.memory == "expanded_kv":
+        k = k.expand(case.b, case.skv, case.hk, case.d_qk)
+        v = v.expand(case.b, case.skv, case.hk, case.d_v)
     dout = None
     if case.grads:  # zero on padding rows, so what a backend leaves there cannot leak into dK / dV
         dout = normal((case.b, case.sq, case.h, case.d_v), 0.0, 1.0)

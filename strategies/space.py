@@ -49,6 +49,7 @@ class Space:
     grads: bool = True
     extreme_logits: bool = True
     probes: bool = True              # values="probe": inputs that make mask and weight errors exact checks
+    value_families: bool = True      # far_negative, anti_aligned, outlier_channel, large_sink, ties, zero_rows
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim"):

@@ -160,11 +160,13 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     # shrinks toward "gaussian", so a probe case stays one only when the failure needs it.
     values = "probe" if space.probes and _sometimes(draw, 5) else "gaussian"
     # A value family (strategies/materialize.py) one non-probe case in four, so a fifth of all cases: split evenly
-    # over the families the case can take, 1/25 each, or 1/30 each with a learnable softmax, the only one large_sink
-    # takes (off-by-one's sink is 0 by definition). Drawn after the probe switch, so probe and gaussian cases keep
+    # over the six families, 1/30 each; large_sink makes the softmax learnable, the only one it takes (off-by-one's
+    # sink is 0 by definition). Drawn after the probe switch, so probe and gaussian cases keep
     # their fields; shrinks toward "gaussian", then toward the first family (far_negative).
     if values == "gaussian" and space.value_families and _sometimes(draw, 4):
-        values = pick(draw, FAMILIES if softmax == "learnable" else _NO_SINK_FAMILIES)
+        values = pick(draw, FAMILIES if "learnable" in space.softmaxes else _NO_SINK_FAMILIES)
+        if values == "large_sink":  # sinks need a learnable softmax: one case in 30, whatever softmax was drawn
+            softmax = "learnable"
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,

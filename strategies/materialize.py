@@ -8,10 +8,10 @@ softmax scale, c = `family_channel(case)` (seed % d_qk) the channel a family wri
 - "gaussian": as drawn.
 - "probe": q = 0 and v of 0 / 1 (strategies/case.py states what that makes exact).
 - "far_negative": k[..., c] = 1 on every key, and q[b, i, h, c] = round(o / scale) in the dtype, with o drawn per
-  query row and head from ROW_SHIFTS (0, -96, -128, -1024): every logit of the row moves by the same
-  shift = scale * q[b, i, h, c] (`row_shift`; |q[..., c]| <= 2^15, so a tiny custom scale shifts less), so the
-  output is the unshifted row's (q[..., c] = 0) and the LSE is its LSE plus the shift. -96 puts a row's LSE near
-  -90 (each exp of a raw logit is an fp32 denormal, below exp(-87.3)), -128 and -1024 past -103.3, where exp of a
+  query row and head from ROW_SHIFTS (0, -96, -128, -1024; never 0 on row 0 of head 0): every logit of the row
+  moves by the same shift = scale * q[b, i, h, c] (`row_shift`; |q[..., c]| <= 2^15, so a tiny custom scale
+  shifts less), so the output is the unshifted row's (q[..., c] = 0) and the LSE is its LSE plus the shift. -96
+  puts a row's LSE near -90 (each exp of a raw logit is an fp32 denormal, below exp(-87.3)), -128 and -1024 past -103.3, where exp of a
   raw logit is 0 in fp32 even as a denormal. (A softcap bends the shifted logits, so with one the rows are far
   negative but not a shift of the unshifted ones.)
 - "anti_aligned": q[..., c] = A on every row and k[..., c] = -A on every key but one in `period` (drawn from
@@ -142,7 +142,10 @@ def _family(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink:
         return torch.tensor(options, dtype=torch.float64)[torch.randint(len(options), shape, generator=gen)]
 
     if family == "far_negative":
-        _shift_rows(q, k, pick(ROW_SHIFTS, (b, sq, h)), c, scale)
+        shifts = pick(ROW_SHIFTS, (b, sq, h))
+        if shifts.numel():  # the first row of the first head is always shifted: a one-row case keeps the family
+            shifts[0, 0, 0] = ROW_SHIFTS[1 + int(torch.randint(len(ROW_SHIFTS) - 1, (), generator=gen))]
+        _shift_rows(q, k, shifts, c, scale)
     elif family == "anti_aligned":
         a = torch.tensor(math.sqrt(ANTI_LOGIT / scale), dtype=torch.float64).to(q.dtype)
         period = ANTI_PERIODS[int(torch.randint(len(ANTI_PERIODS), (), generator=gen))]

@@ -86,6 +86,10 @@ def draw_on_cpu(case: Case) -> Tensors:
     v = qkv(case.skv, hk_drawn, case.d_v, case.mean[2], case.std[2])
     if case.values == "probe":  # drawn all the same, so the rest of the stream (mask, sink, dout) is the seed's
         q, v = q.zero_(), probe_values(case, hk_drawn, head_major).to(dtype)
+    shared = min(case.skv, case.shared_prefix_pages * (case.page_size or 0))
+    if shared:  # a prefix whose pages every sequence shares holds the same keys in every sequence
+        k[1:, :shared] = k[:1, :shared]
+        v[1:, :shared] = v[:1, :shared]
     if case.memory == "expanded_kv":
         k = k.expand(case.b, case.skv, case.hk, case.d_qk)
         v = v.expand(case.b, case.skv, case.hk, case.d_v)

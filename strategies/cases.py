@@ -173,7 +173,7 @@ def attention_cases(draw, space: Space = Space()) -> Case:
 def _paged(draw, space: Space, b: int, sq: int, skv: int, seqlens_q, seqlens_kv, alignment: str):
     """A paged KV cache for the case drawn so far: a page size (shrinks toward the smallest), cache lengths per
     sequence half the time (serving batches are ragged; lengths at tile edges +-1 are rarely page multiples),
-    decode one time in three (1..4 queries, bottom-right aligned at the end of the cache), and one time in three
+    decode one time in three (1..4 queries, bottom-right aligned at the end of the cache), and half the time
     some leading pages shared by every sequence."""
     page_size = pick(draw, space.page_sizes)
     if seqlens_kv is None and _sometimes(draw, 2):
@@ -183,6 +183,6 @@ def _paged(draw, space: Space, b: int, sq: int, skv: int, seqlens_q, seqlens_kv,
         seqlens_q = None if seqlens_q is None else tuple(min(n, sq) for n in seqlens_q)
         alignment = "bottom_right" if "bottom_right" in space.alignments else alignment
     shared = 0
-    if b > 1 and skv >= page_size and _sometimes(draw, 3):
+    if b > 1 and skv >= page_size and _sometimes(draw, 2):
         shared = draw(_ints(1, skv // page_size))
     return page_size, shared, sq, seqlens_q, seqlens_kv, alignment

@@ -53,7 +53,8 @@ class Space:
     grads: bool = True
     extreme_logits: bool = True
     probes: bool = True              # values="probe": inputs that make mask and weight errors exact checks
-    paged: bool = True               # paged KV caches, decode shapes, shared prefix pages (serving backends only)
+    paged: bool | None = None        # paged KV caches, decode shapes, shared prefix pages; None: for the backends
+                                     # that serve them (the harness decides), so other streams stay as they were
     unpaged: bool = True             # cases without a paged cache too (off for a backend that takes only paged ones)
     page_sizes: tuple[int, ...] = PAGE_SIZES
 

@@ -92,7 +92,7 @@ def test_paged_draws_cover_page_sizes_decode_and_shared_prefixes():
 
     @settings(max_examples=300, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(case=attention_cases(Space(max_len=64, unpaged=False)))
+    @given(case=attention_cases(Space(max_len=64, paged=True, unpaged=False)))
     def check(case):
         assert case.paged and not case.grads
         seen["paged"] += 1
@@ -103,11 +103,11 @@ def test_paged_draws_cover_page_sizes_decode_and_shared_prefixes():
 
     check()
     assert seen["paged"] == 300 and {1, 16} <= seen["sizes"], seen
-    assert min(seen["decode"], seen["shared"], seen["ragged_tail"]) >= 20, seen
+    assert min(seen["decode"], seen["shared"], seen["ragged_tail"]) >= 5, seen
 
 
 def test_paged_cases_are_drawn_only_for_backends_that_read_them():
-    assert narrow_to(Space(), get("tests.paged_kernels:paged_attention").unsupported).unpaged is False
+    assert narrow_to(Space(paged=True), get("tests.paged_kernels:paged_attention").unsupported).unpaged is False
     sdpa = get("sdpa-math")
     assert not sdpa.serves_paged
 

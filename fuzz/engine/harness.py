@@ -196,8 +196,7 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
     """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
     with one of the spellings the backend lists; paged KV caches only for a backend that `serves_paged`."""
     own = backend.cases()
-    if not backend.serves_paged:
-        space = space.replace(paged=False)
+    space = space.replace(paged=backend.serves_paged and space.paged is not False)
     drawn = own if own is not None else attention_cases(narrow_to(space, backend.unsupported))
 
     @st.composite

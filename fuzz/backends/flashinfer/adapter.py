@@ -111,7 +111,7 @@ class FlashInferBackend(Backend):
     def cases(self):
         """The general strategy narrowed to this entry point, each case fitted (head dims 64 / 128 / 256, decode
         shapes): drawing head dims or query counts it refuses outright would leave most draws UNSUPPORTED."""
-        space = narrow_to(Space(max_head_dim=fic.HEAD_DIMS[-1]), lambda c: self.unsupported(self.fitted(c)))
+        space = narrow_to(Space(max_head_dim=fic.HEAD_DIMS[-1], paged=self.serves_paged), lambda c: self.unsupported(self.fitted(c)))
         return attention_cases(space).map(self.fitted)
 
     def kwargs(self, case: Case) -> dict:

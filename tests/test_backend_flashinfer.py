@@ -4,6 +4,7 @@ a read one slot past the cache) caught, the capability table, availability, and 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -138,6 +139,7 @@ def test_a_read_past_the_last_page_is_caught(calls):
     ("flashinfer-paged-decode", PAGED, "one query per sequence"),
     ("flashinfer-single-prefill", PAGED.replace(page_size=None), "one request"),
     ("flashinfer-single-prefill", Case(sq=4, skv=4, spelling="neg", **F16), "spelling='neg'"),
+    ("flashinfer-single-prefill", Case(sq=4, skv=9, causal=True, b=1, **F16), "aligns bands bottom-right"),
 ])
 def test_capability_refusals(name, case, reason):
     refused = factories()[name]("cpu").unsupported(case)
@@ -174,3 +176,24 @@ def test_fuzzing_through_a_correct_fake_finds_nothing(calls, name):
                            settings=profile("ci", max_examples=80))
     assert not findings, [f"{f.verdict.label} {f.verdict.message[:200]} {f.case!r}" for f in findings]
     assert tally.labels["PASS"] >= 40, tally.to_dict()
+
+
+# -- standalone repro scripts -------------------------------------------------------------------------------------
+REPRO_CASES = {
+    "flashinfer-paged-prefill": PAGED.replace(spelling="hnd", shared_prefix_pages=1, seqlens_kv=(37, 16, 20)),
+    "flashinfer-paged-decode": PAGED.replace(sq=1, seqlens_q=None, causal=False, page_size=3, window=(5, None)),
+    "flashinfer-ragged": PAGED.replace(page_size=None, softcap=4.0),
+    "flashinfer-single-prefill": Case(sq=6, skv=9, h=2, causal=True, alignment="bottom_right", spelling="hnd", **F16),
+    "flashinfer-single-decode": Case(sq=1, skv=9, h=2, alignment="bottom_right", **F16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPRO_CASES))
+def test_the_repro_script_makes_the_adapters_call_and_can_fail(tmp_path, calls, name):
+    from tests.test_repro_scripts import assert_standalone_and_able_to_fail, comparable, write
+    backend, case = factories()[name]("cpu"), REPRO_CASES[name]
+    assert backend.unsupported(case) is None, backend.unsupported(case)
+    assert backend.repro_source(case) is not None
+    backend.run(case, materialize(case))
+    script_calls = assert_standalone_and_able_to_fail(write(tmp_path, name, case), fake="flashinfer")
+    assert [json.loads(comparable(c)) for c in calls] == script_calls

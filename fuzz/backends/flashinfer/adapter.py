@@ -114,6 +114,10 @@ class FlashInferBackend(Backend):
         space = narrow_to(Space(max_head_dim=fic.HEAD_DIMS[-1], paged=self.serves_paged), lambda c: self.unsupported(self.fitted(c)))
         return attention_cases(space).map(self.fitted)
 
+    def repro_source(self, case: Case) -> str | None:
+        from attnfuzz.backends.flashinfer.repro import flashinfer_source
+        return flashinfer_source(self, case)
+
     def kwargs(self, case: Case) -> dict:
         """The keyword arguments every entry point shares: causal (prefill only), window, scale, soft cap."""
         (causal, window_left), reason = fic.band(case)

@@ -42,7 +42,7 @@ def band(case: Case) -> tuple[tuple | None, str | None]:
     """(causal, window_left) of the call, or (None, why FlashInfer cannot express the case's band)."""
     bounds, reason = bottom_right_band(case)
     if bounds is None:
-        return None, reason
+        return None, f"FlashInfer aligns bands bottom-right, as flash-attn does: {reason}"
     left, right = bounds
     if right not in (None, 0):
         return None, (f"right bound {right}: FlashInfer bounds the right side only through causal (right = 0); "

@@ -111,7 +111,8 @@ class FlashInferBackend(Backend):
     def cases(self):
         """The general strategy narrowed to this entry point, each case fitted (head dims 64 / 128 / 256, decode
         shapes): drawing head dims or query counts it refuses outright would leave most draws UNSUPPORTED."""
-        space = narrow_to(Space(max_head_dim=fic.HEAD_DIMS[-1], paged=self.serves_paged), lambda c: self.unsupported(self.fitted(c)))
+        space = narrow_to(Space(max_head_dim=fic.HEAD_DIMS[-1], paged=self.serves_paged),
+                          lambda c: self.unsupported(self.fitted(c)))
         return attention_cases(space).map(self.fitted)
 
     def repro_source(self, case: Case) -> str | None:
@@ -120,7 +121,7 @@ class FlashInferBackend(Backend):
 
     def kwargs(self, case: Case) -> dict:
         """The keyword arguments every entry point shares: causal (prefill only), window, scale, soft cap."""
-        (causal, window_left), reason = fic.band(case)
+        (causal, window_left), _ = fic.band(case)
         out = {"sm_scale": case.softmax_scale, "window_left": window_left, "logits_soft_cap": case.softcap}
         return out if self.decode else {"causal": causal, **out}
 

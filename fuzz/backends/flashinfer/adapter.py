@@ -108,11 +108,12 @@ class FlashInferBackend(Backend):
         case = with_head_dim(case)
         return as_decode(case) if self.decode else case
 
-    def cases(self):
-        """The general strategy narrowed to this entry point, each case fitted (head dims 64 / 128 / 256, decode
-        shapes): drawing head dims or query counts it refuses outright would leave most draws UNSUPPORTED."""
-        space = narrow_to(Space(max_head_dim=fic.HEAD_DIMS[-1], paged=self.serves_paged),
-                          lambda c: self.unsupported(self.fitted(c)))
+    def cases(self, space: Space | None = None):
+        """`space` (the harness's, else the default) narrowed to this entry point, each case fitted (head dims 64 /
+        128 / 256, decode shapes): drawing head dims or query counts it refuses outright would leave most draws
+        UNSUPPORTED."""
+        space = (space or Space()).replace(max_head_dim=fic.HEAD_DIMS[-1], paged=self.serves_paged)
+        space = narrow_to(space, lambda c: self.unsupported(self.fitted(c)))
         return attention_cases(space).map(self.fitted)
 
     def repro_source(self, case: Case) -> str | None:

@@ -20,6 +20,12 @@ Semantics (the oracle grades every backend against these):
   The value families (FAMILIES: far_negative, anti_aligned, outlier_channel, large_sink, ties, zero_rows) rewrite the
   Gaussian draw into the patterns that reach extreme logits: rows shifted far below zero, anti-aligned keys, one
   outlier channel, sinks of +-100 and more, exact ties at the row maximum, all-zero rows (strategies/materialize.py).
+- `page_size` (None: not paged) says the keys reach the backend as a paged KV cache, as serving kernels hold it: a
+  pool of pages of `page_size` slots, shuffled from the seed, a block table per sequence and a cache length per
+  sequence (= seqlens_kv); slots no sequence owns hold garbage (strategies/paged.py). The first
+  `shared_prefix_pages` pages are one set of pool pages shared by every sequence (their keys are the same in the
+  logical k / v). The oracle reads the logical k / v only: the semantics above do not change. Decode is the same
+  semantics with few queries, bottom-right aligned. Paged cases are forward-only (grads false).
 
 `layout` and `memory` say how the same logical tensors reach the backend (bshd / sbhd / packed thd; contiguous,
 head-major transposed views, or one KV head expanded with stride 0); `spelling` names how the adapter spells the
@@ -43,7 +49,7 @@ VALUES = ("gaussian", "probe")
 FAMILIES = ("far_negative", "anti_aligned", "outlier_channel", "large_sink", "ties", "zero_rows")
 # Fields added after cases were saved: left out of to_dict() at their default, so every saved case, corpus
 # signature (a hash of to_dict()), repro script and campaign log of before keeps its bytes.
-OMITTED_AT_DEFAULT = ("values",)
+OMITTED_AT_DEFAULT = ("values", "page_size", "shared_prefix_pages")
 SCHEMA = 1
 
 
@@ -86,6 +92,8 @@ class Case:
     grads: bool = False
     spelling: str = ""
     values: str = "gaussian"
+    page_size: int | None = None
+    shared_prefix_pages: int = 0
 
     def __post_init__(self) -> None:
         for name in ("causal", "grads"):  # JSON's "yes" or 1 is not a switch: a corpus entry must say true or false
@@ -142,6 +150,17 @@ class Case:
             _check(isinstance(value, tuple) and len(value) == 3 and all(math.isfinite(x) for x in value), name,
                    value, "a tuple of three finite floats for (q, k, v)")
         _check(all(s >= 0 for s in self.std), "std", self.std, "standard deviations must be >= 0")
+        _check(self.page_size is None or (isinstance(self.page_size, int) and not isinstance(self.page_size, bool)
+                                          and self.page_size >= 1), "page_size", self.page_size,
+               "None (not paged) or an int >= 1, the slots per page of the paged KV cache")
+        _check(isinstance(self.shared_prefix_pages, int) and not isinstance(self.shared_prefix_pages, bool)
+               and self.shared_prefix_pages >= 0, "shared_prefix_pages", self.shared_prefix_pages, "an int >= 0")
+        _check(self.shared_prefix_pages == 0 or (self.page_size is not None
+                                                 and self.shared_prefix_pages * self.page_size <= self.skv),
+               "shared_prefix_pages", self.shared_prefix_pages,
+               f"shared pages need page_size set and shared_prefix_pages * page_size <= skv={self.skv}")
+        _check(self.page_size is None or not self.grads, "grads", self.grads,
+               "a paged KV cache is forward-only (serving); use grads=false or page_size=None")
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**63, "seed",
                self.seed, "an int in [0, 2**63)")
 
@@ -168,6 +187,10 @@ class Case:
     @property
     def left(self) -> int | None:
         return self.window[0]
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
 
     @property
     def padded(self) -> bool:

@@ -167,7 +167,31 @@ def attention_cases(draw, space: Space = Space()) -> Case:
         values = pick(draw, FAMILIES if "learnable" in space.softmaxes else _NO_SINK_FAMILIES)
         if values == "large_sink":  # sinks need a learnable softmax: one case in 30, whatever softmax was drawn
             softmax = "learnable"
+    page_size, shared = None, 0
+    if space.paged and (not space.unpaged or _sometimes(draw, 3)):  # drawn after `values`, the stream's end
+        page_size, shared, sq, seqlens_q, seqlens_kv, alignment = _paged(draw, space, b, sq, skv, seqlens_q,
+                                                                           seqlens_kv, alignment)
+        grads = False
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,
-                mean=mean, std=std, seed=seed, grads=grads, values=values)
+                mean=mean, std=std, seed=seed, grads=grads, values=values, page_size=page_size,
+                shared_prefix_pages=shared)
+
+
+def _paged(draw, space: Space, b: int, sq: int, skv: int, seqlens_q, seqlens_kv, alignment: str):
+    """A paged KV cache for the case drawn so far: a page size (shrinks toward the smallest), cache lengths per
+    sequence half the time (serving batches are ragged; lengths at tile edges +-1 are rarely page multiples),
+    decode one time in three (1..4 queries, bottom-right aligned at the end of the cache), and half the time
+    some leading pages shared by every sequence."""
+    page_size = pick(draw, space.page_sizes)
+    if seqlens_kv is None and _sometimes(draw, 2):
+        seqlens_kv = _seqlens(draw, b, skv)
+    if _sometimes(draw, 3):
+        sq = draw(_ints(1, min(4, sq)))
+        seqlens_q = None if seqlens_q is None else tuple(min(n, sq) for n in seqlens_q)
+        alignment = "bottom_right" if "bottom_right" in space.alignments else alignment
+    shared = 0
+    if b > 1 and skv >= page_size and _sometimes(draw, 2):
+        shared = draw(_ints(1, skv // page_size))
+    return page_size, shared, sq, seqlens_q, seqlens_kv, alignment

@@ -208,6 +208,10 @@ def draw_on_cpu(case: Case) -> Tensors:
         alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32)
     if case.values not in ("gaussian", "probe"):  # after every draw of the seed's stream, before KV is expanded
         _family(case, q, k, v, sink)
+    shared = min(case.skv, case.shared_prefix_pages * (case.page_size or 0))
+    if shared:  # a prefix whose pages every sequence shares holds the same keys in every sequence
+        k[1:, :shared] = k[:1, :shared]
+        v[1:, :shared] = v[:1, :shared]
     if case.memory == "expanded_kv":
         k = k.expand(case.b, case.skv, case.hk, case.d_qk)
         v = v.expand(case.b, case.skv, case.hk, case.d_v)

@@ -13,6 +13,10 @@ from typing import Callable
 
 from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, Case
 
+# Page sizes of a paged KV cache, smallest first (shrinking goes toward the first): the usual powers of two and odd
+# ones, for the backends that take any size.
+PAGE_SIZES = (1, 3, 16, 17, 64, 100, 128, 256)
+
 
 def _positive(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -50,6 +54,10 @@ class Space:
     extreme_logits: bool = True
     probes: bool = True              # values="probe": inputs that make mask and weight errors exact checks
     value_families: bool = True      # far_negative, anti_aligned, outlier_channel, large_sink, ties, zero_rows
+    paged: bool | None = None        # paged KV caches, decode shapes, shared prefix pages; None: for the backends
+                                     # that serve them (the harness decides), so other streams stay as they were
+    unpaged: bool = True             # cases without a paged cache too (off for a backend that takes only paged ones)
+    page_sizes: tuple[int, ...] = PAGE_SIZES
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim"):
@@ -59,6 +67,9 @@ class Space:
         _subset("memory", self.memory, MEMORY)
         _subset("softmaxes", self.softmaxes, SOFTMAXES)
         _subset("alignments", self.alignments, ALIGNMENTS)
+        if not isinstance(self.page_sizes, tuple) or not self.page_sizes or any(
+                not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in self.page_sizes):
+            raise ValueError(f"Space: invalid page_sizes={self.page_sizes!r}: a non-empty tuple of ints >= 1")
 
     def replace(self, **changes) -> Space:
         return dataclasses.replace(self, **changes)
@@ -77,24 +88,33 @@ _SWITCHES: dict[str, dict] = {
     "gqa": dict(h=4, hk=2),
     "split_head_dims": dict(d_v=16),
     "grads": dict(grads=True),
+    "paged": dict(page_size=16),
 }
 
 
 def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
-    """The part of `space` a backend does not refuse outright, probing one feature (or one choice) at a time."""
+    """The part of `space` a backend does not refuse outright, probing one feature (or one choice) at a time. A
+    backend that takes only paged KV caches is probed with paged cases and draws nothing else (unpaged=False)."""
     def takes(**fields) -> bool:
-        return unsupported(base.replace(**fields)) is None
+        try:
+            return unsupported(base.replace(**fields)) is None
+        except ValueError:  # the probe breaks a rule of the case language (gradients of a paged cache)
+            return False
 
     base = _PROBE
+    paged_only = space.paged and not takes() and takes(page_size=16)
+    if paged_only:
+        base = _PROBE.replace(page_size=16)
     dtypes = tuple(d for d in space.dtypes if takes(dtype=d)) or space.dtypes[:1]
-    base = _PROBE.replace(dtype=dtypes[0])
-    changes: dict = {"dtypes": dtypes}
+    base = base.replace(dtype=dtypes[0])
+    changes: dict = {"dtypes": dtypes, "unpaged": space.unpaged and not paged_only}
     for switch, fields in _SWITCHES.items():
         if getattr(space, switch) and not takes(**fields):
             changes[switch] = False
     choices = {"layouts": lambda v: dict(_SWITCHES["padding"], layout=v),
                "memory": lambda v: dict(h=4, hk=2, memory=v),
-               "softmaxes": lambda v: dict(softmax=v)}
+               "softmaxes": lambda v: dict(softmax=v),
+               "page_sizes": lambda v: dict(page_size=v)}
     for name, fields in choices.items():
         changes[name] = tuple(v for v in getattr(space, name) if takes(**fields(v))) or getattr(space, name)[:1]
     # An alignment only shows when sq != skv; a backend may take it one way round only (FA: top-left with sq >= skv).

@@ -1,7 +1,8 @@
 """Standalone repro scripts that spell the backend call out (fuzz/store/repro.py and the adapters' repro_source): they run
 under `python -I` with attnfuzz's packages refused, pass on a correct backend, fail once the call in the script is
 broken, and make the same call, with the same arguments, as the adapter's run() for cases drawn from its strategy.
-FA2 / FA3 / FA4 and TransformerEngine run against the fakes in tests/fakes/; flex and ring attention for real, compiled
+FA2 / FA3 / FA4, TransformerEngine and FlashInfer (tests/test_backend_flashinfer.py) run against the fakes in
+tests/fakes/; flex and ring attention for real, compiled
 flex through dynamo alone (torch.compile with the eager backend: the script is checked, not inductor)."""
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ elif FAKE == "compile":  # torch.compile records its calls and compiles through 
         calls.append({"compiled": getattr(model, "__name__", repr(model)), **options})
         return _compile(model, backend="eager", **options)
     torch.compile = _recorded
+elif FAKE == "flashinfer":
+    from tests.fakes import flashinfer
+    sys.modules.update(flashinfer.make_flashinfer(calls))
 elif FAKE:
     from tests.fakes import flash_attn
     sys.modules.update(getattr(flash_attn, "make_" + FAKE)(calls))

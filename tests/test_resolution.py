@@ -110,8 +110,9 @@ def test_probe_cases_are_drawn_and_shrink_to_gaussian():
     from attnfuzz.strategies.cases import attention_cases
     found = find(attention_cases(), lambda c: c.values == "probe", settings=settings(max_examples=500))
     assert found.values == "probe"
-    # (a predicate that holds everywhere is not shrunk: find returns the first draw as it is)
-    plain = find(attention_cases(), lambda c: c.sq >= 2, settings=settings(max_examples=50, database=None))
+    # (a predicate that holds everywhere is not shrunk, and the shrinker may stop short: one fixed stream)
+    plain = find(attention_cases(), lambda c: c.sq >= 2, settings=settings(max_examples=50, database=None,
+                                                                           derandomize=True))
     assert plain.values == "gaussian" and plain.sq == 2, plain
 
 

@@ -46,6 +46,8 @@ class Backend:
     cost: float = 1.0           # relative cost of an example: a profile's example budget is divided by it
     deterministic: bool = False  # claims bitwise-reproducible results: each case runs twice and the bits must agree
     own_processes: bool = False  # runs its kernel in processes of its own already: no isolation worker around it
+    serves_paged: bool = False   # reads a paged KV cache when the case has one (strategies/paged.py); the others
+                                 # would see the same logical k / v, so paged cases are not drawn for them
 
     def available(self) -> str | None:
         return None

@@ -27,6 +27,16 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
     seqlens_kv    int32 [b]               valid keys per sequence
   A case needing a field the signature lacks is unsupported (not drawn). seqlens_q is needed only where it changes a
   graded row: bottom-right alignment with a band or ALiBi.
+- A paged KV cache (cases with page_size set; strategies/paged.py) reaches a function whose signature names all of
+  block_table, k_cache, v_cache and cache_seqlens (by name: **kwargs alone does not opt in); the positional k and v
+  are then None, and only the paged form holds the keys:
+    k_cache       [num_pages, page_size, hk, d_qk]   pool pages in a shuffled order; slots no sequence owns hold
+    v_cache       [num_pages, page_size, hk, d_v]    garbage (K = 0, V = 1e4)
+    block_table   int32 [b, max_pages]    sequence n's key j is in pool page block_table[n, j // page_size], slot
+                                          j % page_size; entries past a sequence's last page name a garbage page
+    cache_seqlens int32 [b]               keys per sequence (the same as seqlens_kv)
+  Leading pages may be shared by several sequences (a common prefix). Decode cases have a few queries, bottom-right
+  aligned to the cache. Paged cases never check gradients. For an unpaged case the four are None.
 - A row with no visible key must give output 0 (and LSE -inf, or the sink logit).
 - Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
   [b, h, sq] (natural log, float32). Cases with gradients check dq, dk, dv when out is differentiable by autograd.
@@ -50,8 +60,11 @@ from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
+from attnfuzz.strategies.paged import paged_kv
+
 CORE = ("causal", "window", "bottom_right", "scale")
 FIELDS = ("softcap", "alibi_slopes", "sink_logits", "mask", "seqlens_q", "seqlens_kv")
+PAGED_FIELDS = ("block_table", "k_cache", "v_cache", "cache_seqlens")
 
 
 def needed_fields(case: Case) -> tuple[str, ...]:
@@ -74,6 +87,7 @@ class CustomBackend(Backend):
         params = inspect.signature(fn).parameters.values()
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self.accepts = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+        self.serves_paged = all(name in self.accepts for name in PAGED_FIELDS)
 
     def version(self) -> str:
         module = inspect.getmodule(self.fn)
@@ -88,11 +102,15 @@ class CustomBackend(Backend):
         return FIELDS if self.takes_all else tuple(f for f in FIELDS if f in self.accepts)
 
     def unsupported(self, case: Case) -> str | None:
-        missing = [f for f in needed_fields(case) if f not in self._fields()]
+        missing = [f for f in needed_fields(case) if f not in self._fields()
+                   and not (f == "seqlens_kv" and case.paged and self.serves_paged)]  # cache_seqlens holds them
         reason = first_reason(
             (self.available() is not None, self.available() or ""),
             (bool(missing), f"{self.name} does not accept {', '.join(missing)} (add the keyword argument(s) to its "
                             f"signature to be given such cases)"),
+            (case.paged and not self.serves_paged,
+             f"{self.name} does not accept block_table, k_cache, v_cache, cache_seqlens (name all four in its "
+             f"signature to be given paged KV caches)"),
             (case.layout == "thd", "the custom contract passes [b, s, h, d] tensors; packed thd is not expressible "
                                    "(padding comes as seqlens_q / seqlens_kv)"),
             (case.spelling != "", f"spelling={case.spelling!r}: a custom function has only the default spelling ''"),
@@ -116,6 +134,10 @@ class CustomBackend(Backend):
         kwargs = {"causal": case.causal, "window": case.window, "bottom_right": case.alignment == "bottom_right",
                   "scale": case.softmax_scale}
         kwargs.update({name: value for name, value in _field_values(case, tensors).items() if name in self._fields()})
+        if self.serves_paged:
+            kwargs.update(_paged_values(case, tensors))
+            if case.paged:
+                views[1] = views[2] = None
         with torch.set_grad_enabled(case.grads):
             result = self.fn(*views, **kwargs)
         out, lse = (result[0], result[1] if len(result) > 1 else None) if isinstance(result, tuple) else (result, None)
@@ -143,6 +165,14 @@ def _field_values(case: Case, tensors: Tensors) -> dict:
 
     return {"softcap": case.softcap, "alibi_slopes": tensors.alibi, "sink_logits": tensors.sink,
             "mask": tensors.mask, "seqlens_q": lens(case.seqlens_q), "seqlens_kv": lens(case.seqlens_kv)}
+
+
+def _paged_values(case: Case, tensors: Tensors) -> dict:
+    if not case.paged:
+        return dict.fromkeys(PAGED_FIELDS)
+    paged = paged_kv(case, tensors.k, tensors.v)
+    return {"block_table": paged.block_table, "k_cache": paged.k_cache, "v_cache": paged.v_cache,
+            "cache_seqlens": paged.cache_seqlens}
 
 
 def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
@@ -177,7 +207,7 @@ def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
     varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
     names = {p.name for p in params}
     missing = [] if takes_all else [name for name in CORE if name not in names]
-    known = {*CORE, *FIELDS}
+    known = {*CORE, *FIELDS, *PAGED_FIELDS}
     stray = [p.name for p in params[3:] if p.default is inspect.Parameter.empty and p.name not in known
              and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     if (len(positional) < 3 and not varargs) or missing or stray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import time
 import traceback
@@ -194,8 +195,10 @@ def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdi
 
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
     """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
-    with one of the spellings the backend lists."""
-    own = backend.cases()
+    with one of the spellings the backend lists; paged KV caches only for a backend that `serves_paged`."""
+    space = space.replace(paged=backend.serves_paged and space.paged is not False)
+    takes_space = "space" in inspect.signature(backend.cases).parameters  # an own strategy bounded by the space
+    own = backend.cases(space=space) if takes_space else backend.cases()
     drawn = own if own is not None else attention_cases(narrow_to(space, backend.unsupported))
 
     @st.composite

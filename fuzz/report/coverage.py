@@ -15,6 +15,9 @@ alignment n/a), so it is an upper bound, counted honestly rather than guessed do
 - length: the size class of sq and skv, first match of: sq=1; tiny (both <= 16); tile_edge (a length, padded or
   per sequence, within 1 of a multiple of 64); small (<= 512); long; then /eq when every sequence has as many
   queries as keys, /ne when one does not.
+- kv: how the keys reach the backend, first match of: contiguous (not paged); paged_shared (leading pages shared by
+  every sequence); paged_tail (a cache length ends inside a page: a partly filled last page); paged (every cache
+  length a whole number of pages).
 """
 
 from __future__ import annotations
@@ -88,6 +91,17 @@ def length_class(case: Case) -> str:
     return f"{size}/{'eq' if equal else 'ne'}"
 
 
+KV_CLASSES = ("contiguous", "paged", "paged_tail", "paged_shared")
+
+
+def kv_class(case: Case) -> str:
+    if case.page_size is None:
+        return "contiguous"
+    if case.shared_prefix_pages:
+        return "paged_shared"
+    return "paged_tail" if any(n % case.page_size for n in case.lens_kv) else "paged"
+
+
 @dataclass(frozen=True)
 class Axis:
     name: str
@@ -98,7 +112,7 @@ class Axis:
 AXES = (Axis("mask", MASKS, mask_class), Axis("alignment", ALIGNMENT_CLASSES, alignment_class),
         Axis("window", WINDOWS, window_class), Axis("layout", LAYOUTS, lambda c: c.layout),
         Axis("dtype", DTYPES, lambda c: c.dtype), Axis("heads", HEADS, heads_class),
-        Axis("length", LENGTHS, length_class))
+        Axis("length", LENGTHS, length_class), Axis("kv", KV_CLASSES, kv_class))
 AXIS_NAMES = tuple(a.name for a in AXES)
 SPACE_SIZE = math.prod(len(a.values) for a in AXES)
 

@@ -10,6 +10,8 @@ backend's API, with the masks, sinks and layouts spelled out as run() makes them
   fa2, fa3, fa4                   every case they take (fuzz/backends/flash/repro.py)
   te-flash, te-fused, te-unfused  every case they take (fuzz/backends/te/repro.py)
   ring-*, te-cp-*                 every case they take; the script spawns the ranks itself (fuzz/backends/cp/repro.py)
+  flashinfer-*                    every case they take; a paged cache is rebuilt from the embedded kv_indices
+                                  (fuzz/backends/flashinfer/repro.py)
 Everything else falls back to calling the adapter through attnfuzz (the script then needs attnfuzz importable):
 cases an adapter refuses, and bring-your-own kernels (`package.module:function`).
 

@@ -3,7 +3,7 @@
 Hypothesis shrinks what it finds itself. A corpus entry can arrive unshrunk: a case recovered after the fuzzing
 process died on it (CRASH:PROCESS_DIED), one saved from a campaign log, or one found on another stack. This walks
 such a case toward the plainest one that still fails the same way: it tries simpler cases one field at a time (the
-switches off, then fewer sequences, shorter lengths, fewer heads, smaller head dims) and keeps each change under which
+switches off, then fewer sequences, shorter lengths, fewer heads, no shared pages, smaller pages, smaller head dims) and keeps each change under which
 the backend still fails with the same label (or, for a known bug, one of its `labels`; and still fits its `match`
 and `when`), until no change keeps it. The case it ends on is run three more times, as the fuzzer confirms a
 finding: one that does not fail the same way every time is saved FLAKY (a known FLAKY bug that passes a replay is
@@ -23,6 +23,7 @@ from attnfuzz.engine import options
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import HEAD_DIMS
+from attnfuzz.strategies.space import PAGE_SIZES
 
 SWITCHES = ("grads", "causal", "window", "mask_density", "softcap", "alibi_slopes", "scale", "softmax", "memory",
             "mean", "std", "alignment", "spelling", "dtype", "layout", "seed")
@@ -87,6 +88,10 @@ def candidates(case: Case) -> Iterator[Case]:
         if h % case.hk == 0:
             yield _heads(case, h, case.hk)
         yield _heads(case, h, 1)
+    if case.shared_prefix_pages:
+        yield _valid(case, shared_prefix_pages=0)
+    for page_size in (p for p in PAGE_SIZES if case.page_size is not None and p < case.page_size):
+        yield _valid(case, page_size=page_size, shared_prefix_pages=0)
     if case.d_v != case.d_qk:
         yield _valid(case, d_v=case.d_qk)
     for d in (d for d in HEAD_DIMS if d < case.d_qk):

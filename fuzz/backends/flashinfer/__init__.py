@@ -1,0 +1,1 @@
+"""FlashInfer (serving kernels: single / batch prefill and decode over paged and ragged KV caches)."""

@@ -1,0 +1,85 @@
+"""The FlashInfer adapters' standalone repro source: the call run() makes, with the paged cache rebuilt from the
+logical k / v through the very kv_indptr / kv_indices the run used (embedded), garbage in every slot no sequence
+owns, and the same workspace, plan and run arguments. Needs only torch and flashinfer."""
+
+from __future__ import annotations
+
+from attnfuzz.backends import layout
+from attnfuzz.backends import source as src
+from attnfuzz.backends.flashinfer import common as fic
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
+
+
+def paged_pool(k, v, kv_indptr, kv_indices, page_size, num_pages, lens, garbage_k, garbage_v):
+    """The pool [num_pages, page_size, hk, d] holding sequence n's keys in pages kv_indices[kv_indptr[n]:...], in
+    order; every other slot holds the garbage values."""
+    k_cache = k.new_full((num_pages, page_size, *k.shape[2:]), garbage_k)
+    v_cache = v.new_full((num_pages, page_size, *v.shape[2:]), garbage_v)
+    for n, length in enumerate(lens):
+        for p, page in enumerate(kv_indices[int(kv_indptr[n]):int(kv_indptr[n + 1])].tolist()):
+            count = min(page_size, length - p * page_size)
+            k_cache[page, :count] = k[n, p * page_size:p * page_size + count]
+            v_cache[page, :count] = v[n, p * page_size:p * page_size + count]
+    return k_cache, v_cache
+
+
+def flashinfer_source(backend, case: Case) -> str | None:
+    """Source defining `attention(q, k, v)` for a FlashInfer adapter, or None for a case it refuses."""
+    if backend.unsupported(case) is not None:
+        return None
+    kv_layout = fic.KV_LAYOUTS[case.spelling]
+    kwargs = {name: repr(value) for name, value in backend.kwargs(case).items()}
+    typed = {"q_data_type": "q.dtype", "kv_data_type": "k.dtype"}
+    lens = f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence"
+    body, named, functions = ["import flashinfer", "", lens], {}, [layout.pack, layout.unpack, layout.cu_seqlens]
+    hnd = ".transpose(0, 1).contiguous()" if kv_layout == "HND" else ""
+    workspace = f"workspace = torch.zeros({fic.WORKSPACE_BYTES}, dtype=torch.uint8, device=q.device)"
+    if backend.paged:
+        t = materialize(case, "cpu")
+        cache = paged_kv(case, t.k, t.v)
+        indptr, indices, last = fic.paged_metadata(cache)
+        named = {"KV_INDPTR": (indptr, "kv_indptr, as the adapter passes it"),
+                 "KV_INDICES": (indices, "kv_indices: pool pages in shuffled order, shared prefix pages repeated"),
+                 "KV_LAST_PAGE_LEN": (last, "kv_last_page_len")}
+        functions.append(paged_pool)
+        body += [f"k_cache, v_cache = paged_pool(k, v, KV_INDPTR, KV_INDICES, {case.page_size}, "
+                 f"{cache.k_cache.shape[0]}, lens_kv, {GARBAGE_K!r}, {GARBAGE_V!r})",
+                 "indptr, indices, last = (x.to(q.device) for x in (KV_INDPTR, KV_INDICES, KV_LAST_PAGE_LEN))"]
+        if kv_layout == "HND":
+            body.append("k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in (k_cache, v_cache))  # HND")
+        body.append(workspace)
+        body.append(f"wrapper = flashinfer.{backend.entry}(workspace, {kv_layout!r}, "
+                    f"backend={backend.kernel_backend!r})")
+        heads = [str(case.h), str(case.hk), str(case.d_qk), str(case.page_size)]
+        if backend.decode:
+            body += [src.call("wrapper.plan", ["indptr", "indices", "last", *heads], {**typed, **kwargs}),
+                     "out, lse = wrapper.run(q[:, 0], (k_cache, v_cache), return_lse=True)",
+                     "return out[:, None]  # one query per sequence"]
+        else:
+            body += [src.call("wrapper.plan", ["cu_seqlens(lens_q, q.device)", "indptr", "indices", "last", *heads],
+                              {**typed, **kwargs}),
+                     "out, lse = wrapper.run(pack(q, lens_q), (k_cache, v_cache), return_lse=True)",
+                     f"return unpack(out, lens_q, {case.sq})"]
+    elif backend.single:
+        kv = f"k[0, :lens_kv[0]]{hnd}, v[0, :lens_kv[0]]{hnd}"
+        if backend.decode:
+            call = src.call("flashinfer.single_decode_with_kv_cache", ["q[0, 0]", kv],
+                            {"kv_layout": repr(kv_layout), **kwargs})
+            body += [f"out = {call}", "return out[None, None]"]
+        else:
+            call = src.call("flashinfer.single_prefill_with_kv_cache", ["q[0, :lens_q[0]]", kv],
+                            {"kv_layout": repr(kv_layout), "backend": repr(backend.kernel_backend),
+                             "return_lse": "True", **kwargs})
+            body += [f"out, lse = {call}", f"return unpack(out, lens_q, {case.sq})"]
+    else:
+        body += [workspace,
+                 f"wrapper = flashinfer.{backend.entry}(workspace, 'NHD', backend={backend.kernel_backend!r})",
+                 src.call("wrapper.plan", ["cu_seqlens(lens_q, q.device)", "cu_seqlens(lens_kv, q.device)",
+                                           str(case.h), str(case.hk), str(case.d_qk)], {**typed, **kwargs}),
+                 "out, lse = wrapper.run(pack(q, lens_q), pack(k, lens_kv), pack(v, lens_kv), return_lse=True)",
+                 f"return unpack(out, lens_q, {case.sq})"]
+    doc = (f"FlashInfer's {backend.entry} as attnfuzz's {backend.name} adapter calls it (kv_layout {kv_layout}, "
+           f"backend {backend.kernel_backend!r}).")
+    return src.preamble(functions, named) + src.attention(doc, body)

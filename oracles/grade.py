@@ -76,7 +76,8 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
     size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
-                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms, dot_terms=dominated_dot(o.case))
+                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms,
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
@@ -172,7 +173,8 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
                             f"at {list(idx)}", c)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max, dot_terms=dominated_dot(o.case))
+              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
+              dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
     checks.append(c)
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
@@ -227,7 +229,7 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
         where = where & torch.isfinite(got)
     return check(name, got, getattr(o.ref, name), getattr(o.naive, name), where, family=family,
                  quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size, scale_of_terms=terms,
-                 inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms)
+                 inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms, softcap=o.case.softcap)
 
 
 def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:

@@ -41,7 +41,8 @@ def unshifted_lse(o, lse: torch.Tensor, shift: torch.Tensor, family: str):
     baseline = (o.lse_baseline.to(torch.float64) - ref).abs().nan_to_num(nan=0.0, posinf=0.0)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     return check("lse (unshifted)", lse.to(ref.device), ref - shift, None, rows, family=family, quantity="lse",
-                 dtype=o.case.dtype, logit_size=size, baseline=baseline, dot_terms=dominated_dot(o.case))
+                 dtype=o.case.dtype, logit_size=size, baseline=baseline,
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
 
 
 def explain(o, output: V.Output, verdict: V.Verdict, family: str) -> V.Verdict:

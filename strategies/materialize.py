@@ -194,7 +194,11 @@ def draw_on_cpu(case: Case) -> Tensors:
     k = qkv(case.skv, hk_drawn, case.d_qk, case.mean[1], case.std[1])
     v = qkv(case.skv, hk_drawn, case.d_v, case.mean[2], case.std[2])
     if case.values == "probe":  # drawn all the same, so the rest of the stream (mask, sink, dout) is the seed's
-        q, v = q.zero_(), probe_values(case, hk_drawn, head_major).to(dtype)
+        # written into the drawn tensors, so q, k and v keep the strides the memory format gives them (a copy
+        # made its own strides where a dim has size 1, and TE refused the mismatched k / v of hk = 1 with "The
+        # provided qkv memory layout is not supported")
+        q.zero_()
+        v.copy_(probe_values(case, hk_drawn, head_major))
     mask = None
     if case.mask_density is not None:
         mask = torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density

@@ -291,3 +291,10 @@ def test_gpu_check_cases_cover_every_backend():
         taken = [label for label, case, _ in cases if adapter.unsupported(case) is None]
         assert len(taken) >= 10, (name, taken)
     assert all(any(factories()[n]("cpu").unsupported(c) is None for n in BACKENDS) for _, c, _ in cases)
+
+
+def test_the_unfused_backend_is_graded_as_computing_its_logits_in_the_input_dtype():
+    from attnfuzz.oracles.tolerance import LOGITS_IN_INPUT_DTYPE
+    families = {name: factories()[name]().family for name in NAMES}
+    assert families == {"te-flash": "te", "te-fused": "te", "te-unfused": "te-unfused"}
+    assert "te-unfused" in LOGITS_IN_INPUT_DTYPE and "te" not in LOGITS_IN_INPUT_DTYPE

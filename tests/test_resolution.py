@@ -93,6 +93,15 @@ def test_probe_lse_counts_the_keys():
     assert verdict.diagnosis == V.LSE and "4000" in verdict.message, verdict
 
 
+def test_probe_values_keep_the_strides_of_the_memory_format():
+    """A probe's v is written into the drawn v: with one KV head a copy took other strides than k's, and TE refused
+    the pair ("The provided qkv memory layout is not supported")."""
+    for hk in (1, 2):
+        case = Case(sq=5, skv=7, h=2, hk=hk, d_v=4, values="probe", memory="transposed", dtype="float16")
+        t, plain = materialize(case), materialize(case.replace(values="gaussian"))
+        assert (t.q.stride(), t.k.stride(), t.v.stride()) == (plain.q.stride(), plain.k.stride(), plain.v.stride())
+
+
 def test_probe_values_and_defaults():
     case = Case(sq=5, skv=7, h=2, hk=2, d_v=4, values="probe", memory="transposed")
     t = materialize(case)

@@ -152,6 +152,8 @@ class TransformerEngineAttention(Backend):
 
     def __init__(self, name: str, te_backend: str, device: str = "cuda") -> None:
         self.name, self.te_backend, self.device = name, te_backend, device
+        if te_backend == sel.UNFUSED:  # its logits are a matmul in the input dtype (oracles/tolerance.py)
+            self.family = "te-unfused"
 
     def _te(self):
         return import_te()

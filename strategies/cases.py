@@ -13,11 +13,16 @@ from functools import lru_cache
 from hypothesis import strategies as st
 
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.space import Space
+from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
 
 TILES = (16, 32, 64, 128, 256)
-HEAD_DIMS = (8, 16, 32, 64, 96, 128, 256)
-ODD_HEAD_DIMS = (1, 3, 24, 40, 72, 80, 100, 160, 192)
+HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
+SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are cheap enough to draw in thousands
+LONG_ONE_IN = 10       # one case in 10 takes its lengths from the ladder, a decode shape or a tall shape
+DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
+DECODE_MAX_QUERIES = 16
+# Long lengths are weighted toward tile residues, where a kernel's last tile is partial: (tile, residue) pairs
+RESIDUES = ((128, 64), (64, 1), (64, 0), (64, 63), (128, 1), (128, 127), (256, 128))
 
 
 def _tile_edges(max_len: int) -> list[int]:
@@ -25,11 +30,48 @@ def _tile_edges(max_len: int) -> list[int]:
     return edges or [1]
 
 
-# Strategies are built once per argument and reused: Hypothesis computes properties of every new strategy object,
-# which cost more than the draws themselves (about 3 ms a case before this cache).
+class _Flag(st.SearchStrategy[bool]):
+    """True with probability `p`, as one boolean choice (Hypothesis's own weighted coin): an index drawn from
+    range(n) gives n - 1 choices that all mean False, and Hypothesis, which never repeats a choice sequence but does
+    not know they alias, draws the same case again through them (a third of a run's cases, measured). Shrinks to
+    False."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def do_draw(self, data) -> bool:
+        return data.draw_boolean(self.p)
+
+
+class _Uniform(st.SearchStrategy[int]):
+    """lo..hi uniformly. Hypothesis draws an integer uniformly only within 256 of its minimum and from a heavy tail
+    beyond (an index into 2,000 lengths landed below 256 most of the time), so a wider range is drawn in base-256
+    digits, the most significant first: shrinking lowers the high digit, then the low ones, toward lo."""
+
+    def __init__(self, lo: int, hi: int):
+        super().__init__()
+        self.lo, self.hi = lo, hi
+
+    def do_draw(self, data) -> int:
+        span = self.hi - self.lo
+        value, place = 0, 256 ** max(0, (span.bit_length() - 1) // 8)
+        while place >= 1:
+            top = min(255, (span - value) // place)  # digits that keep value <= span
+            value += data.draw_integer(0, top) * place
+            place //= 256
+        return self.lo + value
+
+
+@lru_cache(maxsize=None)
+def _flag(one_in: int) -> st.SearchStrategy[bool]:
+    return _Flag(1 / one_in)
+
+
 @lru_cache(maxsize=None)
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
-    return st.integers(lo, hi)
+    """lo..hi uniformly (see _Uniform)."""
+    return _Uniform(lo, hi) if hi > lo else st.just(lo)
 
 
 @lru_cache(maxsize=None)
@@ -38,25 +80,83 @@ def _one_of(options: tuple) -> st.SearchStrategy:
 
 
 @lru_cache(maxsize=None)
+def _edges(max_len: int) -> tuple[int, ...]:
+    return tuple(_tile_edges(max_len))
+
+
+def short_length(draw, max_len: int) -> int:
+    """A length up to max_len: 1 a quarter of the time, a tile size +-1 a quarter, else uniform. Each weight is one
+    choice of its own (no list with repeats, whose aliases Hypothesis would draw as new cases); shrinking drops the
+    weights, and the uniform draw walks down to the smallest length that still fails."""
+    if draw(_flag(4)):
+        return 1
+    if draw(_flag(3)):
+        return pick(draw, _edges(max_len))
+    return draw(_ints(1, max_len))
+
+
+@lru_cache(maxsize=None)
 def lengths(max_len: int) -> st.SearchStrategy[int]:
-    """Sequence lengths: uniform over 1..max_len, with extra weight on 1 and on the usual tile sizes +-1 (a quarter
-    of the draws each). One choice, an index into [1..max_len, then the weighted repeats]: shrinking lowers the index,
-    so a length found in the repeats shrinks through the plain range to the smallest length that still fails."""
-    edges = _tile_edges(max_len)
-    weighted = [1] * (max_len // 2) + edges * max(1, max_len // (2 * len(edges)))
-    return st.sampled_from(list(range(1, max_len + 1)) + weighted)
+    """short_length as a strategy."""
+    return st.composite(lambda draw: short_length(draw, max_len))()
+
+
+@lru_cache(maxsize=None)
+def _octaves(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
+    """lo..hi cut at powers of two: an octave drawn uniformly makes the length log-uniform."""
+    cuts = [lo] + [1 << k for k in range(1, hi.bit_length() + 1) if lo < 1 << k <= hi]
+    return tuple((a, b - 1) for a, b in zip(cuts, cuts[1:] + [hi + 1]))
+
+
+def ladder_length(draw, lo: int, hi: int) -> int:
+    """A length in lo..hi, log-uniform (an octave, then a length in it), a tile residue half the time (L % 128 = 64,
+    L % 64 = 1, ...: RESIDUES). Shrinks to a lower octave, then to the octave's smallest length that still fails."""
+    a, b = pick(draw, _octaves(lo, hi))
+    if draw(_flag(2)):
+        tile, residue = pick(draw, RESIDUES)
+        first, last = -(-(a - residue) // tile), (b - residue) // tile
+        if first <= last:
+            return draw(_ints(first, last)) * tile + residue
+    return draw(_ints(a, b))
+
+
+def _lengths(draw, space: Space) -> tuple[int, int]:
+    """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in LONG_ONE_IN, where
+    space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries over
+    DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Shrinks toward the short cases."""
+    short = min(space.max_len, SMALL_LEN)
+    kinds = _long_kinds(space)
+    if kinds and draw(_flag(LONG_ONE_IN)):
+        kind = pick(draw, kinds)
+        if kind == "decode":
+            return draw(_ints(1, DECODE_MAX_QUERIES)), ladder_length(draw, DECODE_MIN_KEYS, space.decode_len)
+        if kind == "tall":
+            sq = ladder_length(draw, short + 1, space.max_len)
+            return sq, ladder_length(draw, 1, sq // 8)
+        sq = ladder_length(draw, 1, space.max_len)
+        return sq, (sq if draw(_flag(2)) else ladder_length(draw, 1, space.max_len))
+    sq = short_length(draw, short)
+    # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
+    return sq, (sq if draw(_flag(2)) else short_length(draw, short))
+
+
+@lru_cache(maxsize=None)
+def _long_kinds(space: Space) -> tuple[str, ...]:
+    if space.max_len <= SMALL_LEN:
+        return ()
+    return ("ladder", "tall") + (("decode",) if space.decode_len >= DECODE_MIN_KEYS else ())
 
 
 def pick(draw, options: tuple):
-    """One of `options`, drawn as st.sampled_from(options) draws it, without building a strategy per call (for
-    options that depend on what was drawn before)."""
+    """One of `options`, uniformly, without building a strategy per call (for options that depend on what was
+    drawn before). Shrinks toward the first."""
     return options[draw(_index(len(options)))] if len(options) > 1 else options[0]
 
 
 @lru_cache(maxsize=None)
 def _index(n: int) -> st.SearchStrategy[int]:
-    """0..n-1 uniformly, as sampled_from draws an index (st.integers favours its minimum)."""
-    return st.sampled_from(range(n))
+    """0..n-1 uniformly."""
+    return _ints(0, n - 1)
 
 
 def _either(draw, branches: tuple[st.SearchStrategy, ...]):
@@ -66,15 +166,31 @@ def _either(draw, branches: tuple[st.SearchStrategy, ...]):
 
 
 @lru_cache(maxsize=None)
-def _head_dim_branches(space: Space) -> tuple[st.SearchStrategy[int], ...]:
-    usual = [d for d in HEAD_DIMS if d <= space.max_head_dim] or [space.max_head_dim]
-    odd = [d for d in ODD_HEAD_DIMS if d <= space.max_head_dim] or usual
-    return st.sampled_from(usual), st.sampled_from(odd)
+def _head_dim_lists(space: Space) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The usual and the odd head dims the space draws: up to max_head_dim, among space.head_dims where the backend
+    named them (narrow_to)."""
+    takes = (lambda d: d <= space.max_head_dim and (space.head_dims is None or d in space.head_dims))
+    usual = tuple(d for d in HEAD_DIMS if takes(d))
+    odd = tuple(d for d in ODD_HEAD_DIMS if takes(d))
+    fallback = tuple(sorted(space.head_dims or ())[:1]) or (min(space.max_head_dim, HEAD_DIMS[-1]),)
+    return usual or odd or fallback, odd or usual or fallback
 
 
-@lru_cache(maxsize=None)
-def _same_or_other_head_dim(d_qk: int, space: Space) -> tuple[st.SearchStrategy[int], ...]:
-    return st.just(d_qk), *_head_dim_branches(space)
+def _head_dim(draw, space: Space, room: int, d_qk: int | None = None) -> int:
+    """A head dim of the space no larger than `room` (the smallest one where none fits): usual or odd, and for d_v
+    (`d_qk` given) the same as d_qk half the time, or its special partner (HEAD_DIM_PAIRS) where it has one."""
+    if d_qk is not None:
+        partner = HEAD_DIM_PAIRS.get(d_qk)
+        branch = pick(draw, (0, 1, 2) + ((3,) if partner is not None else ()))
+        if branch == 0 or (branch == 3 and partner > room):
+            return d_qk
+        if branch == 3:
+            return partner
+        options = _head_dim_lists(space)[branch - 1]
+    else:
+        options = _head_dim_lists(space)[pick(draw, (0, 1))]
+    fits = tuple(d for d in options if d <= room) or (min(options),)
+    return pick(draw, fits)
 
 
 @lru_cache(maxsize=None)
@@ -84,9 +200,9 @@ def _bound_branches(seq: int) -> tuple[st.SearchStrategy[int | None], ...]:
 
 
 def _sometimes(draw, one_in: int) -> bool:
-    """True once in `one_in` draws (an index drawn uniformly: st.integers would make it rarer, 19 % for one in 4);
-    shrinks to False, so a shrunk case keeps only the features it needs."""
-    return draw(_index(one_in)) == one_in - 1
+    """True once in `one_in` draws, as one weighted boolean choice (_Flag); shrinks to False, so a shrunk case keeps
+    only the features it needs."""
+    return draw(_flag(one_in))
 
 
 def _seqlens(draw, b: int, full: int) -> tuple[int, ...]:
@@ -106,18 +222,21 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     dtypes, causal masks at both alignments, sliding windows (0, small, larger than the sequence), padding and
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
-    b = draw(_ints(1, space.max_batch))
-    sq = draw(lengths(space.max_len))
-    # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
-    skv = sq if _sometimes(draw, 2) else draw(lengths(space.max_len))
+    sq, skv = _lengths(draw, space)
+    # Head dims, then batch and heads, within space.max_work multiply-adds (b * h * sq * skv * (d_qk + d_v)): the
+    # float64 oracle's cost, which a long case would otherwise multiply by thousands
+    room = max(1, space.max_work // (sq * skv))
+    d_qk = _head_dim(draw, space, room // 2)
+    d_v = _head_dim(draw, space, room - d_qk, d_qk) if space.split_head_dims else d_qk
+    room = max(1, room // (d_qk + d_v))
+    b = draw(_ints(1, max(1, min(space.max_batch, room))))
+    heads = max(1, min(space.max_heads, room // b))
     if space.gqa:
-        hk = draw(_ints(1, max(1, space.max_heads // 2)))
-        group = draw(_one_of(tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= space.max_heads) or (1,)))
+        hk = draw(_ints(1, max(1, heads // 2)))
+        group = pick(draw, tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= heads) or (1,))
         h = hk * group
     else:
-        h = hk = draw(_ints(1, space.max_heads))
-    d_qk = _either(draw, _head_dim_branches(space))
-    d_v = _either(draw, _same_or_other_head_dim(d_qk, space)) if space.split_head_dims else d_qk
+        h = hk = draw(_ints(1, heads))
     dtype = draw(_one_of(tuple(space.dtypes)))
     layout = draw(_one_of(tuple(space.layouts)))
 

@@ -71,7 +71,14 @@ class RandomSource:
     def draw(self, strategy, label=None):
         return strategy.do_draw(self)
 
-    def draw_integer(self, min_value=None, max_value=None, **_):
+    def draw_integer(self, min_value=None, max_value=None, weights=None, **_):
+        """Uniform, or with `weights` (value: probability), one of those values with its probability and a uniform
+        value with what is left."""
+        u = self.rng.random()
+        for value, p in (weights or {}).items():
+            if u < p:
+                return value
+            u -= p
         return self.rng.randint(min_value, max_value)
 
     def draw_boolean(self, p=0.5, **_):

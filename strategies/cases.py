@@ -17,6 +17,7 @@ from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
 
 TILES = (16, 32, 64, 128, 256)
 HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
+WIDE_ONE_IN = 5        # one head dim in 5 is above 128, where the Space has such
 SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are cheap enough to draw in thousands
 LONG_ONE_IN = 10       # one case in 10 takes its lengths from the ladder, a decode shape or a tall shape
 DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
@@ -30,50 +31,53 @@ def _tile_edges(max_len: int) -> list[int]:
     return edges or [1]
 
 
-class _Flag(st.SearchStrategy[bool]):
-    """True with probability `p`, as one boolean choice (Hypothesis's own weighted coin): an index drawn from
-    range(n) gives n - 1 choices that all mean False, and Hypothesis, which never repeats a choice sequence but does
-    not know they alias, draws the same case again through them (a third of a run's cases, measured). Shrinks to
-    False."""
+def _source(draw):
+    """The choices behind a composite's `draw` (st.composite hands it the bound draw method of its ConjectureData).
+    Coins, integers and lengths are drawn from it directly, as single choices in no span of their own: Hypothesis's
+    mutator copies one span's choices onto another span of the same label, so lengths and coins drawn through
+    strategies of their own came out equal far more often than drawn (79 % square shapes against 69 %, causal 27 %
+    against 33 %, bench/distribution.py)."""
+    return draw.__self__
 
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
 
-    def do_draw(self, data) -> bool:
-        return data.draw_boolean(self.p)
+def coin(draw, one_in: int) -> bool:
+    """True once in `one_in` draws, as one weighted boolean choice: an index drawn from range(n) would give n - 1
+    choices that all mean False, and Hypothesis, which never repeats a choice sequence but does not know they alias,
+    drew the same case again through them (a third of a run's cases, measured). Shrinks to False."""
+    return _source(draw).draw_boolean(1 / one_in)
+
+
+def _uniform_from(data, lo: int, hi: int) -> int:
+    span, value = hi - lo, 0
+    place = 256 ** max(0, (span.bit_length() - 1) // 8)
+    while place >= 1:
+        value += data.draw_integer(0, min(255, (span - value) // place)) * place  # digits that keep value <= span
+        place //= 256
+    return lo + value
+
+
+def uniform(draw, lo: int, hi: int) -> int:
+    """lo..hi uniformly. Hypothesis draws an integer uniformly only within 256 of its minimum and from a heavy tail
+    beyond (an index into 2,000 lengths landed below 256 most of the time), so a wider range is drawn in base-256
+    digits, the most significant first: shrinking lowers the high digit, then the low ones, toward lo. A choice even
+    where lo == hi: Hypothesis ranks a case by its number of choices before their values, so a draw that vanished
+    when its room shrank would make the case with more room (b and h, as the lengths shrink) rank larger and stop the
+    shrink (576 keys where 64 fail)."""
+    return _uniform_from(_source(draw), lo, hi)
 
 
 class _Uniform(st.SearchStrategy[int]):
-    """lo..hi uniformly. Hypothesis draws an integer uniformly only within 256 of its minimum and from a heavy tail
-    beyond (an index into 2,000 lengths landed below 256 most of the time), so a wider range is drawn in base-256
-    digits, the most significant first: shrinking lowers the high digit, then the low ones, toward lo."""
-
     def __init__(self, lo: int, hi: int):
         super().__init__()
         self.lo, self.hi = lo, hi
 
     def do_draw(self, data) -> int:
-        span = self.hi - self.lo
-        value, place = 0, 256 ** max(0, (span.bit_length() - 1) // 8)
-        while place >= 1:
-            top = min(255, (span - value) // place)  # digits that keep value <= span
-            value += data.draw_integer(0, top) * place
-            place //= 256
-        return self.lo + value
-
-
-@lru_cache(maxsize=None)
-def _flag(one_in: int) -> st.SearchStrategy[bool]:
-    return _Flag(1 / one_in)
+        return _uniform_from(data, self.lo, self.hi)
 
 
 @lru_cache(maxsize=None)
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
-    """lo..hi uniformly (see _Uniform). A choice even where lo == hi: Hypothesis ranks a case by its number of
-    choices before their values, so a draw that vanished when the room for it shrank would make a longer case, whose
-    extra choices return as the lengths shrink (b and h have more room), rank as larger and stop the shrink (576 keys
-    where 64 fail)."""
+    """lo..hi uniformly, as a strategy (see uniform)."""
     return _Uniform(lo, hi)
 
 
@@ -83,25 +87,36 @@ def _one_of(options: tuple) -> st.SearchStrategy:
 
 
 @lru_cache(maxsize=None)
-def _edges(max_len: int) -> tuple[int, ...]:
-    return tuple(_tile_edges(max_len))
+def _short_weights(max_len: int) -> dict[int, float] | None:
+    edges = [e for e in _tile_edges(max_len) if e != 1]
+    return {1: 0.25, **{e: 0.25 / len(edges) for e in edges}} if max_len > 1 and edges else None
+
+
+def _short_from(data, max_len: int) -> int:
+    return data.draw_integer(1, max_len, weights=_short_weights(max_len)) if max_len > 1 else 1
 
 
 def short_length(draw, max_len: int) -> int:
-    """A length up to max_len: 1 a quarter of the time, a tile size +-1 a quarter, else uniform. Each weight is one
-    choice of its own (no list with repeats, whose aliases Hypothesis would draw as new cases); shrinking drops the
-    weights, and the uniform draw walks down to the smallest length that still fails."""
-    if draw(_flag(4)):
-        return 1
-    if draw(_flag(3)):
-        return pick(draw, _edges(max_len))
-    return draw(_ints(1, max_len))
+    """1..max_len as one integer choice, weighted in Hypothesis's own draw: 1 a quarter of the time, a tile size +-1
+    a quarter, else uniform. One choice (no list with repeats, whose aliases Hypothesis would draw as new cases, nor a
+    branch: a length picked among the tile edges could not shrink below the smallest edge), so shrinking walks it down
+    through every length to the smallest that still fails."""
+    return _short_from(_source(draw), max_len)
+
+
+class _ShortLength(st.SearchStrategy[int]):
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+
+    def do_draw(self, data) -> int:
+        return _short_from(data, self.max_len)
 
 
 @lru_cache(maxsize=None)
 def lengths(max_len: int) -> st.SearchStrategy[int]:
     """short_length as a strategy."""
-    return st.composite(lambda draw: short_length(draw, max_len))()
+    return _ShortLength(max_len)
 
 
 @lru_cache(maxsize=None)
@@ -115,12 +130,12 @@ def ladder_length(draw, lo: int, hi: int) -> int:
     """A length in lo..hi, log-uniform (an octave, then a length in it), a tile residue half the time (L % 128 = 64,
     L % 64 = 1, ...: RESIDUES). Shrinks to a lower octave, then to the octave's smallest length that still fails."""
     a, b = pick(draw, _octaves(lo, hi))
-    if draw(_flag(2)):
+    if coin(draw, 2):
         tile, residue = pick(draw, RESIDUES)
         first, last = -(-(a - residue) // tile), (b - residue) // tile
         if first <= last:
-            return draw(_ints(first, last)) * tile + residue
-    return draw(_ints(a, b))
+            return uniform(draw, first, last) * tile + residue
+    return uniform(draw, a, b)
 
 
 def _lengths(draw, space: Space) -> tuple[int, int]:
@@ -129,18 +144,18 @@ def _lengths(draw, space: Space) -> tuple[int, int]:
     DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Shrinks toward the short cases."""
     short = min(space.max_len, SMALL_LEN)
     kinds = _long_kinds(space)
-    if kinds and draw(_flag(LONG_ONE_IN)):
+    if kinds and coin(draw, LONG_ONE_IN):
         kind = pick(draw, kinds)
         if kind == "decode":
-            return draw(_ints(1, DECODE_MAX_QUERIES)), ladder_length(draw, DECODE_MIN_KEYS, space.decode_len)
+            return uniform(draw, 1, DECODE_MAX_QUERIES), ladder_length(draw, DECODE_MIN_KEYS, space.decode_len)
         if kind == "tall":
             sq = ladder_length(draw, short + 1, space.max_len)
             return sq, ladder_length(draw, 1, sq // 8)
         sq = ladder_length(draw, 1, space.max_len)
-        return sq, (sq if draw(_flag(2)) else ladder_length(draw, 1, space.max_len))
+        return sq, (sq if coin(draw, 2) else ladder_length(draw, 1, space.max_len))
     sq = short_length(draw, short)
     # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
-    return sq, (sq if draw(_flag(2)) else short_length(draw, short))
+    return sq, (sq if coin(draw, 2) else short_length(draw, short))
 
 
 @lru_cache(maxsize=None)
@@ -152,14 +167,8 @@ def _long_kinds(space: Space) -> tuple[str, ...]:
 
 def pick(draw, options: tuple):
     """One of `options`, uniformly, without building a strategy per call (for options that depend on what was
-    drawn before), as one choice however many options there are (see _ints). Shrinks toward the first."""
-    return options[draw(_index(len(options)))]
-
-
-@lru_cache(maxsize=None)
-def _index(n: int) -> st.SearchStrategy[int]:
-    """0..n-1 uniformly."""
-    return _ints(0, n - 1)
+    drawn before), as one choice however many options there are (see uniform). Shrinks toward the first."""
+    return options[uniform(draw, 0, len(options) - 1)]
 
 
 def _either(draw, branches: tuple[st.SearchStrategy, ...]):
@@ -169,32 +178,41 @@ def _either(draw, branches: tuple[st.SearchStrategy, ...]):
 
 
 @lru_cache(maxsize=None)
-def _head_dim_lists(space: Space) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The usual and the odd head dims the space draws: up to max_head_dim, among space.head_dims where the backend
-    named them (narrow_to)."""
+def _head_dim_lists(space: Space) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """The head dims the space draws, up to max_head_dim and among space.head_dims where the backend named them
+    (narrow_to): the usual and the odd ones up to 128 (those of the two lists that are not empty), and those above."""
     takes = (lambda d: d <= space.max_head_dim and (space.head_dims is None or d in space.head_dims))
-    usual = tuple(d for d in HEAD_DIMS if takes(d))
-    odd = tuple(d for d in ODD_HEAD_DIMS if takes(d))
-    fallback = tuple(sorted(space.head_dims or ())[:1]) or (min(space.max_head_dim, HEAD_DIMS[-1]),)
-    return usual or odd or fallback, odd or usual or fallback
+    usual = tuple(d for d in HEAD_DIMS if takes(d) and d <= 128)
+    odd = tuple(d for d in ODD_HEAD_DIMS if takes(d) and d <= 128)
+    wide = tuple(sorted(d for d in {*HEAD_DIMS, *ODD_HEAD_DIMS} if takes(d) and d > 128))
+    narrow = tuple(dims for dims in (usual, odd) if dims)
+    if not narrow and not wide:
+        return ((tuple(sorted(space.head_dims or ())[:1]) or (min(space.max_head_dim, HEAD_DIMS[-1]),)),), ()
+    return narrow or (wide,), wide if narrow else ()
+
+
+def _one_head_dim(draw, space: Space, room: int) -> int:
+    """Above 128 one time in WIDE_ONE_IN (where the space has such), else usual or odd; no larger than `room` (the
+    smallest one where none fits). The list is picked before the coin, so a shrink to a narrow head dim does not
+    add a choice (see uniform)."""
+    narrow, wide = _head_dim_lists(space)
+    options = pick(draw, narrow)
+    options = wide if wide and coin(draw, WIDE_ONE_IN) else options
+    return pick(draw, tuple(d for d in options if d <= room) or (min(options),))
 
 
 def _head_dim(draw, space: Space, room: int, d_qk: int | None = None) -> int:
-    """A head dim of the space no larger than `room` (the smallest one where none fits): usual or odd, and for d_v
-    (`d_qk` given) the same as d_qk half the time, or its special partner (HEAD_DIM_PAIRS) where it has one."""
-    if d_qk is not None:
-        partner = HEAD_DIM_PAIRS.get(d_qk)
-        partner = partner if partner in _head_dim_lists(space)[0] + _head_dim_lists(space)[1] else None
-        branch = pick(draw, (0, 1, 2) + ((3,) if partner is not None else ()))
-        if branch == 0 or (branch == 3 and partner > room):
-            return d_qk
-        if branch == 3:
-            return partner
-        options = _head_dim_lists(space)[branch - 1]
-    else:
-        options = _head_dim_lists(space)[pick(draw, (0, 1))]
-    fits = tuple(d for d in options if d <= room) or (min(options),)
-    return pick(draw, fits)
+    """d_qk (`d_qk` None), or d_v: the same as d_qk, another one, or d_qk's special partner (HEAD_DIM_PAIRS) where
+    the space has it."""
+    if d_qk is None:
+        return _one_head_dim(draw, space, room)
+    partner = HEAD_DIM_PAIRS.get(d_qk)
+    narrow, wide = _head_dim_lists(space)
+    partner = partner if partner in wide or any(partner in dims for dims in narrow) else None
+    branch = pick(draw, (0, 1, 2) if partner is not None else (0, 1))
+    if branch == 1:
+        return _one_head_dim(draw, space, room)
+    return partner if branch == 2 and partner <= room else d_qk
 
 
 @lru_cache(maxsize=None)
@@ -204,9 +222,8 @@ def _bound_branches(seq: int) -> tuple[st.SearchStrategy[int | None], ...]:
 
 
 def _sometimes(draw, one_in: int) -> bool:
-    """True once in `one_in` draws, as one weighted boolean choice (_Flag); shrinks to False, so a shrunk case keeps
-    only the features it needs."""
-    return draw(_flag(one_in))
+    """True once in `one_in` draws (coin); shrinks to False, so a shrunk case keeps only the features it needs."""
+    return coin(draw, one_in)
 
 
 def _seqlens(draw, b: int, full: int) -> tuple[int, ...]:
@@ -233,14 +250,14 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     d_qk = _head_dim(draw, space, room // 2)
     d_v = _head_dim(draw, space, room - d_qk, d_qk) if space.split_head_dims else d_qk
     room = max(1, room // (d_qk + d_v))
-    b = draw(_ints(1, max(1, min(space.max_batch, room))))
+    b = uniform(draw, 1, max(1, min(space.max_batch, room)))
     heads = max(1, min(space.max_heads, room // b))
     if space.gqa:
-        hk = draw(_ints(1, max(1, heads // 2)))
+        hk = uniform(draw, 1, max(1, heads // 2))
         group = pick(draw, tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= heads) or (1,))
         h = hk * group
     else:
-        h = hk = draw(_ints(1, heads))
+        h = hk = uniform(draw, 1, heads)
     dtype = draw(_one_of(tuple(space.dtypes)))
     layout = draw(_one_of(tuple(space.layouts)))
 

@@ -131,3 +131,19 @@ def test_a_narrowed_space_never_draws_a_refused_head_dim(case):
                                              (1024, 128, "tall"), (64, 8, "wide"), (100, 90, "square")])
 def test_shape_classes(sq, skv, expected):
     assert shape_class(Case(sq=sq, skv=skv)) == expected
+
+
+def test_flash_attention_2_keeps_refusing_head_dims_past_256():
+    from attnfuzz.backends.base import first_reason
+    from attnfuzz.backends.flash import fa2
+
+    space = narrow_to(Space(), lambda case: first_reason(*fa2.capability_refusals(case)))
+    assert max(space.head_dims) == fa2.MAX_HEAD_DIM and 512 not in space.head_dims
+    assert not space.split_head_dims  # FA2 takes one head dim for q, k and v
+
+    @settings(max_examples=100, deadline=None, derandomize=True)
+    @given(case=attention_cases(space))
+    def drawn(case):
+        assert max(case.d_qk, case.d_v) <= fa2.MAX_HEAD_DIM and case.d_qk == case.d_v
+
+    drawn()

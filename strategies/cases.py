@@ -8,6 +8,7 @@ shortest lengths, float16, vanilla softmax, no mask, contiguous bshd).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import lru_cache
 
 from hypothesis import strategies as st
@@ -18,6 +19,8 @@ from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
 TILES = (16, 32, 64, 128, 256)
 HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
 WIDE_ONE_IN = 5        # one head dim in 5 is above 128, where the Space has such
+SCORE_COST = 32        # a score's mask, exp and softmax cost the oracle about as much as 20-30 multiply-adds of
+#                        its dot products (CPU, float64: 1.2 us a score at d = 3, 60 ns a multiply-add at d = 512)
 SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are cheap enough to draw in thousands
 LONG_ONE_IN = 10       # one case in 10 takes its lengths from the ladder, a decode shape or a tall shape
 DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
@@ -32,38 +35,57 @@ def _tile_edges(max_len: int) -> list[int]:
 
 
 def _source(draw):
-    """The choices behind a composite's `draw` (st.composite hands it the bound draw method of its ConjectureData).
-    Coins, integers and lengths are drawn from it directly, as single choices in no span of their own: Hypothesis's
-    mutator copies one span's choices onto another span of the same label, so lengths and coins drawn through
-    strategies of their own came out equal far more often than drawn (79 % square shapes against 69 %, causal 27 %
-    against 33 %, bench/distribution.py)."""
+    """The choices behind a composite's `draw` (st.composite hands it the bound draw method of its ConjectureData)."""
     return draw.__self__
+
+
+_LABEL = 0xA77F_0000_0000
+
+
+@contextmanager
+def _span(data):
+    """A span around one draw, labelled by where it starts (choice and depth), so no two spans of a case share a label. Hypothesis's
+    mutator copies one span's choices onto another span of the same label: with one label per kind of draw, lengths
+    and coins came out equal far more often than drawn (79 % square shapes where the weights give 69 %, causal 27 %
+    where they give 33 %, bench/distribution.py). The spans themselves are kept: the shrinker deletes the span after a
+    choice it lowered when the lower value needs fewer choices, which a choice in no span would not allow."""
+    data.start_span(_LABEL + (len(getattr(data, "nodes", ())) << 8) + getattr(data, "depth", 0))
+    try:
+        yield data
+    finally:
+        data.stop_span()
 
 
 def coin(draw, one_in: int) -> bool:
     """True once in `one_in` draws, as one weighted boolean choice: an index drawn from range(n) would give n - 1
     choices that all mean False, and Hypothesis, which never repeats a choice sequence but does not know they alias,
     drew the same case again through them (a third of a run's cases, measured). Shrinks to False."""
-    return _source(draw).draw_boolean(1 / one_in)
+    with _span(_source(draw)) as data:
+        return data.draw_boolean(1 / one_in)
 
 
-def _uniform_from(data, lo: int, hi: int) -> int:
+def _digits(span: int) -> int:
+    return max(1, (span.bit_length() + 7) // 8)
+
+
+def _uniform_from(data, lo: int, hi: int, digits: int | None = None) -> int:
     span, value = hi - lo, 0
-    place = 256 ** max(0, (span.bit_length() - 1) // 8)
-    while place >= 1:
-        value += data.draw_integer(0, min(255, (span - value) // place)) * place  # digits that keep value <= span
-        place //= 256
+    place = 256 ** ((digits or _digits(span)) - 1)
+    with _span(data):
+        while place >= 1:
+            value += data.draw_integer(0, min(255, (span - value) // place)) * place  # digits keeping value <= span
+            place //= 256
     return lo + value
 
 
-def uniform(draw, lo: int, hi: int) -> int:
+def uniform(draw, lo: int, hi: int, digits: int | None = None) -> int:
     """lo..hi uniformly. Hypothesis draws an integer uniformly only within 256 of its minimum and from a heavy tail
     beyond (an index into 2,000 lengths landed below 256 most of the time), so a wider range is drawn in base-256
-    digits, the most significant first: shrinking lowers the high digit, then the low ones, toward lo. A choice even
-    where lo == hi: Hypothesis ranks a case by its number of choices before their values, so a draw that vanished
-    when its room shrank would make the case with more room (b and h, as the lengths shrink) rank larger and stop the
-    shrink (576 keys where 64 fail)."""
-    return _uniform_from(_source(draw), lo, hi)
+    digits, the most significant first: shrinking lowers the high digit, then the low ones, toward lo. As many
+    choices as `digits` (default: as the range needs), one even where lo == hi: Hypothesis ranks a case by its number
+    of choices before their values, so a shrink that adds a choice is never taken (a length in a narrower range, b
+    and h with the room a shorter case leaves them): a residue bug stopped shrinking at 576 keys where 64 fail."""
+    return _uniform_from(_source(draw), lo, hi, digits)
 
 
 class _Uniform(st.SearchStrategy[int]):
@@ -101,7 +123,8 @@ def short_length(draw, max_len: int) -> int:
     a quarter, else uniform. One choice (no list with repeats, whose aliases Hypothesis would draw as new cases, nor a
     branch: a length picked among the tile edges could not shrink below the smallest edge), so shrinking walks it down
     through every length to the smallest that still fails."""
-    return _short_from(_source(draw), max_len)
+    with _span(_source(draw)) as data:
+        return _short_from(data, max_len)
 
 
 class _ShortLength(st.SearchStrategy[int]):
@@ -121,41 +144,61 @@ def lengths(max_len: int) -> st.SearchStrategy[int]:
 
 @lru_cache(maxsize=None)
 def _octaves(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
-    """lo..hi cut at powers of two: an octave drawn uniformly makes the length log-uniform."""
-    cuts = [lo] + [1 << k for k in range(1, hi.bit_length() + 1) if lo < 1 << k <= hi]
+    """lo..hi cut at powers of two: an octave drawn uniformly makes the length log-uniform. hi joins the octave
+    below it (no octave of one length, from which a shrink could not step down to a length of the next one)."""
+    cuts = [lo] + [1 << k for k in range(1, hi.bit_length() + 1) if lo < 1 << k < hi]
     return tuple((a, b - 1) for a, b in zip(cuts, cuts[1:] + [hi + 1]))
 
 
 def ladder_length(draw, lo: int, hi: int) -> int:
-    """A length in lo..hi, log-uniform (an octave, then a length in it), a tile residue half the time (L % 128 = 64,
-    L % 64 = 1, ...: RESIDUES). Shrinks to a lower octave, then to the octave's smallest length that still fails."""
-    a, b = pick(draw, _octaves(lo, hi))
-    if coin(draw, 2):
+    """A length in lo..hi, log-uniform (an octave, then a length in it), moved up to a tile residue half the time
+    (L % 128 = 64, L % 64 = 1, ...: RESIDUES). Every octave draws its length with as many choices as the widest one,
+    and the residue is drawn either way, so shrinking can lower the octave, walk the length down, and drop the residue
+    (the coin comes last: dropped before the length is walked down, it leaves a length that still fails more often;
+    measured with hypothesis.find on 24 shrinks, 15 reached the smallest length against 9 to 11 for other orders)."""
+    with _span(_source(draw)):
+        a, b = pick(draw, _octaves(lo, hi))
         tile, residue = pick(draw, RESIDUES)
-        first, last = -(-(a - residue) // tile), (b - residue) // tile
-        if first <= last:
-            return uniform(draw, first, last) * tile + residue
-    return uniform(draw, a, b)
+        n = uniform(draw, a, b, _digits(hi - lo))
+        snap = coin(draw, 2)
+    if snap:
+        up = n + (residue - n) % tile
+        n = up if up <= b else up - tile if up - tile >= a else n
+    return n
 
 
 def _lengths(draw, space: Space) -> tuple[int, int]:
     """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in LONG_ONE_IN, where
     space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries over
-    DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Shrinks toward the short cases."""
+    DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Keys stop where even one head of the
+    narrowest head dims would pass space.max_work (on a CPU, squares up to about 1000). Shrinks toward the short
+    cases."""
     short = min(space.max_len, SMALL_LEN)
     kinds = _long_kinds(space)
     if kinds and coin(draw, LONG_ONE_IN):
         kind = pick(draw, kinds)
         if kind == "decode":
-            return uniform(draw, 1, DECODE_MAX_QUERIES), ladder_length(draw, DECODE_MIN_KEYS, space.decode_len)
+            sq = uniform(draw, 1, DECODE_MAX_QUERIES)
+            return sq, ladder_length(draw, DECODE_MIN_KEYS, max(DECODE_MIN_KEYS, _keys(space, sq, space.decode_len)))
         if kind == "tall":
             sq = ladder_length(draw, short + 1, space.max_len)
-            return sq, ladder_length(draw, 1, sq // 8)
+            return sq, ladder_length(draw, 1, _keys(space, sq, sq // 8))
         sq = ladder_length(draw, 1, space.max_len)
-        return sq, (sq if coin(draw, 2) else ladder_length(draw, 1, space.max_len))
+        keys = _keys(space, sq, space.max_len)
+        return sq, (sq if coin(draw, 2) and sq <= keys else ladder_length(draw, 1, keys))
     sq = short_length(draw, short)
     # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
     return sq, (sq if coin(draw, 2) else short_length(draw, short))
+
+
+def _keys(space: Space, sq: int, most: int) -> int:
+    """The most keys, up to `most`, that sq queries may have within space.max_work (one head, head dims of 1)."""
+    return max(1, min(most, space.max_work // (sq * (SCORE_COST + 2))))
+
+
+def work(case: Case) -> int:
+    """What the float64 oracle's time grows with, in multiply-adds: b * h * sq * skv * (d_qk + d_v + SCORE_COST)."""
+    return case.b * case.h * case.sq * case.skv * (case.d_qk + case.d_v + SCORE_COST)
 
 
 @lru_cache(maxsize=None)
@@ -244,12 +287,12 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
     sq, skv = _lengths(draw, space)
-    # Head dims, then batch and heads, within space.max_work multiply-adds (b * h * sq * skv * (d_qk + d_v)): the
-    # float64 oracle's cost, which a long case would otherwise multiply by thousands
-    room = max(1, space.max_work // (sq * skv))
+    # Head dims, then batch and heads, within space.max_work (see work()): the float64 oracle's cost, which a long
+    # case would otherwise multiply by thousands
+    room = max(1, space.max_work // (sq * skv) - SCORE_COST)
     d_qk = _head_dim(draw, space, room // 2)
     d_v = _head_dim(draw, space, room - d_qk, d_qk) if space.split_head_dims else d_qk
-    room = max(1, room // (d_qk + d_v))
+    room = max(1, space.max_work // (sq * skv * (d_qk + d_v + SCORE_COST)))
     b = uniform(draw, 1, max(1, min(space.max_batch, room)))
     heads = max(1, min(space.max_heads, room // b))
     if space.gqa:

@@ -33,9 +33,9 @@ class Space:
 
     max_len: the longest sequence; past attnfuzz.strategies.cases.SMALL_LEN only the one case in LONG_ONE_IN that
     draws a long shape reaches it. max_decode_len: the most keys a decode shape draws (default: max_len). max_work:
-    the most multiply-adds b * h * sq * skv * (d_qk + d_v) a case may take, which bounds the float64 oracle's time
-    (2**25: about 0.1 s on one CPU core). head_dims: the head dims a backend takes on their own (narrow_to),
-    None for every listed one up to max_head_dim."""
+    what a case may cost the float64 oracle, in multiply-adds (attnfuzz.strategies.cases.work: b * h * sq * skv *
+    (d_qk + d_v + 32); 2**25 is about 0.1 to 0.5 s on one CPU core). head_dims: the head dims a backend takes on
+    their own (narrow_to), None for every listed one up to max_head_dim."""
 
     max_batch: int = 3
     max_len: int = 2048

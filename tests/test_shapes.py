@@ -13,7 +13,7 @@ from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.report.coverage import Distribution, shape_class
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import DECODE_MIN_KEYS, SMALL_LEN, attention_cases
+from attnfuzz.strategies.cases import DECODE_MIN_KEYS, SMALL_LEN, attention_cases, work
 from attnfuzz.strategies.space import GPU_MAX_DECODE_LEN, GPU_MAX_LEN, Space, narrow_to
 from tests import broken
 
@@ -61,8 +61,7 @@ def test_a_bug_at_every_length_shrinks_to_short_lengths():
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(case=attention_cases(Space()))
 def test_every_case_stays_within_the_work_bound(case):
-    work = case.b * case.h * case.sq * case.skv * (case.d_qk + case.d_v)
-    assert work <= Space().max_work or (case.b == case.h == 1 and case.d_qk + case.d_v <= 2 * 8), case
+    assert work(case) <= Space().max_work or (case.b == case.h == 1 and case.d_qk + case.d_v <= 2 * 8), case
 
 
 def test_the_default_space_draws_each_shape_class():

@@ -34,7 +34,7 @@ class Space:
     max_len: the longest sequence; past attnfuzz.strategies.cases.SMALL_LEN only the one case in LONG_ONE_IN that
     draws a long shape reaches it. max_decode_len: the most keys a decode shape draws (default: max_len). max_work:
     what a case may cost the float64 oracle, in multiply-adds (attnfuzz.strategies.cases.work: b * h * sq * skv *
-    (d_qk + d_v + 32); 2**25 is about 0.1 to 0.5 s on one CPU core). head_dims: the head dims a backend takes on
+    (d_qk + d_v + 32); 2**24 is about 0.1 to 0.3 s on one CPU core). head_dims: the head dims a backend takes on
     their own (narrow_to), None for every listed one up to max_head_dim."""
 
     max_batch: int = 3
@@ -42,7 +42,7 @@ class Space:
     max_heads: int = 8
     max_head_dim: int = 512
     max_decode_len: int | None = None
-    max_work: int = 2**25
+    max_work: int = 2**24
     head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
     layouts: tuple[str, ...] = LAYOUTS

@@ -236,11 +236,16 @@ class DropsKeyAtResidue64(Correct):
         return Output(self.attend(case, t, mask=_without_last_key(case, t) if case.skv % 128 == 64 else None))
 
 
-class DecodeDropsKey(Correct):
-    """Loses the last key on decode shapes: at most 16 queries over 512 or more keys (a split-KV decode path)."""
+class DecodeDropsLastBlock(Correct):
+    """Loses the last 64 keys on decode shapes, at most 16 queries over 512 or more keys (a split-KV decode pass that
+    never merges its last split). One key among 512 random ones moves a row by less than its bound (docs/grading.md):
+    a block is what such a bug loses."""
 
     name = "broken-decode"
 
     def run(self, case, t):
-        decode = case.sq <= 16 and case.skv >= 512
-        return Output(self.attend(case, t, mask=_without_last_key(case, t) if decode else None))
+        if not (case.sq <= 16 and case.skv >= 512):
+            return Output(self.attend(case, t))
+        mask = visibility_mask(case, t, t.q.device).clone()
+        mask[..., -64:] = False
+        return Output(self.attend(case, t, mask=mask))

@@ -48,7 +48,7 @@ def test_a_bug_at_a_tile_residue_shrinks_to_its_smallest_length():
 
 
 def test_a_decode_bug_shrinks_to_one_query_over_512_keys():
-    case = _finding(broken.DecodeDropsKey())
+    case = _finding(broken.DecodeDropsLastBlock())
     assert (case.sq, case.skv) == (1, DECODE_MIN_KEYS), case
 
 

@@ -1,12 +1,20 @@
 """Graded cases per second through the whole fuzz loop (Hypothesis draw, materialize, backend, oracle, grade).
 
     python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu] [--lanes 1]
+                                [--space small|default|short|compare]
 
-Small shapes (b <= 2, s <= 64, h <= 4, d <= 64). It splits one process's time: backend (until its results are
-ready: the GPU is synchronized before the clock stops), oracle + grade (float64 references, bounds, diagnosis),
-inputs (drawing and moving the tensors) and the fuzzer (Hypothesis, bookkeeping). `--lanes N` runs N such processes
-at once on the same device, each with its own Hypothesis stream, as `attnfuzz campaign --workers N` would, started
-together after their warm-up; the aggregate is their graded cases over the common wall time.
+--space small (the default): small shapes (b <= 2, s <= 64, h <= 4, d <= 64). default: the device's default Space
+(Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short: that Space
+held to the lengths and head dims drawn before long shapes (max_len 160, d <= 128); compare: short, then default, in
+one process, and the ratio of their small-case rates. Besides the totals, each run reports its small-case rate
+(graded cases with sq, skv <= 160 per second of the whole run: what long cases cost the everyday ones) and the share
+of the time spent on long cases (a case's time: from the previous case's verdict to its own).
+
+It splits one process's time: backend (until its results are ready: the GPU is synchronized before the clock
+stops), oracle + grade (float64 references, bounds, diagnosis), inputs (drawing and moving the tensors) and the
+fuzzer (Hypothesis, bookkeeping). `--lanes N` runs N such processes at once on the same device, each with its own
+Hypothesis stream, as `attnfuzz campaign --workers N` would, started together after their warm-up; the aggregate is
+their graded cases over the common wall time.
 
 On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
 reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
@@ -23,12 +31,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from attnfuzz.strategies.cases import SMALL_LEN
 from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
 
 
-def measure(backend_name: str, device: str, examples: int, go: Path | None = None, seed: int | None = 0) -> dict:
+def space_named(name: str, device: str) -> Space:
+    return {"small": SMALL, "default": Space.for_device(device),
+            "short": Space.for_device(device).replace(max_len=SMALL_LEN, max_head_dim=128)}[name]
+
+
+def measure(backend_name: str, device: str, examples: int, go: Path | None = None, space: Space = SMALL,
+            space_name: str = "small", seed: int | None = 0) -> dict:
     """One process's run: warm up, (wait for `go` to exist,) fuzz `examples` cases, and split the time."""
     import torch
 
@@ -60,17 +75,28 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     harness_module.Tensors.to = timed(harness_module.Tensors.to, "inputs")
     known = known_bugs(Path("corpus"))
     fuzz(backend, device=device, space=SMALL, known=known, settings=profile("ci", max_examples=20))  # warm-up
+    per_case = {"small": 0, "small_s": 0.0, "long": 0, "long_s": 0.0}
+    last = [0.0]
+
+    def on_case(case, verdict, tally):
+        now = time.perf_counter()
+        kind = "long" if max(case.sq, case.skv) > SMALL_LEN else "small"
+        per_case[kind] += verdict.status != "UNSUPPORTED"
+        per_case[f"{kind}_s"] += now - last[0]
+        last[0] = now
+
     spent.update(backend=0.0, oracle=0.0, inputs=0.0)
     if go is not None:
         Path(f"{go}.ready.{id(spent)}").touch()
         while not go.exists():
             time.sleep(0.01)
     began = time.time()
-    tally, findings = fuzz(backend, device=device, space=SMALL, known=known,
+    last[0] = time.perf_counter()
+    tally, findings = fuzz(backend, device=device, space=space, known=known, on_case=on_case,
                            settings=profile("ci", max_examples=examples, derandomize=False), seed=seed)
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
     return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
-            "began": began, "ended": time.time(), "labels": dict(tally.labels),
+            "began": began, "ended": time.time(), "labels": dict(tally.labels), "space": space_name, **per_case,
             **{f"{k}_s": v for k, v in spent.items()},
             "findings": [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}" for f in findings]}
 
@@ -78,7 +104,10 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
 def describe(r: dict) -> str:
     work = r["backend_s"] + r["oracle_s"]
     other = r["seconds"] - work - r["inputs_s"]
-    return (f"{r['backend']}: {r['examples']} examples ({r['graded']} graded) in {r['seconds']:.2f}s = "
+    timed = max(r["small_s"] + r["long_s"], 1e-9)
+    return (f"{r['backend']} on the {r['space']} space: {r['small'] / r['seconds']:.1f} small graded cases/s; "
+            f"{r['long']} long cases took {100 * r['long_s'] / timed:.1f}% of the time\n  "
+            f"{r['examples']} examples ({r['graded']} graded) in {r['seconds']:.2f}s = "
             f"{r['graded'] / r['seconds']:.1f} graded cases/s; labels {r['labels']}\n"
             f"  per case: backend {1e3 * r['backend_s'] / r['examples']:.2f} ms, oracle+grade "
             f"{1e3 * r['oracle_s'] / r['examples']:.2f} ms, inputs {1e3 * r['inputs_s'] / r['examples']:.2f} ms, "
@@ -92,7 +121,7 @@ def lanes(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         go = Path(tmp) / "go"
         cmd = [sys.executable, __file__, "--backend", args.backend, "--device", args.device, "--examples",
-               str(args.examples), "--json", "--go", str(go)]
+               str(args.examples), "--json", "--go", str(go), "--space", args.space]
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(args.lanes)]
         while len(list(Path(tmp).glob("go.ready.*"))) < args.lanes and all(p.poll() is None for p in procs):
             time.sleep(0.05)
@@ -114,6 +143,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads, as the CLI's --threads")
     p.add_argument("--lanes", type=int, default=1, help="processes fuzzing the backend at once")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed of the measured run (the same cases each time)")
+    p.add_argument("--space", default="small", choices=("small", "default", "short", "compare"))
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -121,7 +151,15 @@ def main() -> None:
         return lanes(args)
     import torch
     torch.set_num_threads(args.threads)
-    result = measure(args.backend, args.device, args.examples, args.go, args.seed)
+    if args.space == "compare":
+        short, default = (measure(args.backend, args.device, args.examples, space=space_named(name, args.device),
+                                  space_name=name, seed=args.seed) for name in ("short", "default"))
+        print(describe(short) + "\n" + describe(default))
+        print(f"small-case rate, default / short space: "
+              f"{(default['small'] / default['seconds']) / (short['small'] / short['seconds']):.2f}")
+        return
+    result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
+                     args.space, args.seed)
     print(json.dumps(result) if args.json else describe(result))
     if not args.json and args.device == "cpu" and args.backend == "sdpa-math":
         sys.path.insert(0, str(Path(__file__).parent))

@@ -131,7 +131,7 @@ def cmd_run(args) -> int:
     torch.set_num_threads(args.threads)
     settings = profile(args.profile, max_examples=args.max_examples)
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
-    space = Space(max_len=args.max_len) if args.max_len else Space()
+    space = Space.for_device(args.device, args.max_len)
     summary, found = {}, 0
     for name in names:
         try:

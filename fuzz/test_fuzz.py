@@ -41,7 +41,7 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
     for r in recovered:
         if not r.finding:
             warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
-    space = Space(max_len=attnfuzz.max_len) if attnfuzz.max_len else Space()
+    space = Space.for_device(attnfuzz.device, attnfuzz.max_len)
     worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     try:
         with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", and no finding

@@ -8,17 +8,26 @@ shortest lengths, float16, vanilla softmax, no mask, contiguous bshd).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import lru_cache
 
 from hypothesis import strategies as st
 
 from attnfuzz.strategies.case import FAMILIES, Case
-from attnfuzz.strategies.space import Space
+from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
 
 _NO_SINK_FAMILIES = tuple(f for f in FAMILIES if f != "large_sink")
 TILES = (16, 32, 64, 128, 256)
-HEAD_DIMS = (8, 16, 32, 64, 96, 128, 256)
-ODD_HEAD_DIMS = (1, 3, 24, 40, 72, 80, 100, 160, 192)
+HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
+WIDE_ONE_IN = 5        # one head dim in 5 is above 128, where the Space has such
+SCORE_COST = 32        # a score's mask, exp and softmax cost the oracle about as much as 20-30 multiply-adds of
+#                        its dot products (CPU, float64: 1.2 us a score at d = 3, 60 ns a multiply-add at d = 512)
+SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are cheap enough to draw in thousands
+LONG_ONE_IN = 10       # one case in 10 takes its lengths from the ladder, a decode shape or a tall shape
+DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
+DECODE_MAX_QUERIES = 16
+# Long lengths are weighted toward tile residues, where a kernel's last tile is partial: (tile, residue) pairs
+RESIDUES = ((128, 64), (64, 1), (64, 0), (64, 63), (128, 1), (128, 127), (256, 128))
 
 
 def _tile_edges(max_len: int) -> list[int]:
@@ -26,11 +35,73 @@ def _tile_edges(max_len: int) -> list[int]:
     return edges or [1]
 
 
-# Strategies are built once per argument and reused: Hypothesis computes properties of every new strategy object,
-# which cost more than the draws themselves (about 3 ms a case before this cache).
+def _source(draw):
+    """The choices behind a composite's `draw` (st.composite hands it the bound draw method of its ConjectureData)."""
+    return draw.__self__
+
+
+_LABEL = 0xA77F_0000_0000
+
+
+@contextmanager
+def _span(data):
+    """A span around one draw, labelled by where it starts (choice and depth), so no two spans of a case share a label. Hypothesis's
+    mutator copies one span's choices onto another span of the same label: with one label per kind of draw, lengths
+    and coins came out equal far more often than drawn (79 % square shapes where the weights give 69 %, causal 27 %
+    where they give 33 %, bench/distribution.py). The spans themselves are kept: the shrinker deletes the span after a
+    choice it lowered when the lower value needs fewer choices, which a choice in no span would not allow."""
+    data.start_span(_LABEL + (len(getattr(data, "nodes", ())) << 8) + getattr(data, "depth", 0))
+    try:
+        yield data
+    finally:
+        data.stop_span()
+
+
+def coin(draw, one_in: int) -> bool:
+    """True once in `one_in` draws, as one weighted boolean choice: an index drawn from range(n) would give n - 1
+    choices that all mean False, and Hypothesis, which never repeats a choice sequence but does not know they alias,
+    drew the same case again through them (a third of a run's cases, measured). Shrinks to False."""
+    with _span(_source(draw)) as data:
+        return data.draw_boolean(1 / one_in)
+
+
+def _digits(span: int) -> int:
+    return max(1, (span.bit_length() + 7) // 8)
+
+
+def _uniform_from(data, lo: int, hi: int, digits: int | None = None) -> int:
+    span, value = hi - lo, 0
+    place = 256 ** ((digits or _digits(span)) - 1)
+    with _span(data):
+        while place >= 1:
+            value += data.draw_integer(0, min(255, (span - value) // place)) * place  # digits keeping value <= span
+            place //= 256
+    return lo + value
+
+
+def uniform(draw, lo: int, hi: int, digits: int | None = None) -> int:
+    """lo..hi uniformly. Hypothesis draws an integer uniformly only within 256 of its minimum and from a heavy tail
+    beyond (an index into 2,000 lengths landed below 256 most of the time), so a wider range is drawn in base-256
+    digits, the most significant first: shrinking lowers the high digit, then the low ones, toward lo. As many
+    choices as `digits` (default: as the range needs), one even where lo == hi: Hypothesis ranks a case by its number
+    of choices before their values, so a shrink that adds a choice is never taken (a length in a narrower range, b
+    and h with the room a shorter case leaves them): a residue bug stopped shrinking at 576 keys where 64 fail."""
+    return _uniform_from(_source(draw), lo, hi, digits)
+
+
+class _Uniform(st.SearchStrategy[int]):
+    def __init__(self, lo: int, hi: int):
+        super().__init__()
+        self.lo, self.hi = lo, hi
+
+    def do_draw(self, data) -> int:
+        return _uniform_from(data, self.lo, self.hi)
+
+
 @lru_cache(maxsize=None)
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
-    return st.integers(lo, hi)
+    """lo..hi uniformly, as a strategy (see uniform)."""
+    return _Uniform(lo, hi)
 
 
 @lru_cache(maxsize=None)
@@ -39,25 +110,109 @@ def _one_of(options: tuple) -> st.SearchStrategy:
 
 
 @lru_cache(maxsize=None)
-def lengths(max_len: int) -> st.SearchStrategy[int]:
-    """Sequence lengths: uniform over 1..max_len, with extra weight on 1 and on the usual tile sizes +-1 (a quarter
-    of the draws each). One choice, an index into [1..max_len, then the weighted repeats]: shrinking lowers the index,
-    so a length found in the repeats shrinks through the plain range to the smallest length that still fails."""
-    edges = _tile_edges(max_len)
-    weighted = [1] * (max_len // 2) + edges * max(1, max_len // (2 * len(edges)))
-    return st.sampled_from(list(range(1, max_len + 1)) + weighted)
+def _short_weights(max_len: int) -> dict[int, float] | None:
+    edges = [e for e in _tile_edges(max_len) if e != 1]
+    return {1: 0.25, **{e: 0.25 / len(edges) for e in edges}} if max_len > 1 and edges else None
 
 
-def pick(draw, options: tuple):
-    """One of `options`, drawn as st.sampled_from(options) draws it, without building a strategy per call (for
-    options that depend on what was drawn before)."""
-    return options[draw(_index(len(options)))] if len(options) > 1 else options[0]
+def _short_from(data, max_len: int) -> int:
+    return data.draw_integer(1, max_len, weights=_short_weights(max_len)) if max_len > 1 else 1
+
+
+def short_length(draw, max_len: int) -> int:
+    """1..max_len as one integer choice, weighted in Hypothesis's own draw: 1 a quarter of the time, a tile size +-1
+    a quarter, else uniform. One choice (no list with repeats, whose aliases Hypothesis would draw as new cases, nor a
+    branch: a length picked among the tile edges could not shrink below the smallest edge), so shrinking walks it down
+    through every length to the smallest that still fails."""
+    with _span(_source(draw)) as data:
+        return _short_from(data, max_len)
+
+
+class _ShortLength(st.SearchStrategy[int]):
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+
+    def do_draw(self, data) -> int:
+        return _short_from(data, self.max_len)
 
 
 @lru_cache(maxsize=None)
-def _index(n: int) -> st.SearchStrategy[int]:
-    """0..n-1 uniformly, as sampled_from draws an index (st.integers favours its minimum)."""
-    return st.sampled_from(range(n))
+def lengths(max_len: int) -> st.SearchStrategy[int]:
+    """short_length as a strategy."""
+    return _ShortLength(max_len)
+
+
+@lru_cache(maxsize=None)
+def _octaves(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
+    """lo..hi cut at powers of two: an octave drawn uniformly makes the length log-uniform. hi joins the octave
+    below it (no octave of one length, from which a shrink could not step down to a length of the next one)."""
+    cuts = [lo] + [1 << k for k in range(1, hi.bit_length() + 1) if lo < 1 << k < hi]
+    return tuple((a, b - 1) for a, b in zip(cuts, cuts[1:] + [hi + 1]))
+
+
+def ladder_length(draw, lo: int, hi: int) -> int:
+    """A length in lo..hi, log-uniform (an octave, then a length in it), moved up to a tile residue half the time
+    (L % 128 = 64, L % 64 = 1, ...: RESIDUES). Every octave draws its length with as many choices as the widest one,
+    and the residue is drawn either way, so shrinking can lower the octave, walk the length down, and drop the residue
+    (the coin comes last: dropped before the length is walked down, it leaves a length that still fails more often;
+    measured with hypothesis.find on 24 shrinks, 15 reached the smallest length against 9 to 11 for other orders)."""
+    with _span(_source(draw)):
+        a, b = pick(draw, _octaves(lo, hi))
+        tile, residue = pick(draw, RESIDUES)
+        n = uniform(draw, a, b, _digits(hi - lo))
+        snap = coin(draw, 2)
+    if snap:
+        up = n + (residue - n) % tile
+        n = up if up <= b else up - tile if up - tile >= a else n
+    return n
+
+
+def _lengths(draw, space: Space) -> tuple[int, int]:
+    """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in LONG_ONE_IN, where
+    space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries over
+    DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Keys stop where even one head of the
+    narrowest head dims would pass space.max_work (on a CPU, squares up to about 700). Shrinks toward the short
+    cases."""
+    short = min(space.max_len, SMALL_LEN)
+    kinds = _long_kinds(space)
+    if kinds and coin(draw, LONG_ONE_IN):
+        kind = pick(draw, kinds)
+        if kind == "decode":
+            sq = uniform(draw, 1, DECODE_MAX_QUERIES)
+            return sq, ladder_length(draw, DECODE_MIN_KEYS, max(DECODE_MIN_KEYS, _keys(space, sq, space.decode_len)))
+        if kind == "tall":
+            sq = ladder_length(draw, short + 1, space.max_len)
+            return sq, ladder_length(draw, 1, _keys(space, sq, sq // 8))
+        sq = ladder_length(draw, 1, space.max_len)
+        keys = _keys(space, sq, space.max_len)
+        return sq, (sq if coin(draw, 2) and sq <= keys else ladder_length(draw, 1, keys))
+    sq = short_length(draw, short)
+    # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
+    return sq, (sq if coin(draw, 2) else short_length(draw, short))
+
+
+def _keys(space: Space, sq: int, most: int) -> int:
+    """The most keys, up to `most`, that sq queries may have within space.max_work (one head, head dims of 1)."""
+    return max(1, min(most, space.max_work // (sq * (SCORE_COST + 2))))
+
+
+def work(case: Case) -> int:
+    """What the float64 oracle's time grows with, in multiply-adds: b * h * sq * skv * (d_qk + d_v + SCORE_COST)."""
+    return case.b * case.h * case.sq * case.skv * (case.d_qk + case.d_v + SCORE_COST)
+
+
+@lru_cache(maxsize=None)
+def _long_kinds(space: Space) -> tuple[str, ...]:
+    if space.max_len <= SMALL_LEN:
+        return ()
+    return ("ladder", "tall") + (("decode",) if space.decode_len >= DECODE_MIN_KEYS else ())
+
+
+def pick(draw, options: tuple):
+    """One of `options`, uniformly, without building a strategy per call (for options that depend on what was
+    drawn before), as one choice however many options there are (see uniform). Shrinks toward the first."""
+    return options[uniform(draw, 0, len(options) - 1)]
 
 
 def _either(draw, branches: tuple[st.SearchStrategy, ...]):
@@ -67,15 +222,41 @@ def _either(draw, branches: tuple[st.SearchStrategy, ...]):
 
 
 @lru_cache(maxsize=None)
-def _head_dim_branches(space: Space) -> tuple[st.SearchStrategy[int], ...]:
-    usual = [d for d in HEAD_DIMS if d <= space.max_head_dim] or [space.max_head_dim]
-    odd = [d for d in ODD_HEAD_DIMS if d <= space.max_head_dim] or usual
-    return st.sampled_from(usual), st.sampled_from(odd)
+def _head_dim_lists(space: Space) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """The head dims the space draws, up to max_head_dim and among space.head_dims where the backend named them
+    (narrow_to): the usual and the odd ones up to 128 (those of the two lists that are not empty), and those above."""
+    takes = (lambda d: d <= space.max_head_dim and (space.head_dims is None or d in space.head_dims))
+    usual = tuple(d for d in HEAD_DIMS if takes(d) and d <= 128)
+    odd = tuple(d for d in ODD_HEAD_DIMS if takes(d) and d <= 128)
+    wide = tuple(sorted(d for d in {*HEAD_DIMS, *ODD_HEAD_DIMS} if takes(d) and d > 128))
+    narrow = tuple(dims for dims in (usual, odd) if dims)
+    if not narrow and not wide:
+        return ((tuple(sorted(space.head_dims or ())[:1]) or (min(space.max_head_dim, HEAD_DIMS[-1]),)),), ()
+    return narrow or (wide,), wide if narrow else ()
 
 
-@lru_cache(maxsize=None)
-def _same_or_other_head_dim(d_qk: int, space: Space) -> tuple[st.SearchStrategy[int], ...]:
-    return st.just(d_qk), *_head_dim_branches(space)
+def _one_head_dim(draw, space: Space, room: int) -> int:
+    """Above 128 one time in WIDE_ONE_IN (where the space has such), else usual or odd; no larger than `room` (the
+    smallest one where none fits). The list is picked before the coin, so a shrink to a narrow head dim does not
+    add a choice (see uniform)."""
+    narrow, wide = _head_dim_lists(space)
+    options = pick(draw, narrow)
+    options = wide if wide and coin(draw, WIDE_ONE_IN) else options
+    return pick(draw, tuple(d for d in options if d <= room) or (min(options),))
+
+
+def _head_dim(draw, space: Space, room: int, d_qk: int | None = None) -> int:
+    """d_qk (`d_qk` None), or d_v: the same as d_qk, another one, or d_qk's special partner (HEAD_DIM_PAIRS) where
+    the space has it."""
+    if d_qk is None:
+        return _one_head_dim(draw, space, room)
+    partner = HEAD_DIM_PAIRS.get(d_qk)
+    narrow, wide = _head_dim_lists(space)
+    partner = partner if partner in wide or any(partner in dims for dims in narrow) else None
+    branch = pick(draw, (0, 1, 2) if partner is not None else (0, 1))
+    if branch == 1:
+        return _one_head_dim(draw, space, room)
+    return partner if branch == 2 and partner <= room else d_qk
 
 
 @lru_cache(maxsize=None)
@@ -85,9 +266,8 @@ def _bound_branches(seq: int) -> tuple[st.SearchStrategy[int | None], ...]:
 
 
 def _sometimes(draw, one_in: int) -> bool:
-    """True once in `one_in` draws (an index drawn uniformly: st.integers would make it rarer, 19 % for one in 4);
-    shrinks to False, so a shrunk case keeps only the features it needs."""
-    return draw(_index(one_in)) == one_in - 1
+    """True once in `one_in` draws (coin); shrinks to False, so a shrunk case keeps only the features it needs."""
+    return coin(draw, one_in)
 
 
 def _seqlens(draw, b: int, full: int) -> tuple[int, ...]:
@@ -107,18 +287,21 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     dtypes, causal masks at both alignments, sliding windows (0, small, larger than the sequence), padding and
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
-    b = draw(_ints(1, space.max_batch))
-    sq = draw(lengths(space.max_len))
-    # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
-    skv = sq if _sometimes(draw, 2) else draw(lengths(space.max_len))
+    sq, skv = _lengths(draw, space)
+    # Head dims, then batch and heads, within space.max_work (see work()): the float64 oracle's cost, which a long
+    # case would otherwise multiply by thousands
+    room = max(1, space.max_work // (sq * skv) - SCORE_COST)
+    d_qk = _head_dim(draw, space, room // 2)
+    d_v = _head_dim(draw, space, room - d_qk, d_qk) if space.split_head_dims else d_qk
+    room = max(1, space.max_work // (sq * skv * (d_qk + d_v + SCORE_COST)))
+    b = uniform(draw, 1, max(1, min(space.max_batch, room)))
+    heads = max(1, min(space.max_heads, room // b))
     if space.gqa:
-        hk = draw(_ints(1, max(1, space.max_heads // 2)))
-        group = draw(_one_of(tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= space.max_heads) or (1,)))
+        hk = uniform(draw, 1, max(1, heads // 2))
+        group = pick(draw, tuple(g for g in (1, 2, 3, 4, 8) if hk * g <= heads) or (1,))
         h = hk * group
     else:
-        h = hk = draw(_ints(1, space.max_heads))
-    d_qk = _either(draw, _head_dim_branches(space))
-    d_v = _either(draw, _same_or_other_head_dim(d_qk, space)) if space.split_head_dims else d_qk
+        h = hk = uniform(draw, 1, heads)
     dtype = draw(_one_of(tuple(space.dtypes)))
     layout = draw(_one_of(tuple(space.layouts)))
 

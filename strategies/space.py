@@ -16,6 +16,8 @@ from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMA
 # Page sizes of a paged KV cache, smallest first (shrinking goes toward the first): the usual powers of two and odd
 # ones, for the backends that take any size.
 PAGE_SIZES = (1, 3, 16, 17, 64, 100, 128, 256)
+HEAD_DIMS = (8, 16, 32, 64, 96, 128, 256, 512)
+ODD_HEAD_DIMS = (1, 3, 24, 40, 72, 80, 100, 104, 136, 144, 160, 176, 192)
 
 
 def _positive(name: str, value) -> None:
@@ -30,12 +32,21 @@ def _subset(name: str, value, allowed) -> None:
 
 @dataclass(frozen=True)
 class Space:
-    """Bounds and feature switches for attention_cases(). Defaults are small enough for a CPU."""
+    """Bounds and feature switches for attention_cases(). Defaults are a CPU's (`for_device` gives a GPU's).
+
+    max_len: the longest sequence; past attnfuzz.strategies.cases.SMALL_LEN only the one case in LONG_ONE_IN that
+    draws a long shape reaches it. max_decode_len: the most keys a decode shape draws (default: max_len). max_work:
+    what a case may cost the float64 oracle, in multiply-adds (attnfuzz.strategies.cases.work: b * h * sq * skv *
+    (d_qk + d_v + 32); 2**24 is about 0.1 to 0.3 s on one CPU core). head_dims: the head dims a backend takes on
+    their own (narrow_to), None for every listed one up to max_head_dim."""
 
     max_batch: int = 3
-    max_len: int = 160
+    max_len: int = 2048
     max_heads: int = 8
-    max_head_dim: int = 128
+    max_head_dim: int = 512
+    max_decode_len: int | None = None
+    max_work: int = 2**24
+    head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
     layouts: tuple[str, ...] = LAYOUTS
     memory: tuple[str, ...] = MEMORY
@@ -60,8 +71,14 @@ class Space:
     page_sizes: tuple[int, ...] = PAGE_SIZES
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_len", "max_heads", "max_head_dim"):
+        for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work"):
             _positive(name, getattr(self, name))
+        if self.max_decode_len is not None:
+            _positive("max_decode_len", self.max_decode_len)
+        if self.head_dims is not None and (not isinstance(self.head_dims, tuple) or not self.head_dims):
+            raise ValueError(f"Space: invalid head_dims={self.head_dims!r}: a non-empty tuple of ints >= 1, or None")
+        for d in self.head_dims or ():
+            _positive("head_dims entry", d)
         _subset("dtypes", self.dtypes, DTYPES)
         _subset("layouts", self.layouts, LAYOUTS)
         _subset("memory", self.memory, MEMORY)
@@ -73,6 +90,24 @@ class Space:
 
     def replace(self, **changes) -> Space:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def decode_len(self) -> int:
+        return self.max_decode_len if self.max_decode_len is not None else self.max_len
+
+    @classmethod
+    def for_device(cls, device: str, max_len: int | None = None) -> Space:
+        """The default Space on `device`: a CPU's as Space(); on a GPU (the oracle runs there for large cases),
+        lengths up to 16k, decode shapes up to 128k keys and 2**36 multiply-adds. `max_len` (--max-len) bounds every
+        length, decode keys included."""
+        space = cls() if device == "cpu" else cls(max_len=GPU_MAX_LEN, max_decode_len=GPU_MAX_DECODE_LEN,
+                                                   max_work=GPU_MAX_WORK)
+        return space if max_len is None else space.replace(max_len=max_len, max_decode_len=max_len)
+
+
+GPU_MAX_LEN = 16384
+GPU_MAX_DECODE_LEN = 131072
+GPU_MAX_WORK = 2**36
 
 
 # Each switch is probed with a small case that turns on that one feature, in a dtype the backend takes.
@@ -86,7 +121,7 @@ _SWITCHES: dict[str, dict] = {
     "alibi": dict(alibi_slopes=(0.5, 0.25)),
     "custom_scale": dict(scale=0.3),
     "gqa": dict(h=4, hk=2),
-    "split_head_dims": dict(d_v=16),
+    "split_head_dims": dict(d_v=64),  # d_qk = 32 (or the head dims narrow_to found), d_v another
     "grads": dict(grads=True),
     "paged": dict(page_size=16),
 }
@@ -108,7 +143,21 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     dtypes = tuple(d for d in space.dtypes if takes(dtype=d)) or space.dtypes[:1]
     base = base.replace(dtype=dtypes[0])
     changes: dict = {"dtypes": dtypes, "unpaged": space.unpaged and not paged_only}
-    for switch, fields in _SWITCHES.items():
+    # Head dims one at a time (d_qk = d_v): a kernel that stops at 256 never draws 512; pairs it refuses are
+    # UNSUPPORTED. The probes below then use head dims it takes (32 and 64 where it takes them).
+    listed = sorted({*HEAD_DIMS, *ODD_HEAD_DIMS} & set(space.head_dims or HEAD_DIMS + ODD_HEAD_DIMS))
+    dims = tuple(d for d in listed if d <= space.max_head_dim and takes(d_qk=d, d_v=d))
+    switches = dict(_SWITCHES)
+    if dims:
+        changes["head_dims"] = dims
+        wide = [d for d in dims if d >= 32] or list(dims)
+        base = base.replace(d_qk=wide[0], d_v=wide[0])
+        other = [d for d in wide if d >= 64 and d != wide[0]] or [d for d in dims if d != wide[0]]
+        if other:
+            switches["split_head_dims"] = dict(d_v=other[0])
+        elif space.split_head_dims:  # one head dim: nothing to split
+            changes["split_head_dims"] = False
+    for switch, fields in switches.items():
         if getattr(space, switch) and not takes(**fields):
             changes[switch] = False
     choices = {"layouts": lambda v: dict(_SWITCHES["padding"], layout=v),

@@ -6,6 +6,7 @@ without a bug, the control that must never fail.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -196,3 +197,55 @@ BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, W
                                    ValueDimScale, NanOnEmptyRows, TileTail, DroppedBandWhenLonger, LaterBatches,
                                    Jittery, Intermittent, DroppedCausal, DroppedCausalWhenSquareAndScale,
                                    WindowOffByOneAndDroppedWhenLonger)}
+
+
+def _without_last_key(case, t):
+    """The case's visibility with key skv - 1 hidden from every query (a kernel that loses a tile's last key)."""
+    mask = visibility_mask(case, t, t.q.device).clone()
+    mask[..., -1] = False
+    return mask
+
+
+class TruncatedHeadDim(Correct):
+    """Reads only the first 128 channels of q and k when d_qk > 128 (a kernel whose tile stops at 128)."""
+
+    name = "broken-head-dim-128"
+
+    def run(self, case, t):
+        if case.d_qk <= 128:
+            return Output(self.attend(case, t))
+        cut = dataclasses.replace(t, q=t.q[..., :128], k=t.k[..., :128])
+        return Output(self.attend(case, cut, scale=case.softmax_scale))
+
+
+class DropsKeyPast1024(Correct):
+    """Loses the last key when skv > 1024 (a split-KV pass that drops its last block's final key)."""
+
+    name = "broken-long-row"
+
+    def run(self, case, t):
+        return Output(self.attend(case, t, mask=_without_last_key(case, t) if case.skv > 1024 else None))
+
+
+class DropsKeyAtResidue64(Correct):
+    """Loses the last key when skv % 128 == 64 (a half-full last tile whose bound is off by one)."""
+
+    name = "broken-tile-residue"
+
+    def run(self, case, t):
+        return Output(self.attend(case, t, mask=_without_last_key(case, t) if case.skv % 128 == 64 else None))
+
+
+class DecodeDropsLastBlock(Correct):
+    """Loses the last 64 keys on decode shapes, at most 16 queries over 512 or more keys (a split-KV decode pass that
+    never merges its last split). One key among 512 random ones moves a row by less than its bound (docs/grading.md):
+    a block is what such a bug loses."""
+
+    name = "broken-decode"
+
+    def run(self, case, t):
+        if not (case.sq <= 16 and case.skv >= 512):
+            return Output(self.attend(case, t))
+        mask = visibility_mask(case, t, t.q.device).clone()
+        mask[..., -64:] = False
+        return Output(self.attend(case, t, mask=mask))

@@ -40,14 +40,17 @@ def _split_kv(q, block_table, k_cache, v_cache, cache_seqlens, *, causal, window
                 keep &= j <= i + off + right
             s = torch.einsum("qhd,khd->hqk", q[n].float(), k) * scale
             s = s.masked_fill(~keep, float("-inf"))
-            m = s.amax(-1, keepdim=True)
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-            e = torch.exp(s - m)
+            m = s.amax(-1, keepdim=True)  # -inf where the page holds no visible key: it weighs 0 in the merge
+            e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
             partials.append((m, e.sum(-1, keepdim=True), torch.einsum("hqk,khd->hqd", e, v)))
         if not partials:
             continue
+        # the merge's maximum over the pages that see a key (a stand-in of 0 for an empty page once made rows whose
+        # logits all sit near -16384 read 0: the anti_aligned values found it)
         top = torch.stack([m for m, _, _ in partials]).amax(0)
-        weights = [torch.exp(m - top) if rescale else torch.ones_like(m) for m, _, _ in partials]
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        weights = [torch.where(torch.isfinite(m), torch.exp(m - top), torch.zeros_like(m)) if rescale
+                   else torch.ones_like(m) for m, _, _ in partials]
         denom = sum(w * l for w, (_, l, _) in zip(weights, partials))
         total = sum(w * o for w, (_, _, o) in zip(weights, partials))
         safe = torch.where(denom > 0, denom, torch.ones_like(denom))

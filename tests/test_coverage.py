@@ -142,3 +142,18 @@ def test_marginals_add_up_to_the_cases():
     assert (mask["causal"].counts.cases, mask["causal"].counts.passed, mask["causal"].cells_covered) == (2, 1, 1)
     assert (mask["none"].counts.refused, mask["none"].cells_covered) == (1, 1)
     assert {r.value: r.counts.cases for r in margins["heads"]} == {"MHA": 3, "GQA": 0, "MQA": 1}
+
+
+def test_the_drawn_distribution_counts_classes_and_repeats():
+    cov = Coverage()
+    decode, tall = Case(sq=1, skv=600, d_qk=192, d_v=128), Case(sq=1088, skv=64, causal=True)
+    for case in (decode, decode.to_dict(), tall):
+        cov.add("a", case, "PASS")
+    drawn = cov.distribution("a")
+    assert (drawn.cases, drawn.repeats) == (3, 1)
+    assert drawn.counts["shape"] == {"decode": 2, "tall": 1}
+    assert drawn.counts["head dim"] == {"129-192+split": 2, "<=64": 1}
+    assert drawn.counts["skv residue"] == {"other": 2, "%128=64": 1}
+    assert drawn.counts["causal x length"] == {"non-causal/>=300": 2, "causal/>=300": 1}
+    assert dict(drawn.shares()["sq"]) == {"1": 2 / 3, "1025-2048": 1 / 3}
+    assert cov.distribution("b").cases == 0

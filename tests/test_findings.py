@@ -45,7 +45,7 @@ def test_run_prints_where_each_finding_is_and_how_to_replay_it(tmp_path):
 
 
 # -- one root cause, one finding -------------------------------------------------------------------------------------
-SPACE = Space(max_len=80)
+SPACE = Space(max_len=80, max_head_dim=128)  # the shapes these controls were written for
 SEARCH = profile("ci", max_examples=300)
 
 

@@ -250,3 +250,14 @@ def test_cli_report_command(campaign, tmp_path):
     from attnfuzz.cli import main
     assert main(["report", str(campaign[0]), "--out", str(tmp_path / "via-cli")]) == 0
     assert (tmp_path / "via-cli" / "index.html").exists()
+
+
+def test_the_drawn_distribution_is_reported_per_backend(campaign):
+    _, expected, _, index = campaign
+    markdown = index.with_name("report.md").read_text()
+    for title in ("Drawn cases by sq", "Drawn cases by head dim", "Drawn cases by shape"):
+        rows = table_rows(markdown, title)
+        for column, name in enumerate(sorted(expected), start=1):
+            counts = [int(row[column].split("(")[1].rstrip(")")) for row in rows.values() if row[column] != "-"]
+            assert sum(counts) == sum(expected[name].values()), (title, name, rows)
+    assert "## Drawn cases that repeat an earlier one" in markdown

@@ -191,7 +191,7 @@ class Lane:
         cfg = self.config
         database = open_database(cfg["db"], self.dir)
         done = load_log(self.log_path)
-        space = Space(max_len=cfg["max_len"]) if cfg.get("max_len") else Space()
+        space = Space.for_device(self.device, cfg.get("max_len"))
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
         if cfg.get("poison_memory"):
             poison.enable()  # before the workers start: each is handed it

@@ -2,15 +2,21 @@
 
 Registered on import; the CLI and the pytest plugin load one by name. No deadline anywhere: a first call that
 compiles a kernel (flex, FA4) takes seconds, and a deadline would report that as flakiness.
+
+quick and ci leave out Hypothesis's target phase: from half the budget on, it hill-climbs the case with the worst
+error / bound for as long as that keeps improving, so the second half of a run mutates one case (measured with
+bench/distribution.py: 40 % of the cases in one sq bucket instead of 18 %). Their cases then follow the strategy's
+own weights. campaign keeps it, for its budget is large enough to afford the climb.
 """
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, settings
 
+_NO_TARGET = tuple(p for p in Phase if p != Phase.target)
 PROFILES = {
-    "quick": dict(max_examples=100),
-    "ci": dict(max_examples=300, derandomize=True, database=None, print_blob=True),
+    "quick": dict(max_examples=100, phases=_NO_TARGET),
+    "ci": dict(max_examples=300, derandomize=True, database=None, print_blob=True, phases=_NO_TARGET),
     "campaign": dict(max_examples=100_000, phases=tuple(Phase)),
 }
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -22,7 +22,7 @@ from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
-from attnfuzz.report.coverage import AXES, SPACE_SIZE, Coverage
+from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
 CRASHED = ("CRASH", "HANG", "FLAKY")
@@ -250,6 +250,23 @@ def marginal_tables(c: Campaign) -> list[Table]:
         tables.append(Table(f"Coverage by {axis.name}", [axis.name, *names], rows,
                             f"covered cells of {total} per value; cases P pass, F fail/crash/hang/flaky, K known, "
                             "R refused"))
+    return tables + distribution_tables(c)
+
+
+def distribution_tables(c: Campaign) -> list[Table]:
+    """The realized distribution: per shape class, the share of each backend's drawn cases (refused ones too)."""
+    names = c.coverage.backends()
+    drawn = {name: c.coverage.distribution(name) for name in names}
+    tables = []
+    for label, (values, _) in SHAPE_CLASSES.items():
+        rows = [[value] + [f"{100 * drawn[n].counts[label][value] / drawn[n].cases:.1f}% "
+                           f"({drawn[n].counts[label][value]})" if drawn[n].cases else "-" for n in names]
+                for value in values if any(drawn[n].counts[label][value] for n in names)]
+        tables.append(Table(f"Drawn cases by {label}", [label, *names], rows,
+                            "share of the backend's cases (count); see SHAPE_CLASSES in fuzz/report/coverage.py"))
+    rows = [[f"{100 * drawn[n].repeats / max(drawn[n].cases, 1):.1f}% ({drawn[n].repeats})" for n in names]]
+    tables.append(Table("Drawn cases that repeat an earlier one", names, rows,
+                        "the same case (every field, seed included) drawn again for the same backend"))
     return tables
 
 

@@ -18,6 +18,11 @@ alignment n/a), so it is an upper bound, counted honestly rather than guessed do
 - kv: how the keys reach the backend, first match of: contiguous (not paged); paged_shared (leading pages shared by
   every sequence); paged_tail (a cache length ends inside a page: a partly filled last page); paged (every cache
   length a whole number of pages).
+
+Beside the cells, the realized distribution (`Distribution`): the share of drawn cases in each class of a few finer
+shape classes (SHAPE_CLASSES: sq and skv buckets, decode and tall shapes, head dim classes, causal x length, tile
+residues of skv) and the share of cases that repeat an earlier one, so a run shows what it drew, not what the
+strategy meant to draw.
 """
 
 from __future__ import annotations
@@ -166,16 +171,112 @@ class Marginal:
     cells_total: int
 
 
+LENGTH_BUCKETS = (1, 4, 16, 64, 160, 512, 1024, 2048, 16384)
+
+
+def _bucket(n: int) -> str:
+    lo = 1
+    for hi in LENGTH_BUCKETS:
+        if n <= hi:
+            return str(hi) if lo == hi else f"{lo}-{hi}"
+        lo = hi + 1
+    return f">{LENGTH_BUCKETS[-1]}"
+
+
+def _buckets() -> tuple[str, ...]:
+    return tuple(_bucket(n) for n in (1, *(hi + 1 for hi in LENGTH_BUCKETS)))
+
+
+def shape_class(case: Case) -> str:
+    """decode: at most 16 queries over 512 or more keys; tall: 4x as many queries as keys (over 64 of them); else
+    square (within 4x) or wide."""
+    if case.sq <= 16 and case.skv >= 512:
+        return "decode"
+    if case.sq >= 4 * case.skv and case.sq > 64:
+        return "tall"
+    return "square" if max(case.sq, case.skv) <= 4 * min(case.sq, case.skv) else "wide"
+
+
+def head_dim_class(case: Case) -> str:
+    """The larger head dim's class, '+split' when d_qk != d_v: <=64, 65-128, 129-192, 193-256, >256."""
+    d = max(case.d_qk, case.d_v)
+    name = "<=64" if d <= 64 else "65-128" if d <= 128 else "129-192" if d <= 192 else "193-256" if d <= 256 else ">256"
+    return name + ("+split" if case.d_qk != case.d_v else "")
+
+
+def causal_length_class(case: Case) -> str:
+    longest = max(case.sq, case.skv)
+    size = "<=160" if longest <= 160 else "161-299" if longest < 300 else ">=300"
+    return f"{'causal' if case.causal else 'non-causal'}/{size}"
+
+
+def residue_class(case: Case) -> str:
+    """Where skv falls against a 128-key tile: <64 (no full tile), %128=64, %64=1, %64=0, %64=63, else other
+    (first match)."""
+    n = case.skv
+    return ("<64" if n < 64 else "%128=64" if n % 128 == 64 else "%64=1" if n % 64 == 1 else "%64=0" if n % 64 == 0 else
+            "%64=63" if n % 64 == 63 else "other")
+
+
+HEAD_DIM_CLASSES = tuple(f"{c}{s}" for c in ("<=64", "65-128", "129-192", "193-256", ">256") for s in ("", "+split"))
+SHAPE_CLASSES: dict[str, tuple[tuple[str, ...], Callable[[Case], str]]] = {
+    "sq": (_buckets(), lambda c: _bucket(c.sq)),
+    "skv": (_buckets(), lambda c: _bucket(c.skv)),
+    "shape": (("square", "wide", "tall", "decode"), shape_class),
+    "head dim": (HEAD_DIM_CLASSES, head_dim_class),
+    "causal x length": (tuple(f"{m}/{s}" for m in ("causal", "non-causal") for s in ("<=160", "161-299", ">=300")),
+                        causal_length_class),
+    "skv residue": (("<64", "%128=64", "%64=1", "%64=0", "%64=63", "other"), residue_class),
+}
+
+
+class Distribution:
+    """The drawn cases per class of each of SHAPE_CLASSES, and how many repeated an earlier case."""
+
+    def __init__(self) -> None:
+        self.cases = 0
+        self.repeats = 0
+        self.counts: dict[str, Counter] = {name: Counter() for name in SHAPE_CLASSES}
+        self._seen: set[int] = set()
+
+    def add(self, case: Case) -> None:
+        self.cases += 1
+        key = hash(repr(sorted(case.to_dict().items())))
+        self.repeats += key in self._seen
+        self._seen.add(key)
+        for name, (_, of) in SHAPE_CLASSES.items():
+            self.counts[name][of(case)] += 1
+
+    def shares(self) -> dict[str, list[tuple[str, float]]]:
+        """Per class name, (value, share of the cases) in the class's order, listed values only where drawn."""
+        return {name: [(v, self.counts[name][v] / max(self.cases, 1)) for v in values if self.counts[name][v]]
+                for name, (values, _) in SHAPE_CLASSES.items()}
+
+    def describe(self) -> str:
+        lines = [f"{self.cases} cases, {100 * self.repeats / max(self.cases, 1):.1f}% repeat an earlier one"]
+        for name, shares in self.shares().items():
+            lines.append(f"  {name}: " + ", ".join(f"{v} {100 * s:.1f}%" for v, s in shares))
+        return "\n".join(lines)
+
+
 class Coverage:
-    """Counts per backend per cell; `add` per case, `summary` for a live line, `marginals` for tables."""
+    """Counts per backend per cell; `add` per case, `summary` for a live line, `marginals` for tables, and the
+    realized distribution per backend (`distribution`)."""
 
     def __init__(self) -> None:
         self.cells: dict[str, dict[Cell, Counts]] = {}
+        self.drawn: dict[str, Distribution] = {}
 
     def add(self, backend: str, case: Case | dict, label: str) -> Cell:
+        if isinstance(case, dict):
+            case = Case.from_dict(case)
         cell = cell_of(case)
         self.cells.setdefault(backend, {}).setdefault(cell, Counts()).add(label)
+        self.drawn.setdefault(backend, Distribution()).add(case)
         return cell
+
+    def distribution(self, backend: str) -> Distribution:
+        return self.drawn.get(backend, Distribution())
 
     def backends(self) -> list[str]:
         return sorted(self.cells)

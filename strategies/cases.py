@@ -240,9 +240,10 @@ def _one_head_dim(draw, space: Space, room: int) -> int:
     smallest one where none fits). The list is picked before the coin, so a shrink to a narrow head dim does not
     add a choice (see uniform)."""
     narrow, wide = _head_dim_lists(space)
-    options = pick(draw, narrow)
-    options = wide if wide and coin(draw, WIDE_ONE_IN) else options
-    return pick(draw, tuple(d for d in options if d <= room) or (min(options),))
+    base = pick(draw, narrow)
+    options = wide if wide and coin(draw, WIDE_ONE_IN) else base
+    # where no wide one fits the room, the narrow list's (a wide head dim on a long case passed max_work)
+    return pick(draw, tuple(d for d in options if d <= room) or tuple(d for d in base if d <= room) or (min(base),))
 
 
 def _head_dim(draw, space: Space, room: int, d_qk: int | None = None) -> int:

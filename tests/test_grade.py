@@ -176,7 +176,7 @@ def test_a_softcap_is_allowed_a_fast_tanh_and_no_more():
     t = materialize(case)
     oracle = Oracle.of(case, t)
     out, lse = oracle.ref.out.to(t.q.dtype), oracle.ref.lse.float()
-    near = lse + 30.0 * 2.0**-17                       # FlashInfer's softcap on an H200: ~2^-17 of the cap
+    near = lse + 30.0 * 2.0**-12                       # within tanh.approx.f32's 2^-11 of the cap
     assert grade(case, t, Output(out, lse=near), oracle=oracle).status == V.PASS
-    far = lse + 30.0 * 2.0**-13
+    far = lse + 30.0 * 2.0**-7
     assert grade(case, t, Output(out, lse=far), oracle=oracle).diagnosis == V.LSE

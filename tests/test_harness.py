@@ -15,7 +15,7 @@ from attnfuzz.strategies.space import Space
 from attnfuzz.backends.layout import visibility_mask
 from tests.broken import BROKEN, Correct
 
-SPACE = Space(max_len=80)
+SPACE = Space(max_len=80, max_head_dim=128)  # the shapes these planted bugs were written for
 SHRINK = profile("ci", max_examples=400)
 
 # backend -> (diagnosis, what the shrunk case must look like)

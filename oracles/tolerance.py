@@ -30,19 +30,20 @@ Why per row: the error and the bound used to be maxima over the whole tensor, an
 reference value (row 0 of a causal case, |V_0| ~ 3), while a long row's output is ~1/sqrt(n): an element had to be
 off by several times its own row's size before it counted, and one wrong key on a row of 4096 never did. Each row
 now meets its own baseline and its own magnitude; the verdict names the worst row (the largest error / bound).
-The floor allows the final rounding of a correct value to the dtype, twice, 2 * eps(dtype) * max_row|f64|, and a
-rounding of every logit in the precision kernels compute logits in (fp32, or fp64 for fp64 inputs): a weight's
-relative error e moves an output row by at most e * sum_j P_ij |V_j - O_i| <= 2 e * sum_j P_ij |V_j| (the row's
-`spread`, which the reference computes), so the output floor adds 2 * (eps(logits) * L_i + FAST_EXP) * spread_i
-(FAST_EXP for fp16 / bf16 only, see below: a fast exp errs on the weights like a logit's rounding); gradients keep
-2 * eps(logits) * L * max_row|f64|. Plus 1e-7 absolute so an all-tiny row is not graded on subnormals. L_i (the
+The floor allows the final rounding of a correct value to the dtype, u = eps / 2 of the row's largest value, twice
+for an output row (eps(dtype) * max_row|f64|; four times for gradients), and a rounding of every logit in the
+precision kernels compute logits in (fp32, or fp64 for fp64 inputs): a weight's relative error e moves an output row
+by at most e * sum_j P_ij |V_j - O_i| <= 2 e * sum_j P_ij |V_j| (the row's `spread`, which the reference computes),
+so the output floor adds 2 * eps(logits) * L_i * spread_i, and for fp16 / bf16 six standard deviations of P's
+rounding and of a fast exp (see check: those errors do not conspire); gradients keep 2 * eps(logits) * L *
+max_row|f64|. Plus 1e-7 absolute so an all-tiny row is not graded on subnormals. L_i (the
 reference's `row_logit_size`, its maximum `logit_size`) is what a logit's rounding scales with: the sum of its
 dot product's terms, scale * sum_d |q_d k_d|, which is |logit| or larger when the terms cancel (CUDA's efficient
 kernel, fp32, d = 64: an LSE 1.08 * eps * that sum off, where |logit| was 7% of it). (Without the logit term, fp32
 cases with logits ~20 failed correct kernels: both the naive and the kernel error are then rounding noise, and the
 naive one can land low.) Gradients that cancel (dQ is exactly 0 with one key) add (8 * eps(compute) + 2 *
-eps(logits) * L) times a bound on the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij carries its logit's rounding, and the sum
-does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
+eps(logits) * L) times a bound on the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij
+carries its logit's rounding, and the sum does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
 dQ and dK also add twice what they inherit from D = rowsum(dO * O) taken from the output rounded to the dtype, as
 FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without).
 """

@@ -180,7 +180,8 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
 
 
 def _gradient_terms(o: Oracle) -> dict[str, tuple[float, float]]:
-    """Per gradient: (a bound on the products it sums, where they can cancel; the error it inherits from D).
+    """Per gradient: (a bound on the products it sums, where they can cancel; the error it inherits from D, and for
+    fp16 from dS rounded among the subnormals).
     |dP_ij| = |dO_i . V_j| is at most the product of the largest row norms; dQ = scale * dS K averages rows of K with
     weights of total mass <= 2 |dP|; dK = scale * dS^T Q sums over queries with the mass dV = P^T dO shows,
     max|dV| / max|dO| of it; dV = P^T dO sums P_ij dO_i, at most P^T |dO| (the reference computes it). D enters
@@ -199,8 +200,20 @@ def _gradient_terms(o: Oracle) -> dict[str, tuple[float, float]]:
     mass = biggest(o.ref.dv) / max(biggest(t.dout), 1e-30)
     scale = o.case.softmax_scale
     shifted = scale * o.ref.d_rounding
-    return {"dq": (2 * scale * dp * biggest(t.k), shifted * biggest(t.k)),
-            "dk": (2 * scale * dp * biggest(t.q) * mass, shifted * biggest(t.q) * mass),
+    k_max, q_max = biggest(t.k), biggest(t.q)
+    # dS rounded to fp16 before dQ = dS K and dK = dS^T Q: where dS is tiny (values of std 1e-3 make dP ~ 1e-6) it
+    # lands among fp16's subnormals, whose spacing 2^-24 is absolute, so each term carries up to 2^-25 * |K_j| (dQ) or
+    # |Q_i| (dK), not a relative eps: independent over the n terms, six standard deviations of a uniform error, never
+    # more than all n (sdpa-efficient fp16 dK on an H200: 1.3x over where far_negative puts |q_c| ~ 270 in one
+    # channel and dS ~ 1e-6). bf16 keeps fp32's exponent range: its subnormals are far below anything graded.
+    def underflow(n: int) -> float:
+        if o.case.dtype != "float16":
+            return 0.0
+        spacing = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2  # 2^-25
+        return scale * spacing * min(n, P_ROUNDING_SIGMAS * UNIFORM_SD * n ** 0.5)
+
+    return {"dq": (2 * scale * dp * k_max, (shifted + underflow(o.case.skv)) * k_max),
+            "dk": (2 * scale * dp * q_max * mass, shifted * q_max * mass + underflow(o.case.sq) * q_max),
             "dv": (o.ref.dv_terms, 0.0)}
 
 
@@ -220,17 +233,6 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
     # the whole sum would hide a 10 % error in dK, tests/test_grade.py).
     n = o.case.skv if name == "dq" else o.case.sq
     row_terms = o.ref.row_dv_terms if name == "dv" and o.ref.row_dv_terms is not None else terms / max(n, 1) ** 0.5
-    # dS rounded to fp16 before dQ = dS K and dK = dS^T Q: where dS is tiny (values of std 1e-3 make dP ~ 1e-6) it
-    # lands among fp16's subnormals, whose spacing 2^-24 is absolute, so each term carries up to 2^-25 * |K_j| (dQ) or
-    # |Q_i| (dK), not a relative eps: independent over the n terms, six standard deviations of a uniform error, never
-    # more than all n (sdpa-efficient fp16 dK on an H200: 1.3x over where far_negative puts |q_c| ~ 270 in one
-    # channel and dS ~ 1e-6). bf16 keeps fp32's exponent range: its subnormals are far below anything graded.
-    if o.case.dtype == "float16" and name != "dv":
-        other = o.tensors.k if name == "dq" else o.tensors.q
-        spacing = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2  # 2^-25
-        biggest = other.double().abs().max().item() if other.numel() else 0.0
-        inherited = inherited + (o.case.softmax_scale * spacing * biggest
-                                 * min(n, P_ROUNDING_SIGMAS * UNIFORM_SD * n ** 0.5))
     where = rows[:, :, None, None]
     if terms >= torch.finfo(got.dtype).max:
         # The products this gradient sums can pass the dtype's largest value: a kernel's partial sums in the dtype

@@ -101,13 +101,13 @@ def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
     return draw_on_cpu(case).to(device)
 
 
-def probe_values(case: Case, heads: int, head_major: bool) -> torch.Tensor:
-    """v of a probe case: channel c of KV head g is 1 on the keys j with (j + g) % d_v == c, else 0."""
+def probe_values(case: Case, heads: int) -> torch.Tensor:
+    """v of a probe case, [skv, heads, d_v] (the same for every sequence): channel c of KV head g is 1 on the keys j
+    with (j + g) % d_v == c, else 0."""
     j = torch.arange(case.skv)[:, None, None]
     g = torch.arange(heads)[None, :, None]
     c = torch.arange(case.d_v)[None, None, :]
-    v = ((j + g) % case.d_v == c).to(torch.float32).expand(case.b, -1, -1, -1).contiguous()
-    return v.transpose(1, 2).contiguous().transpose(1, 2) if head_major else v
+    return ((j + g) % case.d_v == c).to(torch.float32)
 
 
 def family_channel(case: Case) -> int:
@@ -198,7 +198,7 @@ def draw_on_cpu(case: Case) -> Tensors:
         # made its own strides where a dim has size 1, and TE refused the mismatched k / v of hk = 1 with "The
         # provided qkv memory layout is not supported")
         q.zero_()
-        v.copy_(probe_values(case, hk_drawn, head_major))
+        v.copy_(probe_values(case, hk_drawn))
     mask = None
     if case.mask_density is not None:
         mask = torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density

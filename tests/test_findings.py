@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
-from attnfuzz.engine.harness import Evidence, Finding, fuzz, merge_root_causes, run_case
+from attnfuzz.engine.harness import Finding, fuzz, run_case
+from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.oracles import verdict as V
 from attnfuzz.engine.profiles import profile
 from attnfuzz.strategies.case import Case

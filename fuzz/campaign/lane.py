@@ -28,7 +28,8 @@ from attnfuzz.engine import interrupt, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.backends import get
-from attnfuzz.engine.harness import Evidence, Finding, Tally, fuzz, mark_known, merge_root_causes, run_case
+from attnfuzz.engine.harness import Finding, Tally, fuzz, mark_known, run_case
+from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.engine.isolate import isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V

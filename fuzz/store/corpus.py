@@ -7,7 +7,7 @@ a bug whose output is garbage reads 0, NaN or wrong values from run to run) whos
 case has the values in `when` (each optional) counts as this known bug, and the search goes on past it). `when` names
 Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). Optional:
 attached ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the
-entry, each a case and verdict; attnfuzz.engine.harness.merge_root_causes), absent from entries that have none.
+entry, each a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none.
 `environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
 (replay_under_isa).
 """

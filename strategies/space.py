@@ -137,9 +137,11 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
             return False
 
     base = _PROBE
-    paged_only = space.paged and not takes() and takes(page_size=16)
+    # the page size the probes use: 16 where the backend takes it, else the first it takes (FA2: multiples of 256)
+    page = next((p for p in (16, *space.page_sizes) if takes(page_size=p)), 16) if space.paged else 16
+    paged_only = space.paged and not takes() and takes(page_size=page)
     if paged_only:
-        base = _PROBE.replace(page_size=16)
+        base = _PROBE.replace(page_size=page)
     dtypes = tuple(d for d in space.dtypes if takes(dtype=d)) or space.dtypes[:1]
     base = base.replace(dtype=dtypes[0])
     changes: dict = {"dtypes": dtypes, "unpaged": space.unpaged and not paged_only}
@@ -147,7 +149,7 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     # UNSUPPORTED. The probes below then use head dims it takes (32 and 64 where it takes them).
     listed = sorted({*HEAD_DIMS, *ODD_HEAD_DIMS} & set(space.head_dims or HEAD_DIMS + ODD_HEAD_DIMS))
     dims = tuple(d for d in listed if d <= space.max_head_dim and takes(d_qk=d, d_v=d))
-    switches = dict(_SWITCHES)
+    switches = {**_SWITCHES, "paged": dict(page_size=page)}
     if dims:
         changes["head_dims"] = dims
         wide = [d for d in dims if d >= 32] or list(dims)

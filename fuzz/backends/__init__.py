@@ -14,8 +14,8 @@ from attnfuzz.backends.base import Backend, Unsupported
 
 # one folder per family: sdpa/, flex/, flash/ (FA2, FA3, FA4), te/ (TransformerEngine), cp/ (context parallelism),
 # flashinfer/ (serving kernels)
-ADAPTER_MODULES = ("sdpa.adapter", "flex.adapter", "flash.fa2", "flash.fa3", "flash.fa4", "te.adapter", "cp.adapter",
-                   "flashinfer.adapter")
+ADAPTER_MODULES = ("sdpa.adapter", "flex.adapter", "flash.fa2", "flash.kvcache", "flash.fa3", "flash.fa4",
+                   "te.adapter", "cp.adapter", "flashinfer.adapter")
 
 
 def factories() -> dict[str, Callable[[str], Backend]]:

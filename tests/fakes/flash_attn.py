@@ -56,13 +56,31 @@ def run_band(q, k, v, *, cu_q=None, cu_k=None, used_q=None, used_k=None, left, r
     return torch.stack(outs), torch.stack(lses)
 
 
+def gather_pages(k_cache, v_cache, table, lens, extra=0):
+    """Batched [b, max_len, hk, d] k / v read through a block table (sequence n's pages table[n], in order), each
+    sequence's first lens[n] + extra slots filled (extra = 1: a planted read of one slot past the cache)."""
+    ps = k_cache.shape[1]
+    width = max(1, max(lens) + extra)
+    ks, vs = [], []
+    for n, length in enumerate(lens):
+        pages = table[n, :-(-(length + extra) // ps)].long()
+        ks.append(k_cache[pages].flatten(0, 1)[:width])
+        vs.append(v_cache[pages].flatten(0, 1)[:width])
+
+    def padded(x):
+        return torch.cat([x, x.new_zeros(width - x.shape[0], *x.shape[1:])])
+
+    return torch.stack([padded(x) for x in ks]), torch.stack([padded(x) for x in vs])
+
+
 def _fa2_bounds(causal, window):
     left, right = (None if w < 0 else w for w in window)
     return left, (0 if causal else right)
 
 
-def make_fa2(calls: list) -> dict:
-    """sys.modules entries of a fake flash-attn 2.8."""
+def make_fa2(calls: list, kvcache_bug: str | None = None) -> dict:
+    """sys.modules entries of a fake flash-attn 2.8. `kvcache_bug` plants a bug in flash_attn_with_kvcache:
+    "read_past" reads one slot past each sequence's cache, "no_append" attends without the appended keys."""
     def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                         softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
         calls.append({"fn": "flash_attn_func", "causal": causal, "window_size": window_size,
@@ -84,13 +102,49 @@ def make_fa2(calls: list) -> dict:
                         softcap=softcap, alibi=alibi_slopes)
         return (out, lse, None) if return_attn_probs else out
 
+    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                                cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+        calls.append({"fn": "flash_attn_with_kvcache", "causal": causal, "window_size": window_size,
+                      "num_splits": num_splits, "paged": block_table is not None, "appended": 0 if k is None
+                      else k.shape[1], "cache_seqlens": cache_seqlens.tolist(), "shape": tuple(q.shape)})
+        if block_table is not None and k_cache.shape[1] % 256:
+            raise RuntimeError("Paged KV cache block size must be divisible by 256")
+        lens = cache_seqlens.tolist()
+        if k is not None:   # written into the cache in place, as the kernel does
+            for n, start in enumerate(lens):
+                for i in range(k.shape[1]):
+                    pos = start + i
+                    if block_table is None:
+                        k_cache[n, pos], v_cache[n, pos] = k[n, i], v[n, i]
+                    else:
+                        page = int(block_table[n, pos // k_cache.shape[1]])
+                        k_cache[page, pos % k_cache.shape[1]] = k[n, i]
+                        v_cache[page, pos % v_cache.shape[1]] = v[n, i]
+            if kvcache_bug != "no_append":
+                lens = [n + k.shape[1] for n in lens]
+        extra = 1 if kvcache_bug == "read_past" else 0
+        if block_table is None:
+            kb, vb = k_cache, v_cache
+            used = [min(n + extra, k_cache.shape[1]) for n in lens]
+        else:
+            kb, vb = gather_pages(k_cache, v_cache, block_table, lens, extra)
+            used = [n + extra for n in lens]
+        left, right = _fa2_bounds(causal, window_size)
+        out, lse = run_band(q, kb, vb, used_k=used, left=left, right=right, scale=softmax_scale, softcap=softcap,
+                            alibi=alibi_slopes)
+        return (out, lse) if return_softmax_lse else out
+
     iface = types.ModuleType("flash_attn.flash_attn_interface")
     iface.flash_attn_func, iface.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    iface.flash_attn_with_kvcache = flash_attn_with_kvcache
     pkg = types.ModuleType("flash_attn")
     pkg.__path__ = []
     pkg.__version__ = "2.8.3+fake"
     pkg.flash_attn_interface = iface
     pkg.flash_attn_func, pkg.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
+    pkg.flash_attn_with_kvcache = flash_attn_with_kvcache
     return {"flash_attn": pkg, "flash_attn.flash_attn_interface": iface}
 
 
@@ -137,7 +191,7 @@ def resolve_fa4_window(causal, window, semantics):
     return left, right
 
 
-def make_fa4(calls: list, semantics: str = "post_2490") -> dict:
+def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = None) -> dict:
     """sys.modules entries of a fake flash-attn-4 (`flash_attn.cute`)."""
     if semantics not in ("pre_2490", "post_2490"):
         raise ValueError(f"semantics={semantics!r}: one of 'pre_2490', 'post_2490'")
@@ -163,8 +217,27 @@ def make_fa4(calls: list, semantics: str = "post_2490") -> dict:
         record("flash_attn_varlen_func", q, causal, window_size, softmax_scale, learnable_sink, softcap,
                cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
                seqused_q=None if seqused_q is None else seqused_q.tolist(),
-               seqused_k=None if seqused_k is None else seqused_k.tolist())
+               seqused_k=None if seqused_k is None else seqused_k.tolist(), paged=page_table is not None)
         left, right = resolve_fa4_window(causal, window_size, semantics)
+        if page_table is not None:   # "read_past": one slot past each cache; "consecutive": pages read in pool order
+            lens = seqused_k.tolist()
+            table = page_table
+            if paged_bug == "consecutive":
+                table = torch.arange(page_table.numel(), dtype=torch.int32).reshape(page_table.shape)
+                table = table.clamp(max=k.shape[0] - 1)
+            extra = 1 if paged_bug == "read_past" else 0
+            k, v = gather_pages(k, v, table, lens, extra)
+            seqused_k = torch.tensor([n + extra for n in lens], dtype=torch.int32)
+            if cu_seqlens_q is not None:   # packed queries over a batched (gathered) cache: per sequence
+                starts = cu_seqlens_q.tolist()
+                outs, lses = [], []
+                for n in range(len(starts) - 1):
+                    o, l = run_band(q[None, starts[n]:starts[n + 1]], k[n:n + 1], v[n:n + 1],
+                                    used_k=seqused_k[n:n + 1], left=left, right=right, scale=softmax_scale,
+                                    softcap=softcap, sink=learnable_sink)
+                    outs.append(o[0])
+                    lses.append(l[0])
+                return torch.cat(outs), (torch.cat(lses, dim=1) if return_lse else None)
         out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, used_q=seqused_q, used_k=seqused_k,
                         left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
         return out, (lse if return_lse else None)

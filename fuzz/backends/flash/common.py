@@ -18,10 +18,12 @@ from attnfuzz.backends.base import Unsupported
 from attnfuzz.backends.layout import cu_seqlens, lse_from_packed, pack, to_layout, unpack
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
+from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 Bounds = tuple  # (left, right): int >= 0, or None for unbounded
 
 BATCHED, VARLEN, SEQUSED = "flash_attn_func", "flash_attn_varlen_func", "flash_attn_varlen_func[seqused]"
+PAGED, PAGED_PACKED = "flash_attn_varlen_func[paged]", "flash_attn_varlen_func[paged,cu_seqlens_q]"
 
 # Words in a library's own refusal message (TORCH_CHECK / assert) that mark a clean refusal, not a crash.
 REFUSAL_WORDS = ("not supported", "does not support", "only supports", "only support", "should be a multiple",
@@ -156,6 +158,47 @@ def gradients(case: Case, inputs: FlashInputs, out: torch.Tensor, t: Tensors):
     if not case.grads:
         return None, None, None
     return torch.autograd.grad(out, inputs.leaves, t.dout.to(out.dtype))
+
+
+def kvcache_inputs(k, v, lens_kv, new, block_table, page_size, num_pages, garbage_k, garbage_v):
+    """k_cache, v_cache, cache_seqlens and (new > 0) the appended k / v of flash_attn_with_kvcache, from logical
+    k / v [b, skv, hk, d]: sequence n's first lens_kv[n] - new keys in its cache (rows of a contiguous cache, or the
+    pages block_table[n] names, in order), its last `new` keys handed over as k / v, and every other slot garbage."""
+    lens = [n - new for n in lens_kv]
+    if block_table is None:
+        k_cache, v_cache = k.contiguous().clone(), v.contiguous().clone()
+        for n, length in enumerate(lens):
+            k_cache[n, length:], v_cache[n, length:] = garbage_k, garbage_v
+    else:
+        k_cache = k.new_full((num_pages, page_size, *k.shape[2:]), garbage_k)
+        v_cache = v.new_full((num_pages, page_size, *v.shape[2:]), garbage_v)
+        for n, length in enumerate(lens):
+            for p in range(-(-length // page_size)):
+                page, count = int(block_table[n, p]), min(page_size, length - p * page_size)
+                k_cache[page, :count] = k[n, p * page_size:p * page_size + count]
+                v_cache[page, :count] = v[n, p * page_size:p * page_size + count]
+    inputs = {"k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
+              "cache_seqlens": torch.tensor(lens, dtype=torch.int32, device=k.device)}
+    if new:
+        inputs["k"] = torch.stack([k[n, length:length + new] for n, length in enumerate(lens)])
+        inputs["v"] = torch.stack([v[n, length:length + new] for n, length in enumerate(lens)])
+    return inputs
+
+
+def paged_call(case: Case, t: Tensors, x: FlashInputs) -> dict:
+    """The keyword arguments of a paged varlen call besides the case's own: the pool built from the logical k / v by
+    kvcache_inputs (through the block table of strategies/paged.py), seqused_k, page_table, and the queries' lengths
+    (cu_seqlens_q when packed, else seqused_q when some are padded)."""
+    table = paged_kv(case, t.k, t.v)
+    cache = kvcache_inputs(t.k, t.v, case.lens_kv, 0, table.block_table, case.page_size, table.k_cache.shape[0],
+                           GARBAGE_K, GARBAGE_V)
+    call = {"k": cache["k_cache"], "v": cache["v_cache"], "seqused_k": cache["cache_seqlens"],
+            "page_table": cache["block_table"], "max_seqlen_q": case.sq, "max_seqlen_k": case.skv}
+    if x.packed:
+        call["cu_seqlens_q"] = x.cu_q
+    elif case.lens_q != (case.sq,) * case.b:
+        call["seqused_q"] = cu_seqlens(case.lens_q, x.q.device).diff()
+    return call
 
 
 def refusal(exc: BaseException, library: str) -> Unsupported | None:

@@ -8,6 +8,11 @@ keep that case in the fuzzed space on purpose. Sinks: learnable_sink [h] (zeros 
 log, [b, h, sq] batched or [h, total] varlen. Padding in a batched layout goes either packed through cu_seqlens
 (default) or in place through seqused_q / seqused_k (spelling "seqused").
 
+Paged KV caches (serving): flash_attn_varlen_func(q, k_cache, v_cache, page_table=block_table int32 [b, max_pages],
+seqused_k=cache lengths, ...) with the pool [num_pages, page_size, hk, d]; q batched, or packed through
+cu_seqlens_q (page_table excludes cu_seqlens_k). On sm90 a page size of 128 (the kernel's key tile) loads pages by
+TMA, any other size through cp.async: both paths are drawn.
+
 sm90 backward (first H200 run): GQA with d_qk != d_v is an explicit assert in FlashAttentionBackwardSm90, declared
 here as a refusal; two other sm90 backward failures are the library's, not refusals, and stay findings: a compile
 error (MLIRError) for d_qk > d_v when d_v's 16-padded tile is narrower than the dO shared-memory swizzle atom sized
@@ -97,6 +102,7 @@ def split_spelling(spelling: str) -> tuple[bool, str]:
 class FlashAttn4(Backend):
     name = "fa4"
     family = "fa4"
+    serves_paged = True
 
     def __init__(self, device: str = "cuda", arch: int | None = None) -> None:
         self.device = device
@@ -144,6 +150,9 @@ class FlashAttn4(Backend):
         """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,
         spelling "seqused") or BATCHED."""
         seqused, _ = split_spelling(case.spelling)
+        if case.paged:
+            q_padded = case.lens_q != (case.sq,) * case.b
+            return fc.PAGED_PACKED if case.layout == "thd" or (q_padded and not seqused) else fc.PAGED
         if case.layout == "thd" or (case.padded and not seqused):
             return fc.VARLEN
         return fc.SEQUSED if seqused else fc.BATCHED
@@ -160,9 +169,11 @@ class FlashAttn4(Backend):
         api = import_fa4()
         kwargs = self.call_kwargs(case, tensors)
         fn = self.route(case)
-        x = fc.flash_inputs(case, tensors, packed=fn == fc.VARLEN)
+        x = fc.flash_inputs(case, tensors, packed=fn in (fc.VARLEN, fc.PAGED_PACKED))
         try:  # the library's own input checks (forward or backward) are refusals; anything else is a crash
-            if fn == fc.VARLEN:
+            if fn in (fc.PAGED, fc.PAGED_PACKED):
+                out, lse = api.flash_attn_varlen_func(x.q, **fc.paged_call(case, tensors, x), **kwargs)
+            elif fn == fc.VARLEN:
                 out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
                                                       max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
             elif fn == fc.SEQUSED:

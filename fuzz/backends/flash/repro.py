@@ -12,6 +12,7 @@ from attnfuzz.backends import layout
 from attnfuzz.backends import source as src
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 
 def flash_source(backend, case: Case, *, module: str, library: str, positional_varlen: bool) -> str | None:
@@ -19,14 +20,33 @@ def flash_source(backend, case: Case, *, module: str, library: str, positional_v
     None for a case it refuses. `positional_varlen`: FA2 / FA3 take cu_seqlens and max lengths positionally."""
     if backend.unsupported(case) is not None:
         return None
-    kwargs = backend.call_kwargs(case, materialize(case, "cpu"))
+    t = materialize(case, "cpu")
+    kwargs = backend.call_kwargs(case, t)
     tensors = {name: x for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
     spelled = {name: f"{name.upper()}.to(q.device)" if name in tensors else repr(x) for name, x in kwargs.items()}
     route = backend.route(case)
     fn = route.split("[")[0]
     body = [f"from {module} import {fn}", ""]
     args = ["q", "k", "v"]
-    if route == fc.VARLEN:
+    functions = [layout.pack, layout.unpack, layout.cu_seqlens] if route in (fc.VARLEN, fc.PAGED_PACKED) else []
+    if route in (fc.PAGED, fc.PAGED_PACKED):
+        cache = paged_kv(case, t.k, t.v)
+        tensors["block_table"] = cache.block_table
+        body += [f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence",
+                 src.call("cache = kvcache_inputs", ["k", "v", "lens_kv", "0", "BLOCK_TABLE.to(q.device)",
+                                                     str(case.page_size), str(cache.k_cache.shape[0]),
+                                                     repr(GARBAGE_K), repr(GARBAGE_V)], {})]
+        args = ["q", 'cache["k_cache"]', 'cache["v_cache"]']
+        lengths = {"seqused_k": 'cache["cache_seqlens"]', "page_table": 'cache["block_table"]',
+                   "max_seqlen_q": str(case.sq), "max_seqlen_k": str(case.skv)}
+        if route == fc.PAGED_PACKED:
+            body.append("q = pack(q, lens_q)  # [total, heads, d]")
+            lengths["cu_seqlens_q"] = "cu_seqlens(lens_q, q.device)"
+        elif case.lens_q != (case.sq,) * case.b:
+            lengths["seqused_q"] = "torch.tensor(lens_q, dtype=torch.int32, device=q.device)"
+        spelled = {**lengths, **spelled}
+        functions.append(fc.kvcache_inputs)
+    elif route == fc.VARLEN:
         body += [f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence",
                  "q, k, v = pack(q, lens_q), pack(k, lens_kv), pack(v, lens_kv)  # varlen: [total, heads, d]"]
         lengths = {"cu_seqlens_q": "cu_seqlens(lens_q, q.device)", "cu_seqlens_k": "cu_seqlens(lens_kv, q.device)",
@@ -43,10 +63,9 @@ def flash_source(backend, case: Case, *, module: str, library: str, positional_v
         body.append("q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))  # sbhd buffers, "
                     "[b, s, h, d] views")
     body += ["out = " + src.call(fn, args, spelled) + "[0]",
-             f"return unpack(out, lens_q, {case.sq})" if route == fc.VARLEN else "return out"]
+             f"return unpack(out, lens_q, {case.sq})" if route in (fc.VARLEN, fc.PAGED_PACKED) else "return out"]
     doc = (f"{library} ({module}.{fn}) as attnfuzz's {backend.name} adapter calls it for spelling "
            f"{case.spelling!r}" + (", padding in place through seqused_q / seqused_k." if route == fc.SEQUSED
                                    else "."))
-    functions = [layout.pack, layout.unpack, layout.cu_seqlens] if route == fc.VARLEN else []
     named = {name.upper(): (x, f"{name}, as the adapter passes it") for name, x in tensors.items()}
     return src.preamble(functions, named) + src.attention(doc, body)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build flash-attn 2 (FA2) as a wheel from its PyPI sdist, offline, for one GPU architecture.
+#
+#   bash bench/build_fa2.sh SDIST OUTDIR [ARCH]      e.g. flash_attn-2.8.3.post2.tar.gz /tmp/fa2-wheel 90
+#
+# What differs from `pip install flash-attn` (see docs/backends.md):
+# - FLASH_ATTN_CUDA_ARCHS=ARCH (default 90): the sdist's default builds every kernel for sm80, sm90, sm100 and sm120;
+#   one architecture is a quarter of the work. The sm80 kernels are what FA2 runs on Hopper: ARCH only names the
+#   SASS target.
+# - FLASHATTENTION_DISABLE_DROPOUT (a flag the sdist's setup.py lists, commented out): dropout doubles every kernel's
+#   instantiations, and attnfuzz never draws dropout (its case language has none; the adapters pass dropout_p=0).
+#   Every head dim, causal, local (window), ALiBi, softcap, uneven head dims and the split-KV kernels stay in.
+# - FLASH_ATTENTION_FORCE_BUILD=TRUE: no attempt to download a prebuilt wheel (the runner has no network).
+# Needs torch (the one the wheel will run with), nvcc (CUDA_HOME or on PATH), ninja, setuptools, wheel and
+# packaging importable; MAX_JOBS (default: cores - 2) and NVCC_THREADS (default 2) set the parallelism.
+set -euo pipefail
+sdist=${1:?usage: bash bench/build_fa2.sh SDIST OUTDIR [ARCH]}
+out=${2:?usage: bash bench/build_fa2.sh SDIST OUTDIR [ARCH]}
+arch=${3:-90}
+work=$(mktemp -d)
+tar xzf "$sdist" -C "$work"
+src=$(echo "$work"/flash_attn-*)
+sed -i 's|^    # "-DFLASHATTENTION_DISABLE_DROPOUT",|    "-DFLASHATTENTION_DISABLE_DROPOUT",|' "$src/setup.py"
+grep -q '^    "-DFLASHATTENTION_DISABLE_DROPOUT",' "$src/setup.py" || {
+  echo "build_fa2: the sdist's setup.py has no DISABLE_DROPOUT line to turn on; check its version" >&2; exit 2; }
+mkdir -p "$out"
+cd "$src"
+start=$(date +%s)
+FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=$arch MAX_JOBS=${MAX_JOBS:-$(( $(nproc) > 3 ? $(nproc) - 2 : 1 ))} \
+  NVCC_THREADS=${NVCC_THREADS:-2} python3 -m pip wheel --no-build-isolation --no-deps --no-index -w "$out" .
+echo "build_fa2: built $(ls "$out"/flash_attn-*.whl) in $(( $(date +%s) - start )) s"

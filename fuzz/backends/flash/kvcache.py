@@ -29,6 +29,7 @@ from attnfuzz.backends import source as src
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.flash import fa2
+from attnfuzz.backends.flash.repro import spelled_kwargs
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, materialize
@@ -71,9 +72,7 @@ def kvcache_source(backend, case: Case) -> str | None:
     if backend.unsupported(case) is not None:
         return None
     t = materialize(case, "cpu")
-    kwargs = backend.call_kwargs(case, t)
-    tensors = {name: x for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
-    spelled = {name: f"{name.upper()}.to(q.device)" if name in tensors else repr(x) for name, x in kwargs.items()}
+    tensors, spelled = spelled_kwargs(backend.call_kwargs(case, t))
     named = {name.upper(): (x, f"{name}, as the adapter passes it") for name, x in tensors.items()}
     _, _, append = split_spelling(case.spelling)
     new = appended(case) if append else 0

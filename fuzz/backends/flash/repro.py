@@ -15,15 +15,21 @@ from attnfuzz.strategies.materialize import materialize
 from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 
+def spelled_kwargs(kwargs: dict) -> tuple[dict, dict]:
+    """(the tensor arguments, every argument as source): a tensor is named by its upper-cased name (a module-level
+    literal, moved to q's device), anything else by its repr."""
+    tensors = {name: x for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
+    return tensors, {name: f"{name.upper()}.to(q.device)" if name in tensors else repr(x)
+                     for name, x in kwargs.items()}
+
+
 def flash_source(backend, case: Case, *, module: str, library: str, positional_varlen: bool) -> str | None:
     """Source defining `attention(q, k, v)` for `backend` (a flash-attn adapter with call_kwargs and route), or
     None for a case it refuses. `positional_varlen`: FA2 / FA3 take cu_seqlens and max lengths positionally."""
     if backend.unsupported(case) is not None:
         return None
     t = materialize(case, "cpu")
-    kwargs = backend.call_kwargs(case, t)
-    tensors = {name: x for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
-    spelled = {name: f"{name.upper()}.to(q.device)" if name in tensors else repr(x) for name, x in kwargs.items()}
+    tensors, spelled = spelled_kwargs(backend.call_kwargs(case, t))
     route = backend.route(case)
     fn = route.split("[")[0]
     body = [f"from {module} import {fn}", ""]

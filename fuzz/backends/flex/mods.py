@@ -32,6 +32,11 @@ def padding(lens_q: torch.Tensor, lens_kv: torch.Tensor):
                   f"padding(q={lens_q.tolist()}, kv={lens_kv.tolist()})")
 
 
+def query_padding(lens_q: torch.Tensor):
+    """Query i sees keys iff i < lens_q[b] (keys past a cache are bounded elsewhere: PagedAttention's kv_len)."""
+    return _named(lambda b, h, q_idx, kv_idx: q_idx < lens_q[b], f"query_padding({lens_q.tolist()})")
+
+
 def explicit(mask: torch.Tensor):
     """Query i sees key j iff mask[b, 0, i, j]."""
     return _named(lambda b, h, q_idx, kv_idx: mask[b, 0, q_idx, kv_idx],
@@ -106,8 +111,9 @@ def has_mask(case: Case) -> bool:
     return case.left is not None or case.right is not None or case.padded or case.mask_density is not None
 
 
-def mods_of(case: Case, tensors: Tensors, device):
-    """(the mask_mod, or None when nothing is masked; the score_mods in the case's order)."""
+def mods_of(case: Case, tensors: Tensors, device, *, key_padding: bool = True):
+    """(the mask_mod, or None when nothing is masked; the score_mods in the case's order). Without `key_padding`
+    the mask leaves keys past each sequence's length to the caller (a paged cache's own length bound)."""
     lens_q = torch.tensor(case.lens_q, device=device)
     lens_kv = torch.tensor(case.lens_kv, device=device)
     off = lens_kv - lens_q if case.alignment == "bottom_right" else torch.zeros_like(lens_q)
@@ -116,8 +122,10 @@ def mods_of(case: Case, tensors: Tensors, device):
         masks.append(band_left(torch.tensor(case.left, device=device), off))
     if case.right is not None:
         masks.append(band_right(torch.tensor(case.right, device=device), off))
-    if case.padded:
+    if case.padded and key_padding:
         masks.append(padding(lens_q, lens_kv))
+    elif case.lens_q != (case.sq,) * case.b:
+        masks.append(query_padding(lens_q))
     if tensors.mask is not None:
         masks.append(explicit(tensors.mask.to(device)))
     score_dtype = torch.float64 if case.dtype == "float64" else torch.float32

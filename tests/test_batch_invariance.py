@@ -97,3 +97,23 @@ def test_paged_cases_are_checked_with_the_sequence_on_its_own_pages(name, fails)
         assert [f.verdict.label for f in findings] == ["FAIL:BATCH_VARIANT"] and findings[0].case.paged, findings
     else:
         assert not findings and tally.batch_invariant == tally.batch_checked, tally.to_dict()
+
+
+def test_a_run_prints_the_observed_property_and_the_report_has_a_column_for_it(tmp_path, capsys):
+    from attnfuzz.cli import main
+    from attnfuzz.report.build import build_report
+    from attnfuzz.store import caselog
+    spec = "tests.batch_kernels:splits_by_batch_undeclared"
+    log = tmp_path / "run.jsonl"
+    assert main(["run", "--backend", spec, "--max-examples", "40", "--max-len", "24", "--corpus",
+                 str(tmp_path / "found"), "--log", str(log), "--json"]) == 0
+    out, err = capsys.readouterr()
+    tally = json.loads(out)[spec]["tally"]["batch_invariance"]
+    assert tally["checked"] > 0, tally
+    assert f"[{spec}] batch invariant on {tally['invariant']} of {tally['checked']} checked cases (observed, not " \
+           f"claimed)" in err, err
+    rows = [row for row in caselog.rows(log) if "batch_invariant" in row["verdict"]]
+    assert len(rows) == tally["checked"], rows
+    markdown = build_report(log).with_name("report.md").read_text()
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {spec} "))
+    assert line.rstrip(" |").endswith(f"{tally['invariant']}/{tally['checked']}"), line

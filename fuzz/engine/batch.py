@@ -92,18 +92,20 @@ def _parts(output: V.Output, n: int, sq_n: int, skv_n: int) -> dict[str, torch.T
     return {name: getattr(output, name)[cut] for name, cut in cuts.items() if getattr(output, name) is not None}
 
 
-def _bits(x: torch.Tensor) -> torch.Tensor:
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit pattern (NaN-safe equality): its bytes as integers of the same width."""
     return x.detach().contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
-def _differences(what: str, mine: dict, theirs: dict) -> list[str]:
+def _differences(what: str, batched: dict, composed: dict) -> list[str]:
+    """A line per tensor of one sequence whose bits differ between the batch and another composition `what`."""
     lines = []
-    for name in mine.keys() & theirs.keys():
-        a, b = mine[name], theirs[name]
+    for name in batched.keys() & composed.keys():
+        a, b = batched[name], composed[name]
         if a.shape != b.shape:
             lines.append(f"{name} of {what} has shape {tuple(b.shape)}, in the batch {tuple(a.shape)}")
             continue
-        differ = _bits(a) != _bits(b)
+        differ = bits(a) != bits(b)
         if differ.any():
             delta = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
             lines.append(f"{name} of {what} differs from the batch's in {int(differ.sum())} of {differ.numel()} "

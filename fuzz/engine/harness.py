@@ -186,18 +186,13 @@ def crash_diagnosis(error: Exception) -> str:
                 type(error).__name__)
 
 
-def _bits(x):
-    """A tensor's bit pattern (NaN-safe equality): its bytes as integers of the same width."""
-    return x.detach().contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-
-
 def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdict: V.Verdict) -> V.Verdict:
     """A backend that declares itself deterministic runs the case again on the same inputs; any bit that differs is a
     FAIL:NONDETERMINISTIC (a failed grade stays the verdict, with the difference noted)."""
     second = backend.run(case, tensors)
     for name in ("out", "lse", "dq", "dk", "dv"):
         a, b = getattr(first, name), getattr(second, name)
-        if a is None or b is None or torch.equal(_bits(a), _bits(b)):
+        if a is None or b is None or torch.equal(batch.bits(a), batch.bits(b)):
             continue
         delta = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
         message = f"{name} is not bitwise reproducible: a second identical run differs by up to {delta:.3g}"

@@ -1,7 +1,7 @@
 """Graded cases per second through the whole fuzz loop (Hypothesis draw, materialize, backend, oracle, grade).
 
     python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu] [--lanes 1]
-                                [--space small|default|short|compare]
+                                [--space small|default|short|compare] [--batch-check [--rounds 2]]
 
 --space small (the default): small shapes (b <= 2, s <= 64, h <= 4, d <= 64). default: the device's default Space
 (Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short: that Space
@@ -15,6 +15,14 @@ stops), oracle + grade (float64 references, bounds, diagnosis), inputs (drawing 
 fuzzer (Hypothesis, bookkeeping). `--lanes N` runs N such processes at once on the same device, each with its own
 Hypothesis stream, as `attnfuzz campaign --workers N` would, started together after their warm-up; the aggregate is
 their graded cases over the common wall time.
+
+--batch-check: the cost of the batch-invariance check (fuzz/engine/batch.py) as a ratio in one process: the same
+cases (the same seed) measured with the check turned off and on, alternately (off on, on off, ... after one run
+uncounted), `--rounds` times each; it prints the
+rate of each and on / off over the summed times (wall time, and the process's CPU time, which other load on the
+machine moves less), how many cases the check ran on, and the share of the time the check itself took within the
+runs with it (timed around it, case by case, under the same load as the rest: the steadiest of the three figures on
+a shared machine).
 
 On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
 reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
@@ -56,7 +64,7 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
 
     backend = get(backend_name, device)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    spent = {"backend": 0.0, "oracle": 0.0, "inputs": 0.0}
+    spent = {"backend": 0.0, "oracle": 0.0, "inputs": 0.0, "batch": 0.0}
 
     def timed(fn, key):
         def wrapper(*args, **kwargs):
@@ -73,6 +81,8 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     harness_module.grade = timed(harness_module.grade, "oracle")
     harness_module.draw_on_cpu = timed(harness_module.draw_on_cpu, "inputs")
     harness_module.Tensors.to = timed(harness_module.Tensors.to, "inputs")
+    checked_verdict = harness_module.batch.checked_verdict
+    harness_module.batch.checked_verdict = timed(checked_verdict, "batch")  # its backend runs count as backend too
     known = known_bugs(Path("corpus"))
     fuzz(backend, device=device, space=SMALL, known=known, settings=profile("ci", max_examples=20))  # warm-up
     per_case = {"small": 0, "small_s": 0.0, "long": 0, "long_s": 0.0}
@@ -85,17 +95,19 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
         per_case[f"{kind}_s"] += now - last[0]
         last[0] = now
 
-    spent.update(backend=0.0, oracle=0.0, inputs=0.0)
+    spent.update(backend=0.0, oracle=0.0, inputs=0.0, batch=0.0)
     if go is not None:
         Path(f"{go}.ready.{id(spent)}").touch()
         while not go.exists():
             time.sleep(0.01)
-    began = time.time()
+    began, cpu = time.time(), time.process_time()
     last[0] = time.perf_counter()
     tally, findings = fuzz(backend, device=device, space=space, known=known, on_case=on_case,
                            settings=profile("ci", max_examples=examples, derandomize=False), seed=seed)
+    harness_module.batch.checked_verdict = checked_verdict
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
     return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
+            "cpu_s": time.process_time() - cpu, "batch_checked": tally.batch_checked, "batch_invariant": tally.batch_invariant,
             "began": began, "ended": time.time(), "labels": dict(tally.labels), "space": space_name, **per_case,
             **{f"{k}_s": v for k, v in spent.items()},
             "findings": [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}" for f in findings]}
@@ -114,6 +126,33 @@ def describe(r: dict) -> str:
             f"fuzzer and the rest {1e3 * other / r['examples']:.2f} ms; ratio fuzzer total / (backend + oracle) = "
             f"{r['seconds'] / max(work, 1e-9):.2f}; findings {len(r['findings'])}"
             + "".join(f"\n  {f}" for f in r["findings"]))
+
+
+def batch_cost(args) -> None:
+    """The same cases with the batch check off and on, alternately: the rate of each and their ratio."""
+    from attnfuzz.engine import batch
+    checked = batch.checked
+    runs = {"off": [], "on": []}
+    measure(args.backend, args.device, args.examples, space=space_named(args.space, args.device), seed=args.seed)
+    for round_ in range(args.rounds):  # after a run of the same cases uncounted, in the order ABBA: drift cancels
+        for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+            batch.checked = checked if mode == "on" else (lambda case: False)
+            try:
+                runs[mode].append(measure(args.backend, args.device, args.examples,
+                                          space=space_named(args.space, args.device), space_name=args.space,
+                                          seed=args.seed))
+            finally:
+                batch.checked = checked
+    rate = {mode: sum(r["graded"] for r in rs) / sum(r["seconds"] for r in rs) for mode, rs in runs.items()}
+    cpu = {mode: sum(r["graded"] for r in rs) / sum(r["cpu_s"] for r in rs) for mode, rs in runs.items()}
+    on = runs["on"][-1]
+    share = sum(r["batch_s"] for r in runs["on"]) / sum(r["seconds"] for r in runs["on"])
+    print(f"{args.backend} on the {args.space} space, {args.examples} examples x {args.rounds} rounds each: "
+          f"{rate['off']:.1f} graded cases/s without the batch check, {rate['on']:.1f} with it; on / off = "
+          f"{rate['on'] / rate['off']:.3f} (per CPU second of the process, robust to other load: "
+          f"{cpu['off']:.1f} and {cpu['on']:.1f}, on / off = {cpu['on'] / cpu['off']:.3f}); checked {on['batch_checked']} of {on['examples']} cases per run, "
+          f"{on['batch_invariant']} of them batch invariant; within the runs with it, the check took {100 * share:.1f}% "
+          f"of the time: a rate of {1 - share:.3f} x the same run without it")
 
 
 def lanes(args) -> None:
@@ -144,6 +183,9 @@ def main() -> None:
     p.add_argument("--lanes", type=int, default=1, help="processes fuzzing the backend at once")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed of the measured run (the same cases each time)")
     p.add_argument("--space", default="small", choices=("small", "default", "short", "compare"))
+    p.add_argument("--batch-check", action="store_true",
+                   help="measure the batch-invariance check's cost: the same cases with it off and on")
+    p.add_argument("--rounds", type=int, default=2, help="with --batch-check: measured runs of each, alternating")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -151,6 +193,8 @@ def main() -> None:
         return lanes(args)
     import torch
     torch.set_num_threads(args.threads)
+    if args.batch_check:
+        return batch_cost(args)
     if args.space == "compare":
         short, default = (measure(args.backend, args.device, args.examples, space=space_named(name, args.device),
                                   space_name=name, seed=args.seed) for name in ("short", "default"))

@@ -181,6 +181,9 @@ def cmd_run(args) -> int:
         summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
         print(f"[{name}] {tally.examples} examples in {tally.seconds:.1f}s; "
               f"{len(saved)} finding(s) saved to {args.corpus}", file=sys.stderr)
+        if tally.batch_checked:  # the property as observed; a backend that claims it fails where it breaks
+            claim = "claimed" if backend.batch_invariant else "observed, not claimed"
+            print(f"[{name}] {tally.batch_line()} ({claim})", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=2))
     return 1 if found else 0

@@ -29,9 +29,11 @@ LSE = "LSE"                            # the output passes, the log-sum-exp does
 GRADIENT = "GRADIENT"                  # the output passes, a gradient does not
 TOLERANCE = "TOLERANCE"                # wrong beyond the bound, and no alternative reference explains it
 NONDETERMINISTIC = "NONDETERMINISTIC"  # graded fine, but a backend that claims determinism differs bitwise on a rerun
+BATCH_VARIANT = "BATCH_VARIANT"        # graded fine, but a backend that claims batch invariance gives a sequence other
+                                       # bits alone (or in another batch order) than inside its batch
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
 DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK, MASK_DROP,
-             GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC)
+             GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
 # The diagnoses that name an alternative reference the failing output matches (oracles/grade.py alternatives): one
 # output can match several, and then a verdict lists the others in `also`; so does an EMPTY_ROWS verdict, which is
 # decided first, with every alternative its output matches.
@@ -69,7 +71,9 @@ class Worst:
 class Verdict:
     """The grade of one run. `ratio` is the worst error over its bound (PASS means <= 1): what the search climbs.
     `also`: the other ALTERNATIVE diagnoses whose references the same failing output matches (the diagnosis is the
-    first that does, in the grader's order), so a finding can tell that another one's diagnosis explains it too."""
+    first that does, in the grader's order), so a finding can tell that another one's diagnosis explains it too.
+    `batch_invariant`: whether the case's batch check (attnfuzz.engine.batch) found the backend's bits the same alone
+    and in the batch; None where the case was not checked."""
 
     status: str
     diagnosis: str | None = None
@@ -78,6 +82,7 @@ class Verdict:
     ratio: float = 0.0
     checks: tuple[str, ...] = field(default=())
     also: tuple[str, ...] = field(default=())
+    batch_invariant: bool | None = None
 
     @property
     def failed(self) -> bool:
@@ -91,7 +96,8 @@ class Verdict:
         return {"status": self.status, "diagnosis": self.diagnosis, "message": self.message,
                 "worst": self.worst.to_dict() if self.worst else None,
                 "ratio": self.ratio if self.ratio != float("inf") else "inf", "checks": list(self.checks),
-                **({"also": list(self.also)} if self.also else {})}  # absent when empty: older files stay as they are
+                **({"also": list(self.also)} if self.also else {}),  # absent when empty: older files stay as they are
+                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:
@@ -100,7 +106,7 @@ class Verdict:
         return cls(status=data["status"], diagnosis=data.get("diagnosis"), message=data.get("message", ""),
                    worst=Worst(worst["tensor"], tuple(worst["index"]), worst["got"], worst["expected"]) if worst
                    else None, ratio=float(ratio), checks=tuple(data.get("checks", ())),
-                   also=tuple(data.get("also", ())))
+                   also=tuple(data.get("also", ())), batch_invariant=data.get("batch_invariant"))
 
 
 def known_bug_check(link: str) -> str:

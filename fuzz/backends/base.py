@@ -45,6 +45,9 @@ class Backend:
     device: str = "cpu"
     cost: float = 1.0           # relative cost of an example: a profile's example budget is divided by it
     deterministic: bool = False  # claims bitwise-reproducible results: each case runs twice and the bits must agree
+    batch_invariant: bool = False  # claims a sequence's bits do not depend on its batch: on a share of the cases with
+                                   # b > 1 it runs alone and the batch reversed, and the bits must agree (for the
+                                   # others that check is an observation; attnfuzz.engine.batch)
     own_processes: bool = False  # runs its kernel in processes of its own already: no isolation worker around it
     serves_paged: bool = False   # reads a paged KV cache when the case has one (strategies/paged.py); the others
                                  # would see the same logical k / v, so paged cases are not drawn for them

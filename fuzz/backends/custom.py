@@ -43,6 +43,9 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
 - Optional `fn.supports(case) -> bool | str` narrows what is drawn: False refuses, a string refuses with that reason.
 - Optional `fn.deterministic = True` claims bitwise-reproducible results: each case then runs twice, and any bit that
   differs is a FAIL:NONDETERMINISTIC.
+- Optional `fn.batch_invariant = True` claims a sequence's bits do not depend on its batch: on a share of the cases
+  with b > 1 one sequence also runs alone (and the batch reversed), and any bit that differs is a
+  FAIL:BATCH_VARIANT. Without the claim the same check is reported as an observed property, never a failure.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class CustomBackend(Backend):
         self.name, self.fn, self.device = spec, fn, str(device)
         self.import_path = import_path  # the sys.path folder its module came from (repro scripts put it back)
         self.deterministic = bool(getattr(fn, "deterministic", False))
+        self.batch_invariant = bool(getattr(fn, "batch_invariant", False))
         params = inspect.signature(fn).parameters.values()
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self.accepts = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}

@@ -22,7 +22,7 @@ import hypothesis
 import torch
 from hypothesis import strategies as st
 
-from attnfuzz.engine import interrupt, poison
+from attnfuzz.engine import batch, interrupt, poison
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
@@ -55,16 +55,22 @@ def finding_type(label: str) -> type[Finding]:
 
 @dataclass
 class Tally:
-    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio."""
+    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio, and how many
+    of the batch-checked cases were batch invariant (attnfuzz.engine.batch)."""
 
     examples: int = 0
     labels: Counter = field(default_factory=Counter)
     unsupported: Counter = field(default_factory=Counter)
     worst_ratio: float = 0.0
     seconds: float = 0.0
+    batch_checked: int = 0
+    batch_invariant: int = 0
 
     def add(self, verdict: V.Verdict) -> None:
         self.examples += 1
+        if verdict.batch_invariant is not None:
+            self.batch_checked += 1
+            self.batch_invariant += verdict.batch_invariant
         self.labels[verdict.label] += 1
         if verdict.status == V.UNSUPPORTED:
             self.unsupported[verdict.message] += 1
@@ -73,7 +79,12 @@ class Tally:
 
     def to_dict(self) -> dict:
         return {"examples": self.examples, "labels": dict(self.labels), "unsupported": dict(self.unsupported),
-                "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3)}
+                "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3),
+                "batch_invariance": {"checked": self.batch_checked, "invariant": self.batch_invariant}}
+
+    def batch_line(self) -> str:
+        """The observed property, e.g. 'batch invariant on 12 of 15 checked cases'."""
+        return f"batch invariant on {self.batch_invariant} of {self.batch_checked} checked cases"
 
 
 # Score elements (b * h * sq * skv) up to which a GPU case's oracle runs on the CPU: a small float64 reference is a
@@ -155,6 +166,8 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
     verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
     if backend.deterministic:
         verdict = _check_bitwise(backend, case, tensors, output, verdict)
+    if batch.checked(case):  # on a share of the batched cases: bits alone vs in the batch (claimed, or observed)
+        verdict = batch.checked_verdict(backend, case, tensors, output, verdict)
     signal = getattr(backend, "last_agreement", None)  # CP vs non-CP: reported beside the grade, never graded
     if signal is not None:
         verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
@@ -173,18 +186,13 @@ def crash_diagnosis(error: Exception) -> str:
                 type(error).__name__)
 
 
-def _bits(x):
-    """A tensor's bit pattern (NaN-safe equality): its bytes as integers of the same width."""
-    return x.detach().contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-
-
 def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdict: V.Verdict) -> V.Verdict:
     """A backend that declares itself deterministic runs the case again on the same inputs; any bit that differs is a
     FAIL:NONDETERMINISTIC (a failed grade stays the verdict, with the difference noted)."""
     second = backend.run(case, tensors)
     for name in ("out", "lse", "dq", "dk", "dv"):
         a, b = getattr(first, name), getattr(second, name)
-        if a is None or b is None or torch.equal(_bits(a), _bits(b)):
+        if a is None or b is None or torch.equal(batch.bits(a), batch.bits(b)):
             continue
         delta = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
         message = f"{name} is not bitwise reproducible: a second identical run differs by up to {delta:.3g}"

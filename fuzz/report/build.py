@@ -68,7 +68,8 @@ class Campaign:
 
     def add_line(self, row: dict) -> None:
         backend, label = row["backend"], row["label"]
-        self.coverage.add(backend, row["case"], label)     # first: a malformed case raises before anything counts
+        self.coverage.add(backend, row["case"], label,     # first: a malformed case raises before anything counts
+                          batch_invariant=(row.get("verdict") or {}).get("batch_invariant"))
         totals = self.totals.setdefault(backend, BackendTotals())
         totals.labels[label] += 1
         totals.seconds += float(row.get("seconds") or 0.0)
@@ -162,13 +163,19 @@ def totals_table(c: Campaign) -> Table:
         rows.append([name, str(versions.get(name, "")), str(t.examples), str(t.count("PASS")), str(t.count("FAIL")),
                      known, str(t.count(*CRASHED)), str(t.count("UNSUPPORTED")),
                      f"{cells['covered']}", f"{cells['failing']}", rate,
-                     f"{t.worst_pass:.3g}" if t.count("PASS") else "-"])
+                     f"{t.worst_pass:.3g}" if t.count("PASS") else "-", _batch_cell(c.coverage.batch.get(name))])
     return Table("Totals per backend", ["backend", "version", "examples", "PASS", "FAIL", "KNOWN (found here)",
                                         "CRASH/HANG/FLAKY", "UNSUPPORTED", "cells covered", "cells failing",
-                                        "cases/s", "worst PASS ratio"], rows,
+                                        "cases/s", "worst PASS ratio", "batch invariant"], rows,
                  f"KNOWN (found here): failures of known bugs; in brackets, those known only because this campaign "
                  f"had saved them already; cells of {SPACE_SIZE} (fuzz/report/coverage.py); cases/s over the seconds the "
-                 "backend's lanes spent; worst PASS ratio: how close the passing cases came to the bound (1)")
+                 "backend's lanes spent; worst PASS ratio: how close the passing cases came to the bound (1); batch invariant: of the "
+                 "cases batch-checked (fuzz/engine/batch.py), those whose sequence had the same bits alone and in its "
+                 "batch (a backend that claims it fails as BATCH_VARIANT where it does not)")
+
+
+def _batch_cell(seen) -> str:
+    return f"{seen['invariant']}/{seen['checked']}" if seen else "-"
 
 
 def labels_table(c: Campaign) -> Table:

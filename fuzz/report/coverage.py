@@ -266,14 +266,24 @@ class Coverage:
     def __init__(self) -> None:
         self.cells: dict[str, dict[Cell, Counts]] = {}
         self.drawn: dict[str, Distribution] = {}
+        self.batch: dict[str, Counter] = {}  # per backend: cases batch-checked, and those batch invariant
 
-    def add(self, backend: str, case: Case | dict, label: str) -> Cell:
+    def add(self, backend: str, case: Case | dict, label: str, batch_invariant: bool | None = None) -> Cell:
         if isinstance(case, dict):
             case = Case.from_dict(case)
         cell = cell_of(case)
         self.cells.setdefault(backend, {}).setdefault(cell, Counts()).add(label)
         self.drawn.setdefault(backend, Distribution()).add(case)
+        if batch_invariant is not None:
+            seen = self.batch.setdefault(backend, Counter())
+            seen["checked"] += 1
+            seen["invariant"] += bool(batch_invariant)
         return cell
+
+    def batch_invariance(self, backend: str) -> str:
+        """The observed property (attnfuzz.engine.batch), e.g. 'batch invariant on 12 of 15 checked cases', or ''."""
+        seen = self.batch.get(backend)
+        return f"batch invariant on {seen['invariant']} of {seen['checked']} checked cases" if seen else ""
 
     def distribution(self, backend: str) -> Distribution:
         return self.drawn.get(backend, Distribution())

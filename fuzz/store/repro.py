@@ -17,7 +17,9 @@ cases an adapter refuses, and bring-your-own kernels (`package.module:function`)
 
 The script checks the output and, for cases with gradients, dQ / dK / dV (autograd through the written call, with the
 embedded output gradient and float64 answers). It does not check the LSE, whose spelling is each backend's own: an
-LSE finding's script reruns the call and passes. CP scripts gather the output across ranks, so no gradient flows back
+LSE finding's script reruns the call and passes.
+A BATCH_VARIANT finding's script also reruns the batch check through attnfuzz (attnfuzz.engine.batch.compare): the
+batch, the sequence alone and the batch reversed, with a line per tensor whose bits differ. CP scripts gather the output across ranks, so no gradient flows back
 through them; they say so and check the output only.
 """
 
@@ -64,6 +66,33 @@ def attention(q, k, v):
     return backend.run(case, t).out
 '''
 
+_BATCH_RUNS = '''
+
+BATCH_KERNEL_PATH = {kernel_path!r}  # where a bring-your-own kernel's module was imported from, as above
+
+
+def batch_runs():
+    """The check that found this, through attnfuzz: the case's batch, then one sequence alone (b = 1, its own
+    lengths, the same values) and the batch reversed; a line per tensor whose bits differ from the batch's."""
+    import os
+    if BATCH_KERNEL_PATH and os.path.isdir(BATCH_KERNEL_PATH) and BATCH_KERNEL_PATH not in sys.path:
+        sys.path.insert(0, BATCH_KERNEL_PATH)
+    try:
+        from attnfuzz.backends import get
+        from attnfuzz.engine.batch import compare
+        from attnfuzz.strategies import Case, materialize
+        backend = get(BACKEND, DEVICE)
+    except (ImportError, ValueError) as e:
+        print(f"{{BACKEND}}: cannot run the batch check here: {{e}}", file=sys.stderr)
+        sys.exit(2)
+    case = Case.from_dict(CASE)
+    t = materialize(case, DEVICE)
+    check = compare(backend, case, t, backend.run(case, t))
+    print(f"{{BACKEND}}: sequence {{check.sequence}} alone and the batch reversed, against the batch: "
+          + (check.refused or ("the same bits" if check.invariant else f"{{len(check.differences)}} difference(s)")))
+    return list(check.differences)
+'''
+
 # How materialize() lays the drawn values out in memory, rebuilt from the contiguous literals.
 _MEMORY = {
     "transposed": "q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))  # head-major buffers",
@@ -105,6 +134,10 @@ def script(entry) -> str:
     else:
         exits = "exits 1 while the bug is there"
     rows_list = list(case.lens_q)
+    batch = entry.verdict.diagnosis == "BATCH_VARIANT"
+    if batch:
+        call += _BATCH_RUNS.format(kernel_path=kernel_path(entry))
+        exits += "; the batch check needs attnfuzz importable"
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
 {textwrap.fill(entry.verdict.message, 110)}
 
@@ -146,7 +179,7 @@ def main():
     print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}; worst row at {{over:.4g}} x its bound (largest {{BOUND:.4g}})")
 {_isa_report(entry)}    if {case.grads!r}:
         problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
-    if problems:
+{"    problems += batch_runs()" + chr(10) if batch else ""}    if problems:
         print("  " + "\\n  ".join(problems))
     return 1 if problems else 0
 

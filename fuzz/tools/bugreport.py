@@ -40,6 +40,8 @@ EXPLAIN = {
     V.TOLERANCE: ("is wrong beyond rounding error", "the error exceeds what a correct kernel's rounding allows, and no "
                   "simple mistake (other alignment, window off by one, dropped mask, head mapping, scale) explains it"),
     V.NONDETERMINISTIC: ("is not bitwise reproducible", "two identical runs on the same inputs differ in some bits"),
+    V.BATCH_VARIANT: ("is not batch invariant", "a sequence gets other bits alone (or in another batch order) than "
+                      "inside its batch, though the backend claims it does not"),
 }
 LIBRARIES = {"flex-eager": ("torch", "torch flex_attention, eager"), "fa2": ("flash-attn 2", "flash-attn 2"),
              "flex-compiled": ("torch", "torch.compile(flex_attention)"), "fa3": ("flash-attn 3", "flash-attn 3"),

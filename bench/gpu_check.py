@@ -87,7 +87,7 @@ def run_one(backend, case: Case, device: str = "cuda") -> dict:
             torch.cuda.synchronize()
         row["ran"] = output.ran
         verdict = grade(case, tensors, output, family=backend.family,
-                        oracle=Oracle.of(case, tensors, device=device))
+                        oracle=Oracle.of(case, tensors, device=device, family=backend.family))
         row.update(label=verdict.label, ratio=verdict.ratio, message=verdict.message)
     except Unsupported as e:
         row.update(label="UNSUPPORTED", message=str(e))

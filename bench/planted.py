@@ -4,7 +4,9 @@
 The trusted computation is written here from the semantics in strategies/case.py, the way a fused kernel computes:
 logits as fp32 sums of exact products (fp64 for fp64 inputs), softcap, ALiBi, the band, padding and the explicit
 mask, softmax with the sink in fp32, P V in fp32, the output rounded once to the inputs' dtype, the LSE in fp32.
-`correct` is it without a bug (the control that must pass). Each planted bug touches one batch (0) and one query
+Its backward is autograd through that fp32 math, rounded once at the end: the kernels declare the fused family
+(fuzz/backends/custom.py), whose gradient baseline is a fused backward. `correct` is it without a bug (the control
+that must pass). Each planted bug touches one batch (0) and one query
 head (the last); where it touches one row, that row is `PLANT["row"]` when set (the benchmark draws it), else the
 middle valid row of sequence 0. `LAST["active"]` says whether the last call's bug changed anything a correct kernel
 computes (a leak needs a hidden valid key, a drop a row that sees two keys, ...).
@@ -207,3 +209,6 @@ BUGS = {"leak_key": "leak_key", "drop_key": "drop_key", "row_x1.01": "row_times_
 GRADIENT_BUGS = tuple(n for n in BUGS if n.startswith("grads"))
 for _name in ("correct", *BUGS.values()):
     globals()[_name].supports = lambda case: case.dtype != "float64" or "the benchmark grades fp16 / bf16 / fp32"
+    # The trusted backward is autograd through fp32 (fp64) math, rounded once to the dtype at the end: more precise
+    # than a fused kernel's, so graded against the fused baseline (oracles/tolerance.py, FUSED_BACKWARD).
+    globals()[_name].family = "fused"

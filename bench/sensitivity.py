@@ -5,7 +5,8 @@ by the project's own `grade` on long rows, in fp16, bf16 and fp32.
 
 For each bug, dtype, length S (sq = skv = S, or skv = 5S/4 bottom-right) and input family (random values; probes
 where the case language has them) it prints `FAIL / active`: the cases where the bug changed something, and how many
-of those the grader failed, output only and with the LSE graded (gradient bugs: out, dQ, dK, dV). Each case draws a
+of those the grader failed, output only and with the LSE graded (gradient bugs: out, dQ, dK, dV; `control_grads`:
+the correct kernel's out, dQ, dK, dV). The kernels are graded as their tolerance family (bench/planted.py). Each case draws a
 band (causal at either alignment, a sliding window, causal + left window, padding) and a row to plant the bug on.
 `smallest eps` is the median over cases of the smallest eps for which the last valid row x (1 + eps) fails (output
 only). `--fuzz N` also runs each planted kernel through the fuzzer (`fuzz()` with N examples, lengths up to
@@ -38,6 +39,8 @@ from bench import planted  # noqa: E402
 
 FIELDS = {f.name for f in dataclasses.fields(Case)}
 FAMILIES = ("gaussian", "probe") if "values" in FIELDS else ("gaussian",)
+# The planted kernels' tolerance family (their gradients: fp32 autograd, graded against the fused baseline)
+FAMILY = getattr(planted.correct, "family", "default")
 
 
 def quiet_diagnosis() -> None:
@@ -75,7 +78,7 @@ def smallest_eps(case: Case, t, oracle: Oracle, out: torch.Tensor) -> float:
     def fails(eps: float) -> bool:
         bad = out.clone()
         bad[0, last, -1] = (bad[0, last, -1].double() * (1 + eps)).to(bad.dtype)
-        return grade(case, t, Output(bad), oracle=oracle).failed
+        return grade(case, t, Output(bad), oracle=oracle, family=FAMILY).failed
 
     lo, hi = 1e-8, 16.0
     if not fails(hi):
@@ -92,7 +95,7 @@ def run_cell(dtype: str, s: int, family: str, cases: int, seed: int, tally, eps_
         case = draw_case(rng, dtype, s, family, grads=True)
         fwd = case.replace(grads=False)
         t = materialize(case)
-        oracle = Oracle.of(case, t)
+        oracle = Oracle.of(case, t, family=FAMILY)
         n = case.lens_q[0]
         for name, attribute in planted.BUGS.items():
             backend = load_custom(f"bench.planted:{attribute}")
@@ -104,17 +107,22 @@ def run_cell(dtype: str, s: int, family: str, cases: int, seed: int, tally, eps_
             key = (name, dtype, s, family)
             tally[key + ("active",)] += 1
             if name in planted.GRADIENT_BUGS:
-                tally[key + ("out",)] += grade(case, t, dataclasses.replace(output, lse=None), oracle=oracle).failed
+                tally[key + ("out",)] += grade(case, t, dataclasses.replace(output, lse=None), oracle=oracle,
+                                               family=FAMILY).failed
                 continue
-            tally[key + ("out",)] += grade(fwd, t, Output(output.out), oracle=oracle).failed
-            tally[key + ("lse",)] += grade(fwd, t, Output(output.out, lse=output.lse), oracle=oracle).failed
+            tally[key + ("out",)] += grade(fwd, t, Output(output.out), oracle=oracle, family=FAMILY).failed
+            tally[key + ("lse",)] += grade(fwd, t, Output(output.out, lse=output.lse), oracle=oracle,
+                                           family=FAMILY).failed
         planted.PLANT["row"] = None
-        correct = load_custom("bench.planted:correct").run(fwd, t).out
-        control = grade(fwd, t, Output(correct), oracle=oracle)
+        correct = load_custom("bench.planted:correct").run(case, t)
+        control = grade(fwd, t, Output(correct.out), oracle=oracle, family=FAMILY)
         tally[("control", dtype, s, family, "active")] += 1
         tally[("control", dtype, s, family, "out")] += control.failed
+        control = grade(case, t, dataclasses.replace(correct, lse=None), oracle=oracle, family=FAMILY)
+        tally[("control_grads", dtype, s, family, "active")] += 1
+        tally[("control_grads", dtype, s, family, "out")] += control.failed
         if n:
-            eps_seen[(dtype, s, family)].append(smallest_eps(fwd, t, oracle, correct))
+            eps_seen[(dtype, s, family)].append(smallest_eps(fwd, t, oracle, correct.out))
 
 
 def fuzz_finds(names, examples: int, max_len: int, seed: int) -> dict:
@@ -170,7 +178,7 @@ def report(tally, eps_seen, lengths, dtypes, families) -> None:
     print("Cells: FAIL / cases where the bug is active (output only; with the LSE graded; gradient bugs: out + "
           "grads, no LSE)\n")
     print(f"| bug | dtype | {head} |\n|---|---|{'---|' * len(cols)}")
-    for name in ("control", *planted.BUGS):
+    for name in ("control", "control_grads", *planted.BUGS):
         for dtype in dtypes:
             cells = []
             for s, f in cols:
@@ -178,7 +186,7 @@ def report(tally, eps_seen, lengths, dtypes, families) -> None:
                 active = tally[key + ("active",)]
                 if not active:
                     cells.append("-")
-                elif name in planted.GRADIENT_BUGS or name == "control":
+                elif name in planted.GRADIENT_BUGS or name.startswith("control"):
                     cells.append(f"{tally[key + ('out',)]}/{active}")
                 else:
                     cells.append(f"{tally[key + ('out',)]}/{active} ({tally[key + ('lse',)]} lse)")

@@ -18,14 +18,23 @@ from attnfuzz.oracles import probe, shift
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
-from attnfuzz.oracles.tolerance import P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check, dominated_dot
+from attnfuzz.oracles.tolerance import (FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check,
+                                        dominated_dot)
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 
+def fused_backward(case: Case, family: str) -> bool:
+    """Whether this family's gradients are graded against the fused baseline (tolerance.FUSED_BACKWARD); in fp32 /
+    fp64 a fused backward rounds nothing before the end, and the naive baseline is the same computation."""
+    return case.grads and case.dtype in LOW_PRECISION and family in FUSED_BACKWARD
+
+
 @dataclass(frozen=True)
 class Oracle:
-    """The float64 reference and the naive same-dtype baseline of one case, computed once, graded against many."""
+    """The float64 reference and the naive same-dtype baseline of one case, computed once, graded against many.
+    `naive` holds the textbook gradients unless the oracle was made for a family graded against the fused baseline
+    (`of(..., family=...)`); each gradient baseline is computed on first use otherwise."""
 
     case: Case
     tensors: Tensors
@@ -33,26 +42,59 @@ class Oracle:
     naive: Reference
 
     @classmethod
-    def of(cls, case: Case, tensors: Tensors, device=None) -> Oracle:
+    def of(cls, case: Case, tensors: Tensors, device=None, family: str | None = None) -> Oracle:
         ref = reference(case, tensors, device=device)
-        naive = reference(case, tensors, dtype=torch_dtype(case), device=device, terms=False)
+        grads = None if family is None or not fused_backward(case, family) else False
+        naive = reference(case, tensors, dtype=torch_dtype(case), device=device, grads=grads, terms=False)
         if not _finite_where(naive, ref):
             # Overflow in the dtype (extreme logits) would make the bound infinite; fall back to an fp32 baseline.
-            naive = reference(case, tensors, dtype=torch.float32, device=device, terms=False)
-        return cls(case, tensors, ref, naive)
+            naive = reference(case, tensors, dtype=torch.float32, device=device, grads=grads, terms=False)
+        oracle = cls(case, tensors, ref, naive)
+        if grads is False:
+            oracle.fused_grads  # noqa: B018 (computed now: its fp32 forward pass is the LSE's baseline too)
+        return oracle
 
     @cached_property
     def lse_baseline(self) -> torch.Tensor:
         """Kernels keep the LSE in fp32 whatever the input dtype, so its baseline is the reference computed in fp32
         from the same inputs (for fp16/bf16 the naive dtype-precision LSE would allow 100x too much); computed once
-        per case, however many outputs are graded against it."""
+        per case, however many outputs are graded against it (the fused gradient baseline's, when it was computed:
+        its forward pass is that computation)."""
         if self.case.dtype in ("float32", "float64"):
             return self.naive.lse
+        if "fused_grads" in self.__dict__:
+            return self.fused_grads.lse
         return reference(self.case, self.tensors, dtype=torch.float32, device=self.ref.lse.device, grads=False,
                          terms=False).lse
 
     @cached_property
-    def gradient_terms(self) -> dict[str, tuple[float, float]]:
+    def textbook_grads(self) -> Reference:
+        """The gradients of the textbook backward in the dtype: autograd through the naive baseline."""
+        if self.naive.dq is not None or not self.case.grads:
+            return self.naive
+        naive = reference(self.case, self.tensors, dtype=torch_dtype(self.case), device=self.ref.out.device,
+                          terms=False)
+        if not _finite_where(naive, self.ref):
+            naive = reference(self.case, self.tensors, dtype=torch.float32, device=self.ref.out.device, terms=False)
+        return naive
+
+    @cached_property
+    def fused_grads(self) -> Reference:
+        """The gradients of a fused backward (fp32, P and dS rounded to the dtype: reference's `rounding`), and its
+        fp32 LSE. Where the rounding overflows the dtype (|dS| past fp16's largest), no rounding: the fp32 backward."""
+        device = self.ref.out.device
+        fused = reference(self.case, self.tensors, dtype=torch.float32, device=device, terms=False,
+                          rounding=torch_dtype(self.case))
+        if not _finite_where(fused, self.ref):
+            fused = reference(self.case, self.tensors, dtype=torch.float32, device=device, terms=False)
+        return fused
+
+    def grad_baseline(self, family: str) -> Reference:
+        """The reference whose dQ / dK / dV are this family's baseline: fused or textbook (tolerance.FUSED_BACKWARD)."""
+        return self.fused_grads if fused_backward(self.case, family) else self.textbook_grads
+
+    @cached_property
+    def gradient_terms(self) -> dict:
         """_gradient_terms, computed once for the three gradients."""
         return _gradient_terms(self)
 
@@ -179,7 +221,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
 
-def _gradient_terms(o: Oracle) -> dict[str, tuple[float, float]]:
+def _gradient_terms(o: Oracle) -> dict:
     """Per gradient: (a bound on the products it sums, where they can cancel; the error it inherits from D, and for
     fp16 from dS rounded among the subnormals).
     |dP_ij| = |dO_i . V_j| is at most the product of the largest row norms; dQ = scale * dS K averages rows of K with
@@ -212,9 +254,12 @@ def _gradient_terms(o: Oracle) -> dict[str, tuple[float, float]]:
         spacing = torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps / 2  # 2^-25
         return scale * spacing * min(n, P_ROUNDING_SIGMAS * UNIFORM_SD * n ** 0.5)
 
+    # P rounded to fp16 before dV = P^T dO lands among the subnormals where P < 2^-14 (a peaked row's far keys):
+    # the same absolute spacing, on terms of size |dO_i| (graded so against the fused baseline only)
     return {"dq": (2 * scale * dp * k_max, (shifted + underflow(o.case.skv)) * k_max),
             "dk": (2 * scale * dp * q_max * mass, shifted * q_max * mass + underflow(o.case.sq) * q_max),
-            "dv": (o.ref.dv_terms, 0.0)}
+            "dv": (o.ref.dv_terms, 0.0),
+            "dv_underflow": underflow(o.case.sq) / scale * biggest(t.dout) if scale else 0.0}
 
 
 def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Check:
@@ -232,7 +277,25 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
     # sdpa-cudnn fp16 dQ of a probe case, where dS K cancels to ~0, were 1.5x and 1.1x over on an H200 without it;
     # the whole sum would hide a 10 % error in dK, tests/test_grade.py).
     n = o.case.skv if name == "dq" else o.case.sq
+    final_eps = None
     row_terms = o.ref.row_dv_terms if name == "dv" and o.ref.row_dv_terms is not None else terms / max(n, 1) ** 0.5
+    if fused_backward(o.case, family) and o.ref.row_grad_rms is not None:
+        # Against the fused baseline, which rounds P and dS as the kernel does, the rounding is allowed row by row as
+        # a random walk: each term the row sums (scale dS_ij K_j, scale dS_ij Q_i, P_ij dO_i) carries an independent
+        # rounding within +-u, so a channel moves by P_ROUNDING_SIGMAS standard deviations of it, u / sqrt(3) times
+        # the root of the summed squared terms (the reference's row_grad_rms; tolerance.check allows
+        # eps * row_terms = 2u * row_terms). The bounds above, a whole sum of |terms| or the tensor's largest over
+        # sqrt(n), were 10-60x that on Gaussian bf16 rows and hid a row off by 5 %.
+        row_terms = P_ROUNDING_SIGMAS * UNIFORM_SD / 2 * o.ref.row_grad_rms[name]
+        # Its final rounding as an output row's: u twice (the kernel's, and once to spare). The textbook's four
+        # times u were for its two more matmuls rounded to the dtype; a fused kernel accumulates those in fp32, and
+        # the roundings it makes before them (P, dS) have the floor above.
+        final_eps = 1.0
+        # D's rounding stays the worst row's shift for dQ and dK (inherited, above): torch's CPU flash kernel's bf16 /
+        # fp16 dQ was up to 1.8x over a bound from each row's own shift, scale |dD_i| max_c sum_j P_ij |K_jc|, on 6 of
+        # 700 random cases. P rounded to fp16 among the subnormals (_gradient_terms) adds to dV.
+        if name == "dv":
+            inherited = o.gradient_terms["dv_underflow"]
     where = rows[:, :, None, None]
     if terms >= torch.finfo(got.dtype).max:
         # The products this gradient sums can pass the dtype's largest value: a kernel's partial sums in the dtype
@@ -240,9 +303,10 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str) -> Chec
         # inf. Non-finite elements are not graded then (sdpa-flash fp16 dK of 58608 came back inf where a
         # far_negative q carries its row's shift, -1024 / scale, in one channel); finite ones are, as ever.
         where = where & torch.isfinite(got)
-    return check(name, got, getattr(o.ref, name), getattr(o.naive, name), where, family=family,
+    return check(name, got, getattr(o.ref, name), getattr(o.grad_baseline(family), name), where, family=family,
                  quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size, scale_of_terms=terms,
-                 inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms, softcap=o.case.softcap)
+                 inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms, softcap=o.case.softcap,
+                 final_eps=final_eps)
 
 
 def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:

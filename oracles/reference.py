@@ -41,6 +41,35 @@ class Reference:
     row_rms: torch.Tensor | None = None         # [b, sq, h]: max over channels of sqrt(sum_j (P_ij V_j)^2)
     row_spread: torch.Tensor | None = None      # [b, sq, h]: max over channels of sum_j P_ij |V_j|, the terms a
     #                                             row's output sums (a weight's relative error moves it by that much)
+    row_grad_rms: dict | None = None            # "dq" [b, sq, h], "dk" / "dv" [b, skv, hk]: max over channels of
+    #                                             sqrt(sum of the squared terms that a fused backward rounds): dS_ij
+    #                                             scale K_j (dq), dS_ij scale Q_i (dk), P_ij dO_i (dv)
+
+
+class _RoundedWeights(torch.autograd.Function):
+    """P rounded to `dtype` where the forward pass multiplies it into V (and so dV = P^T dO sees it rounded); the
+    gradient passes through to the unrounded P, from which dS is formed."""
+
+    @staticmethod
+    def forward(ctx, p, dtype):
+        return p.to(dtype).to(p.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _RoundedGradient(torch.autograd.Function):
+    """The identity, whose gradient is rounded to `dtype`: dS rounded before dQ = dS K and dK = dS^T Q."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = dtype
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype).to(grad.dtype), None
 
 
 def _contract(equation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -75,17 +104,23 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
 
 
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
-           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True):
+           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True,
+           rounding: torch.dtype | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
-    see no key, and (with `terms`) each row's logit size [h, r] and spread [r, h] (else None). `bounds` and `scale` override the case's band and
-    scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
+    see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), and the scaled logits
+    (before softcap: their gradient is dS) and P, [h, r, j]. `bounds` and `scale` override the case's band and
+    scale (the diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before
+    P V) and the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
     cols = torch.arange(skv_n, device=q.device)
     off = diagonal_offset(case.alignment, sq_n, skv_n)
     scale = scale if scale is not None else case.softmax_scale
     s = _scores(q, k, case.h, head_map) * scale                                  # [h, r, j]
+    if rounding is not None:
+        s = _RoundedGradient.apply(s, rounding)  # dS, with softcap's tanh' in it, rounded as the kernel stores it
+    scores = s
     visible = band(rows, cols, off, left, right)                                  # [r, j]
     if mask is not None:
         visible = visible & mask
@@ -120,6 +155,8 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # finite stand-in keeps exp() and its gradient free of NaN.
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s.to(wide) - lse_safe[..., None]).to(s.dtype)
+    if rounding is not None:
+        p = _RoundedWeights.apply(p, rounding)
     lse = lse.to(s.dtype)
     spread = rms = None
     if terms and v.shape[-1]:
@@ -127,17 +164,37 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
         rms = _weighted_values(pd * pd, vd * vd, head_map).sqrt().amax(-1)
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms)
+            spread, rms, (scores, p.detach()))
+
+
+def _add_grad_terms(case: Case, acc: dict, n: int, r0: int, r1: int, scale: float, ds: torch.Tensor, p: torch.Tensor,
+                    q: torch.Tensor, k: torch.Tensor, dout: torch.Tensor) -> None:
+    """Adds one chunk of queries' squared gradient terms (rows r0..r1 of sequence n) to `acc`, per channel:
+    (scale dS_ij K_jc)^2 summed over keys ("dq"), (scale dS_ij Q_ic)^2 and (P_ij dO_ic)^2 summed over queries and a
+    GQA group's heads ("dk", "dv"). ds (the logits' gradient), p [h, r, j]; q [r, h, d]; k [j, h or hk, d];
+    dout [r, h, d_v]."""
+    ds2, hk = (ds.detach() * scale).square(), case.hk
+    k = k.repeat_interleave(case.h // hk, dim=1) if k.shape[1] != case.h else k
+    acc["dq"][n, r0:r1] = torch.einsum("hrj,jhd->rhd", ds2, k.square())
+
+    def grouped(x: torch.Tensor) -> torch.Tensor:  # [j, h, d] -> [j, hk, d]: query head i reads KV head i // g
+        return x.unflatten(1, (hk, case.h // hk)).sum(2)
+    skv_n = ds.shape[-1]
+    acc["dk"][n, :skv_n] += grouped(torch.einsum("hrj,rhd->jhd", ds2, q.square()))
+    acc["dv"][n, :skv_n] += grouped(torch.einsum("hrj,rhd->jhd", p.square(), dout.square()))
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
-              grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True) -> Reference:
+              grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
+              rounding: torch.dtype | None = None) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
     low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
     `terms=False` skips dv_terms and d_rounding (an extra backward pass) and the sizes of the logits' terms
     (logit_size is then the largest |logit|), which only the oracle's own reference feeds to the tolerance: the naive
-    baselines and the diagnoses' alternatives do not need them."""
+    baselines and the diagnoses' alternatives do not need them. `rounding` (with `dtype` float32) is the backward
+    pass of a fused kernel: fp32 everywhere, P and dS rounded to `rounding` before the products that take them, dK /
+    dV rounded per query head before a GQA group's sum, every gradient rounded once to `rounding` at the end."""
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -154,6 +211,16 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     row_spread = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     row_rms = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
+    grad_terms = {name: torch.zeros(case.b, *((case.sq, case.h) if name == "dq" else (case.skv, case.hk)),
+                                    case.d_v if name == "dv" else case.d_qk, dtype=dtype, device=device)
+                  for name in ("dq", "dk", "dv")} if terms else None
+    # A fused kernel that serves GQA computes dK / dV per query head and rounds them to the dtype before summing the
+    # group (FlashAttention-2 writes dk_expanded in the dtype, then sums it): the baseline keeps them per head, in
+    # fp32 over every chunk of queries, and rounds them once at the end.
+    per_head = grads and rounding is not None and head_map == "div" and case.h != case.hk
+    if per_head:
+        dk = torch.zeros(case.b, case.skv, case.h, case.d_qk, dtype=dtype, device=device)
+        dv = torch.zeros(case.b, case.skv, case.h, case.d_v, dtype=dtype, device=device)
     for n, (sq_n, skv_n) in enumerate(zip(case.lens_q, case.lens_kv)):
         if sq_n == 0:
             continue
@@ -173,9 +240,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # Textbook GQA repeats the KV heads, so dK / dV are per-query-head sums rounded in the dtype
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
-                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c) = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
                                                                alibi=alibi, sq_n=sq_n, head_map=head_map,
-                                                               bounds=bounds, scale=scale, terms=logit_terms)
+                                                               bounds=bounds, scale=scale, terms=logit_terms,
+                                                               rounding=rounding)
             # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:
                 row_logit_size[n, :, r0:r1] = size_c
@@ -189,10 +257,22 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 d_c = t.dout[n, r0:r1].to(device, dtype)
                 if terms:
                     dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T|dO|
-                g_q, g_k, g_v = torch.autograd.grad(o_c, (q_c, k_n, v_n), d_c)
+                wrt = (q_c, k_c, v_c) if per_head else (q_c, k_n, v_n)
+                if terms:
+                    g_q, g_k, g_v, g_s = torch.autograd.grad(o_c, (*wrt, s_c), d_c)
+                    _add_grad_terms(case, grad_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
+                                    g_s, p_c, q_c.detach(), k_c.detach(), d_c)
+                else:
+                    g_q, g_k, g_v = torch.autograd.grad(o_c, wrt, d_c)
                 dq[n, r0:r1] = g_q
                 dk[n, :skv_n] += g_k
                 dv[n, :skv_n] += g_v
+    if grads and rounding is not None:
+        def rounded(x: torch.Tensor) -> torch.Tensor:
+            return x.to(rounding).to(dtype)
+        if per_head:
+            dk, dv = (rounded(x).unflatten(2, (case.hk, case.h // case.hk)).sum(3) for x in (dk, dv))
+        dq, dk, dv = rounded(dq), rounded(dk), rounded(dv)
     d_rounding = 0.0
     if terms and out.numel():
         # Backward passes of the FlashAttention kind take D = rowsum(dO * O) from the output they stored, rounded to
@@ -204,4 +284,5 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
                      row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
                      d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread,
-                     row_rms=row_rms)
+                     row_rms=row_rms,
+                     row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None)

@@ -139,6 +139,20 @@ picky.supports = lambda case: "no float16 path" if case.dtype == "float16" else 
 NOT_CALLABLE = 3
 
 
+def fused_attention(q, k, v, **kw):
+    return example_attention(q, k, v, **kw)
+
+
+fused_attention.family = "fused"
+
+
+def misfamilied(q, k, v, **kw):
+    return example_attention(q, k, v, **kw)
+
+
+misfamilied.family = "flash"
+
+
 def missing_window(q, k, v, *, causal, bottom_right, scale):
     return q
 
@@ -272,6 +286,7 @@ def test_the_registry_loads_a_spec():
     (f"{HERE}:NOT_CALLABLE", "not callable"),
     (f"{HERE}:missing_window", "missing keyword(s) ['window']"),
     (f"{HERE}:stray_required", "['block_size'] have no default"),
+    (f"{HERE}:misfamilied", "family='flash' is not one of ['custom', 'fused']"),
 ])
 def test_bad_specs_name_the_spec_and_the_fix(spec, expected):
     with pytest.raises(ValueError) as err:
@@ -314,3 +329,9 @@ def test_a_custom_kernels_repro_script_exits_2_when_the_kernel_cannot_be_importe
                          timeout=300)
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "cannot run this repro here" in ran.stderr and "cannot be imported" in ran.stderr, ran.stderr
+
+
+def test_a_kernel_declares_the_fused_gradient_baseline():
+    """fn.family = "fused" is the backend's tolerance family (oracles/tolerance.py, FUSED_BACKWARD); else "custom"."""
+    assert load_custom(f"{HERE}:fused_attention").family == "fused"
+    assert load_custom(f"{HERE}:example_attention").family == "custom"

@@ -46,6 +46,9 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
 - Optional `fn.batch_invariant = True` claims a sequence's bits do not depend on its batch: on a share of the cases
   with b > 1 one sequence also runs alone (and the batch reversed), and any bit that differs is a
   FAIL:BATCH_VARIANT. Without the claim the same check is reported as an observed property, never a failure.
+- Optional `fn.family = "fused"` declares a backward pass at least as precise as FlashAttention's (fp32 accumulators,
+  only P and dS rounded to fp16 / bf16): its gradients are then graded against a baseline computed so, not against
+  the textbook backward in the dtype (oracles/tolerance.py, FUSED_BACKWARD); about 4x tighter in bf16.
 """
 
 from __future__ import annotations
@@ -80,11 +83,15 @@ def needed_fields(case: Case) -> tuple[str, ...]:
     return tuple(name for name in FIELDS if needs[name])
 
 
+FAMILIES = ("custom", "fused")  # what fn.family may name: the textbook gradient baseline, or the fused one
+
+
 class CustomBackend(Backend):
     family = "custom"
 
     def __init__(self, spec: str, fn, device: str, import_path: str | None = None):
         self.name, self.fn, self.device = spec, fn, str(device)
+        self.family = getattr(fn, "family", "custom")
         self.import_path = import_path  # the sys.path folder its module came from (repro scripts put it back)
         self.deterministic = bool(getattr(fn, "deterministic", False))
         self.batch_invariant = bool(getattr(fn, "batch_invariant", False))
@@ -222,6 +229,10 @@ def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
                              else "", f"missing keyword(s) {missing}" if missing else "",
                              f"parameter(s) {stray} have no default and are not contract fields {sorted(known)}"
                              if stray else ""])))
+    family = getattr(fn, "family", "custom")
+    if family not in FAMILIES:
+        raise ValueError(f"--backend={spec!r}: {attr}.family={family!r} is not one of {list(FAMILIES)}; set "
+                         f"'fused' only for a backward pass with fp32 accumulators that rounds only P and dS")
     return CustomBackend(spec, fn, device, import_path=_import_path(module, module_name))
 
 

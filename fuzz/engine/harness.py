@@ -162,7 +162,7 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
         return V.Verdict(V.CRASH, crash_diagnosis(e),
                          f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
     oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
-    oracle = Oracle.of(case, oracle_tensors, device=oracle_device)
+    oracle = Oracle.of(case, oracle_tensors, device=oracle_device, family=backend.family)
     verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
     if backend.deterministic:
         verdict = _check_bitwise(backend, case, tensors, output, verdict)

@@ -70,8 +70,11 @@ def _lens(full: int, b: int, drawn, pinned):
     return drawn if drawn is not None else (full,) * b
 
 
-def runtime_groups(pinned: Case, drawn: Case) -> list[dict]:
-    """The runtime fields of `drawn`, as changes to `pinned`, one group at a time (see the module docstring)."""
+def runtime_groups(pinned: Case, drawn: Case, salt: int = 0) -> list[dict]:
+    """The runtime fields of `drawn`, as changes to `pinned`, one group at a time (see the module docstring); the
+    seed is drawn's XOR `salt` (the index choice), so that index choices naming one configuration draw other values
+    where `drawn` is the same (Hypothesis fills the choices after a new prefix with their simplest values often: a
+    fifth of pinned draws repeated the configuration's first case when the seed was drawn's alone)."""
     heads = {"hk": drawn.hk, "h": drawn.hk * (pinned.h // pinned.hk)}
     if pinned.alibi_slopes is not None:
         heads["alibi_slopes"] = alibi_slopes(heads["h"])
@@ -81,7 +84,7 @@ def runtime_groups(pinned: Case, drawn: Case) -> list[dict]:
     if pinned.mask_density is not None and drawn.mask_density is not None:
         band["mask_density"] = drawn.mask_density
     return [
-        {"seed": drawn.seed, "values": drawn.values, "mean": drawn.mean, "std": drawn.std},
+        {"seed": drawn.seed ^ salt, "values": drawn.values, "mean": drawn.mean, "std": drawn.std},
         {"b": drawn.b, "sq": drawn.sq, "skv": drawn.skv,
          "seqlens_q": _lens(drawn.sq, drawn.b, drawn.seqlens_q, pinned.seqlens_q),
          "seqlens_kv": _lens(drawn.skv, drawn.b, drawn.seqlens_kv, pinned.seqlens_kv),
@@ -92,12 +95,13 @@ def runtime_groups(pinned: Case, drawn: Case) -> list[dict]:
     ]
 
 
-def pin(pinned: Case, drawn: Case, key: tuple, fits: Callable[[Case, tuple], bool], max_work: int) -> Case:
+def pin(pinned: Case, drawn: Case, key: tuple, fits: Callable[[Case, tuple], bool], max_work: int,
+        salt: int = 0) -> Case:
     """`pinned` with each group of `drawn`'s runtime fields that keeps it a case of `key` the backend takes, and
     within `max_work` (the space's bound on the oracle's cost: the drawn lengths with the configuration's head dims
     could pass it) or no costlier than the costlier of the two."""
     case, most = pinned, max(work(pinned), work(drawn), max_work)
-    for changes in runtime_groups(pinned, drawn):
+    for changes in runtime_groups(pinned, drawn, salt):
         try:
             candidate = case.replace(**changes)
         except ValueError:  # the group breaks a rule of the case language here (seqlens of another batch, ...)
@@ -119,10 +123,11 @@ class _CompileAware(st.SearchStrategy[Case]):
     def do_draw(self, data) -> Case:
         # the coin, the index and the case are drawn with the same bounds whatever was compiled: Hypothesis requires
         # one layout of choices for one prefix
-        index = self.configs.named(_uniform_from(data, 0, INDEXES - 1)) if data.draw_boolean(self.share) else None
+        choice = _uniform_from(data, 0, INDEXES - 1) if data.draw_boolean(self.share) else None
+        index = None if choice is None else self.configs.named(choice)
         case = data.draw(self.drawn)
         if index is not None:
-            case = pin(self.configs.cases[index], case, self.configs.keys[index], self.fits, self.max_work)
+            case = pin(self.configs.cases[index], case, self.configs.keys[index], self.fits, self.max_work, choice)
         elif self.takes(case):  # a fresh case the backend runs: its key is compiled from now on
             key = self.key_of(case)
             if key is not None:

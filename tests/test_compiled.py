@@ -3,6 +3,8 @@ compiled configurations, and a planted bug in one configuration found and shrunk
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from attnfuzz.backends.base import Backend
@@ -11,6 +13,7 @@ from attnfuzz.backends.flashinfer.adapter import SingleDecode, SinglePrefill
 from attnfuzz.backends.flex.adapter import FlexBackend
 from attnfuzz.engine.harness import cases_for, compiled_configs, declares_compile_key, fuzz
 from attnfuzz.engine.profiles import profile
+from attnfuzz.engine.warm import main as warm_main, plainest, warm
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.compiled import CompiledConfigs, pin
@@ -164,3 +167,26 @@ def test_configurations_are_numbered_in_order_and_choices_keep_their_meaning():
     configs.add(("c",), BASE.replace(d_qk=32, d_v=32))
     assert configs.named(3) == 1 and configs.named(4) == 1 and configs.named(2) == 2
     assert compiled_configs(FakeJit()) is not compiled_configs(FakeJit())
+
+
+def test_warm_up_compiles_each_plainest_configuration_once():
+    backend = FakeJit()
+    cases = plainest(backend)
+    keys = [backend.compile_key(c) for c in cases]
+    assert len(cases) >= 8 and len(set(keys)) == len(keys)
+    assert all(backend.unsupported(c) is None for c in cases)
+    assert {c.dtype for c in cases} == {"float16", "bfloat16"} and cases[0].causal is False
+    assert warm(backend, "cpu", out=io.StringIO()) == len(cases) and len(backend.compiled) == len(cases)
+
+
+def test_warm_up_names_a_bad_backend(capsys):
+    assert warm_main(["no-such-backend", "cpu"]) == 2
+    assert "not a known backend" in capsys.readouterr().err
+    assert warm_main([]) == 2
+
+
+def test_a_campaign_warms_only_the_backends_that_compile(capsys):
+    from attnfuzz.campaign.supervisor import warm_jit_backends
+    warm_jit_backends({"backends": ["sdpa-math", "fa4"], "device": "cpu"})
+    err = capsys.readouterr().err
+    assert "warm: fa4: not available here" in err and "sdpa-math" not in err

@@ -28,6 +28,14 @@ def buggy(case: Case, bug: str) -> bool:
     return bug == "config" or case.skv > 64
 
 
+def fa4_like_key(case: Case) -> tuple:
+    """FA4's compile key (fuzz/backends/flash/fa4.py) without the spelling and the architecture: one call for every
+    layout."""
+    return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, case.causal, case.left is not None,
+            case.right is not None and not case.causal, case.softcap is not None, case.softmax != "vanilla",
+            case.padded, case.grads)
+
+
 class FakeJit(Backend):
     name = "fake-jit"
     family = "default"
@@ -51,10 +59,7 @@ class FakeJit(Backend):
         ) or self.inner.unsupported(case)
 
     def compile_key(self, case: Case) -> tuple:
-        """FA4's (fuzz/backends/flash/fa4.py), without the spelling: one call for every layout."""
-        return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, case.causal, case.left is not None,
-                case.right is not None and not case.causal, case.softcap is not None, case.softmax != "vanilla",
-                case.padded, case.grads)
+        return fa4_like_key(case)
 
     def run(self, case, tensors):
         self.runs += 1

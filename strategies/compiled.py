@@ -20,6 +20,7 @@ such), and a database entry replayed in another process redraws a different case
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable
 
 from hypothesis import strategies as st
@@ -72,9 +73,10 @@ def _lens(full: int, b: int, drawn, pinned):
 
 def runtime_groups(pinned: Case, drawn: Case, salt: int = 0) -> list[dict]:
     """The runtime fields of `drawn`, as changes to `pinned`, one group at a time (see the module docstring); the
-    seed is drawn's XOR `salt` (the index choice), so that index choices naming one configuration draw other values
-    where `drawn` is the same (Hypothesis fills the choices after a new prefix with their simplest values often: a
-    fifth of pinned draws repeated the configuration's first case when the seed was drawn's alone)."""
+    seed is drawn's XOR `salt`, which the draw makes from the index choice and all of `drawn`: two draws that differ
+    only in choices pinning overrides (drawn's dtype, head dims, ...; index choices naming one configuration) draw
+    other values instead of one case twice (with drawn's seed alone, 18 % of a stand-in's cases repeated an earlier
+    one, against 1.3 % for plain search). A pinned failure's seed is therefore not shrunk to 0."""
     heads = {"hk": drawn.hk, "h": drawn.hk * (pinned.h // pinned.hk)}
     if pinned.alibi_slopes is not None:
         heads["alibi_slopes"] = alibi_slopes(heads["h"])
@@ -126,8 +128,9 @@ class _CompileAware(st.SearchStrategy[Case]):
         choice = _uniform_from(data, 0, INDEXES - 1) if data.draw_boolean(self.share) else None
         index = None if choice is None else self.configs.named(choice)
         case = data.draw(self.drawn)
-        if index is not None:
-            case = pin(self.configs.cases[index], case, self.configs.keys[index], self.fits, self.max_work, choice)
+        if index is not None:  # the salt: every choice of the draw, the ones pinning overrides too (see runtime_groups)
+            salt = choice ^ zlib.crc32(case.replace(seed=0).to_json().encode())
+            case = pin(self.configs.cases[index], case, self.configs.keys[index], self.fits, self.max_work, salt)
         elif self.takes(case):  # a fresh case the backend runs: its key is compiled from now on
             key = self.key_of(case)
             if key is not None:

@@ -6,16 +6,17 @@ every case the general strategy draws has a new key. `compile_aware` wraps a bac
 starts with one weighted coin, `pinned`, True with probability `share`. A fresh draw (False) is the wrapped
 strategy's case, unchanged; a pinned draw (True, once some key is compiled) picks one compiled configuration by its
 index in the order they were compiled, draws a case from the wrapped strategy and carries that case's runtime fields
-(RUNTIME_GROUPS: seed and values, lengths and batch, heads at the configuration's GQA ratio, band and scale values,
+(runtime_groups: seed and values, lengths and batch, heads at the configuration's GQA ratio, band and scale values,
 spelling) onto the configuration's first case, one group at a time, keeping each group only where the result is a
 valid case of the same key that the backend takes.
 
 Hypothesis stays in charge: the coin and the index are its choices, and shrinking lowers them toward a fresh draw
 and toward the first configuration compiled. A failure found fresh shrinks as before (the coin stays False: every
 choice after it means what it meant without the wrapper), to the same minimal case. A failure found pinned shrinks
-inside compiled configurations (the index, then runtime fields, all without a new compile); its choices name a
-configuration of this process, so the case it settles on is what is saved (corpus entries are Cases, replayed as
-such), and a database entry replayed in another process redraws a different case there.
+inside compiled configurations (the index, then runtime fields, all without a new compile) and keeps the compile
+fields of the configuration it was found in (`attnfuzz shrink` walks those down). Its choices name a configuration
+of this process, so the case it settles on is what is saved (corpus entries are Cases, replayed as such), and a
+database entry replayed in another process redraws a different case there.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ the compile time a JIT backend would have spent, and the minimal case of a plant
 
     python3 bench/compile_search.py [--examples 150] [--seed 0] [--runs 1] [--compile-seconds 2.0]
                                     [--share 0.8] [--bug none|config|config-long] [--max-len 160] [--sleep]
+                                    [--stand-in]
 
 The backend is bench/jit_fake.py's FakeJit: a correct CPU kernel behind FA4's capability table and compile key that
 counts --compile-seconds for every compile key it meets first (--sleep: sleeps them too). Each run fuzzes a fresh
@@ -10,7 +11,9 @@ FakeJit twice under the same Hypothesis seed and settings (the quick profile, no
 compiled_share=0, every case drawn fresh) and compile-aware (compiled_share=--share), then compile-aware with --examples / (1 - share) examples ("aware, x
 fresh": as many fresh draws as plain, so about as many configurations and as much compile time). `per s` is graded cases over
 wall time plus simulated compile time, the figure a GPU run's compile-bound throughput follows; `ratio` is
-compile-aware over plain. With --bug, each mode's findings are listed with their minimal cases (see jit_fake.BUGS).
+compile-aware over plain. With --bug, each mode's findings are listed with their minimal cases (see jit_fake.BUGS). --stand-in
+answers each case from the planted bug alone (no kernel, no oracle): the search and its shrinks in seconds, `per s`
+then nearly all compile time.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from attnfuzz.engine.harness import fuzz  # noqa: E402
 from attnfuzz.engine.profiles import profile  # noqa: E402
 from attnfuzz.oracles import verdict as V  # noqa: E402
 from attnfuzz.strategies.space import Space  # noqa: E402
-from bench.jit_fake import BUGS, FakeJit  # noqa: E402
+from bench.jit_fake import BUGS, FakeJit, Verdicts  # noqa: E402
 
 
 def one_mode(share: float, args, seed: int, examples: int | None = None) -> dict:
@@ -39,7 +42,8 @@ def one_mode(share: float, args, seed: int, examples: int | None = None) -> dict
 
     space = Space(max_len=args.max_len, compiled_share=share)
     start = time.perf_counter()
-    _, findings = fuzz(backend, space=space, seed=seed, on_case=on_case, reruns=0,
+    worker = Verdicts(backend) if args.stand_in else None
+    _, findings = fuzz(backend, space=space, seed=seed, on_case=on_case, reruns=0, worker=worker,
                        settings=profile("quick", max_examples=examples or args.examples, database=None))
     wall = time.perf_counter() - start
     compile_s = backend.compile_spent if not args.sleep else 0.0   # slept compiles are in the wall time already
@@ -58,11 +62,13 @@ def main() -> None:
     p.add_argument("--bug", choices=BUGS, default="none")
     p.add_argument("--max-len", type=int, default=160)
     p.add_argument("--sleep", action="store_true", help="sleep the compile time instead of counting it")
+    p.add_argument("--stand-in", action="store_true",
+                   help="answer from the planted bug alone (jit_fake.Verdicts): no kernel, no oracle, seconds a run")
     args = p.parse_args()
     if not 0 < args.share < 1:
         p.error(f"--share={args.share}: give a share in (0, 1)")
     print(f"FakeJit, {args.compile_seconds} s per new compile key, bug={args.bug}, {args.examples} examples, "
-          f"max_len={args.max_len}, share={args.share}")
+          f"max_len={args.max_len}, share={args.share}{', stand-in verdicts' if args.stand_in else ''}")
     print(f"{'seed':>4} {'mode':<15} {'cases':>5} {'configs':>7} {'cases/config':>12} {'wall s':>7} {'compile s':>9} "
           f"{'per s':>6} {'ratio':>5}")
     for seed in range(args.seed, args.seed + args.runs):

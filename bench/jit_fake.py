@@ -8,6 +8,7 @@ configuration.
                                                those configurations)
     FakeJit(bug="config-long")                 the same, on those cases with more than 64 keys only (a second key
                                                tile: the configuration's first case may pass)
+    Verdicts(FakeJit(...))                     a worker answering from the planted bug alone, without the oracle
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 from attnfuzz.backends.base import Backend, first_reason
 from attnfuzz.backends.custom import load_custom
+from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
 BUGS = ("none", "config", "config-long")
@@ -61,7 +63,8 @@ class FakeJit(Backend):
     def compile_key(self, case: Case) -> tuple:
         return fa4_like_key(case)
 
-    def run(self, case, tensors):
+    def compile(self, case: Case) -> None:
+        """Count (and with `sleep`, sleep) a compile if the case's key is new."""
         self.runs += 1
         key = self.compile_key(case)
         if key not in self.compiled:
@@ -69,7 +72,27 @@ class FakeJit(Backend):
             self.compile_spent += self.compile_seconds
             if self.sleep:
                 time.sleep(self.compile_seconds)
+
+    def run(self, case, tensors):
+        self.compile(case)
         output = self.inner.run(case, tensors)
         if buggy(case, self.bug):
             output.out = output.out * 1.125
         return output
+
+
+class Verdicts:
+    """A worker (anything with run(case) -> Verdict, as the harness takes) that grades nothing: FakeJit's refusals
+    and compiles, then FAIL where its planted bug changes the output, else PASS. Searches and shrinks in seconds."""
+
+    def __init__(self, backend: FakeJit):
+        self.backend = backend
+
+    def run(self, case: Case) -> V.Verdict:
+        reason = self.backend.unsupported(case)
+        if reason is not None:
+            return V.Verdict(V.UNSUPPORTED, None, reason)
+        self.backend.compile(case)
+        if buggy(case, self.backend.bug):
+            return V.Verdict(V.FAIL, V.TOLERANCE, "planted", ratio=2.0)
+        return V.Verdict(V.PASS, None, "", ratio=0.5)

@@ -18,7 +18,7 @@ from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.compiled import CompiledConfigs, pin
 from attnfuzz.strategies.space import Space
-from bench.jit_fake import FakeJit, buggy
+from bench.jit_fake import FakeJit, Verdicts, buggy
 
 BASE = Case(b=2, sq=64, skv=64, h=4, hk=2, d_qk=64, d_v=64, dtype="bfloat16")
 
@@ -90,28 +90,14 @@ def test_pin_keeps_the_key_and_takes_runtime_fields():
     assert (case.hk, case.h) == (3, 6)   # drawn KV heads at the configuration's group size (2)
 
 
-class Answer:
-    """A worker that grades nothing: FAIL where FakeJit's planted bug changes the output, else PASS."""
-
-    def __init__(self, backend: FakeJit):
-        self.backend, self.keys = backend, []
-
-    def run(self, case: Case) -> V.Verdict:
-        reason = self.backend.unsupported(case)
-        if reason is not None:
-            return V.Verdict(V.UNSUPPORTED, None, reason)
-        self.keys.append(self.backend.compile_key(case))
-        if buggy(case, self.backend.bug):
-            return V.Verdict(V.FAIL, V.TOLERANCE, "planted", ratio=2.0)
-        return V.Verdict(V.PASS, None, "", ratio=0.5)
-
-
 def _search(bug: str, share: float, seed: int, examples: int = 300):
     backend = FakeJit(bug=bug)
-    worker = Answer(backend)
-    _, findings = fuzz(backend, space=Space(compiled_share=share), seed=seed, worker=worker, reruns=0,
+    keys = []
+    _, findings = fuzz(backend, space=Space(compiled_share=share), seed=seed, worker=Verdicts(backend), reruns=0,
+                       on_case=lambda case, verdict, tally: keys.append(backend.compile_key(case))
+                       if verdict.status != V.UNSUPPORTED else None,
                        settings=profile("quick", max_examples=examples, database=None))
-    return worker.keys, findings
+    return keys, findings
 
 
 def test_search_stays_inside_compiled_configurations_at_its_share():

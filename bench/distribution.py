@@ -1,6 +1,7 @@
 """The realized distribution: what the fuzz loop actually draws, per shape class, through the real search path.
 
     python3 bench/distribution.py [--max-len 1024] [--examples 200] [--device cpu] [--seed N] [--runs 3] [--grade]
+                                  [--compile-share 0.8]
 
 Cases come from attnfuzz.engine.harness.fuzz (Hypothesis's generation, the target phase, the Space narrowed to the
 backend) for a stand-in backend that takes only bfloat16 and head dims >= 32. Without --grade the cases are not run:
@@ -10,6 +11,9 @@ correct CPU kernel (sdpa-math) runs and is graded (slow for long cases). Prints 
 attnfuzz.report.coverage.SHAPE_CLASSES, refusals and repeats, summed over --runs runs with consecutive seeds, and
 beside them the strategy's intent: the same Space drawn `--intent N` times from a plain random source (every
 integer uniform in its range, every weighted coin at its weight), which is what the strategy's weights mean.
+With --compile-share the stand-in declares FA4's compile key and the cases are drawn compile-aware
+(strategies/compiled.py); either way the realized cases' configurations are counted and split by class (mask kind,
+softcap, softmax, gradients, layout, GQA group).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
+import sys
+from collections import Counter
+from pathlib import Path
 
 from attnfuzz.backends import get
 from attnfuzz.backends.base import Backend, first_reason
@@ -25,6 +32,9 @@ from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.report.coverage import Distribution
 from attnfuzz.strategies.space import Space
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.jit_fake import fa4_like_key as jit_key  # noqa: E402
 
 
 class Bf16Wide(Backend):
@@ -44,6 +54,30 @@ class Bf16Wide(Backend):
 
     def run(self, case, tensors):
         return self.inner.run(case, tensors)
+
+
+class Bf16WideJit(Bf16Wide):
+    """Bf16Wide that declares FA4's compile key (bench/jit_fake.py): its cases are drawn compile-aware."""
+
+    name = "bf16-d32-jit"
+
+    def compile_key(self, case):
+        return jit_key(case)
+
+
+CONFIG_CLASSES = {"mask": lambda c: c.mask_kind, "softcap": lambda c: c.softcap is not None,
+                  "softmax": lambda c: c.softmax, "grads": lambda c: c.grads, "layout": lambda c: c.layout,
+                  "GQA group": lambda c: c.h // c.hk}
+
+
+def describe_configurations(cases) -> str:
+    """Distinct compile keys, and the share of each class of the fields a compile key reads."""
+    lines = [f"  configurations (FA4's compile key): {len({jit_key(c) for c in cases})} distinct in {len(cases)} cases"]
+    for name, of in CONFIG_CLASSES.items():
+        counts = Counter(of(c) for c in cases)
+        lines.append(f"  {name:<10} " + "  ".join(f"{k}: {100 * n / len(cases):.1f}%" for k, n in
+                                                  sorted(counts.items(), key=lambda kv: str(kv[0]))))
+    return "\n".join(lines)
 
 
 class StandIn:
@@ -107,13 +141,21 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--grade", action="store_true", help="run and grade a correct CPU kernel instead of a stand-in")
     p.add_argument("--intent", type=int, default=5000, help="cases drawn from a plain random source (0: none)")
+    p.add_argument("--compile-share", type=float, default=0.0,
+                   help="draw compile-aware (a stand-in declaring FA4's compile key) with this share of cases inside "
+                        "compiled configurations (0: plain)")
     args = p.parse_args()
+    if not 0 <= args.compile_share < 1:
+        p.error(f"--compile-share={args.compile_share}: give a share in [0, 1)")
     space = (Space.for_device(args.device, args.max_len) if hasattr(Space, "for_device")  # absent before 2k lengths
              else Space(max_len=args.max_len) if args.max_len else Space())
+    if hasattr(space, "compiled_share"):
+        space = space.replace(compiled_share=args.compile_share)
     drawn = Distribution()
-    refused = 0
+    refused, cases = 0, []
     for run in range(args.runs):
-        backend = Bf16Wide(get("sdpa-math", args.device) if args.grade else None)
+        kind = Bf16WideJit if args.compile_share else Bf16Wide
+        backend = kind(get("sdpa-math", args.device) if args.grade else None)
         worker = None if args.grade else StandIn(backend)
         seen = []
 
@@ -124,10 +166,12 @@ def main() -> None:
              settings=profile("quick", max_examples=args.examples, database=None), reruns=0)
         for case, verdict in seen:
             drawn.add(case)
+            cases.append(case)
             refused += verdict.status == V.UNSUPPORTED
     print(f"space: max_len={space.max_len}, max_head_dim={space.max_head_dim}; {args.runs} runs of {args.examples} "
           f"examples, seeds {args.seed}..{args.seed + args.runs - 1}; refused {100 * refused / max(drawn.cases, 1):.1f}%")
     print("realized (the fuzz loop):\n" + drawn.describe())
+    print(describe_configurations(cases))
     if args.intent:
         print("intent (the strategy's weights, a plain random source):\n" + intent(space, Bf16Wide(), args.intent,
                                                                                  args.seed).describe())

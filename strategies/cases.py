@@ -260,6 +260,11 @@ def _head_dim(draw, space: Space, room: int, d_qk: int | None = None) -> int:
     return partner if branch == 2 and partner <= room else d_qk
 
 
+def alibi_slopes(h: int) -> tuple[float, ...]:
+    """The ALiBi slopes of h heads: 2^(-8 (i + 1) / h), as ALiBi's paper sets them."""
+    return tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
+
+
 @lru_cache(maxsize=None)
 def _bound_branches(seq: int) -> tuple[st.SearchStrategy[int | None], ...]:
     """A window bound: unbounded, 0, small, or at / past the sequence length."""
@@ -328,7 +333,7 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     softcap = draw(_one_of((5.0, 30.0, 0.5))) if space.softcap and _sometimes(draw, 6) else None
     alibi = None
     if space.alibi and _sometimes(draw, 6):
-        alibi = tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
+        alibi = alibi_slopes(h)
     softmax = draw(_one_of(tuple(space.softmaxes)))
     memory = draw(_one_of(tuple(m for m in space.memory if m != "expanded_kv" or hk > 1) or ("contiguous",)))
 

@@ -69,6 +69,8 @@ class Space:
                                      # that serve them (the harness decides), so other streams stay as they were
     unpaged: bool = True             # cases without a paged cache too (off for a backend that takes only paged ones)
     page_sizes: tuple[int, ...] = PAGE_SIZES
+    compiled_share: float = 0.8      # for a backend that declares a compile key: the share of cases drawn inside
+                                     # kernel configurations it compiled already (strategies/compiled.py); 0: off
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work"):
@@ -84,6 +86,9 @@ class Space:
         _subset("memory", self.memory, MEMORY)
         _subset("softmaxes", self.softmaxes, SOFTMAXES)
         _subset("alignments", self.alignments, ALIGNMENTS)
+        if not isinstance(self.compiled_share, (int, float)) or not 0 <= self.compiled_share < 1:
+            raise ValueError(f"Space: invalid compiled_share={self.compiled_share!r}: a share in [0, 1) (0: draw every "
+                             f"case fresh)")
         if not isinstance(self.page_sizes, tuple) or not self.page_sizes or any(
                 not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in self.page_sizes):
             raise ValueError(f"Space: invalid page_sizes={self.page_sizes!r}: a non-empty tuple of ints >= 1")

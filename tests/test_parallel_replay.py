@@ -54,6 +54,8 @@ def test_shared_cache_env_passes_on_what_is_set_and_fills_in_the_defaults():
     given = shared_cache_env({"TORCHINDUCTOR_CACHE_DIR": "/x/inductor", "TRITON_CACHE_DIR": "/x/triton"})
     assert given["TORCHINDUCTOR_CACHE_DIR"] == "/x/inductor" and given["TRITON_CACHE_DIR"] == "/x/triton"
     assert given["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1" and "TRITON_CACHE_DIR" not in shared_cache_env({})
+    assert shared_cache_env({"FLASHINFER_WORKSPACE_BASE": "/x/fi"})["FLASHINFER_WORKSPACE_BASE"] == "/x/fi"
+    assert "FLASHINFER_WORKSPACE_BASE" not in shared_cache_env({})
 
 
 def test_replay_device_keeps_cpu_entries_on_the_cpu():

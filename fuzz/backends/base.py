@@ -15,6 +15,10 @@ An adapter translates the one canonical Case into its backend's spelling and bac
                           does, for standalone repro scripts (fuzz/store/repro.py); None falls back to calling the
                           adapter through attnfuzz
     close()            -> release what the backend holds between cases (a context-parallel backend's rank pool)
+    compile_key(case)  -> None, or what makes a JIT-compiled backend build a new kernel for the case (dtype, head
+                          dims, which mask and score features are present, ...): cases of one key reuse one compiled
+                          kernel, so the search draws many runtime variations under each key it has compiled
+                          (strategies/compiled.py); None (the default): nothing is compiled per case
 
 Adapters hold no module-level state and read no environment variables except where a backend demands them (TE),
 and set none except FA4's persistent JIT cache (on unless the user turned it off).
@@ -74,6 +78,9 @@ class Backend:
         return None
 
     def close(self) -> None:
+        return None
+
+    def compile_key(self, case: Case) -> tuple | None:
         return None
 
     def __repr__(self) -> str:

@@ -28,6 +28,7 @@ from attnfuzz.report.build import build_report
 
 RESTARTS = 3  # a lane that dies is restarted this many times (it resumes from its log)
 LANE_STOP_S = 60  # how long an interrupted campaign waits for a lane to stop before it kills it
+WARM_S = 600      # the most a JIT backend's warm-up (attnfuzz.engine.warm) may take before the lanes start
 
 
 class CampaignError(ValueError):
@@ -195,6 +196,30 @@ class Watch:
         return f"{self.examples} cases, {rate:.1f}/s; {self.coverage.summary()}; not passing: {found}"
 
 
+def warm_jit_backends(config: dict) -> None:
+    """Compile the plainest kernel configurations of each JIT backend once, in a process of its own on the first
+    GPU, before the lanes start (attnfuzz.engine.warm): the lanes then load them from the backends' disk caches
+    instead of each compiling them at the same moment. A warm-up that fails or overruns is reported and skipped."""
+    from attnfuzz.backends import get
+    from attnfuzz.engine.harness import declares_compile_key
+    env = dict(os.environ)
+    if config["device"] == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    for name in config["backends"]:
+        try:
+            jit = declares_compile_key(get(name, config["device"]))
+        except Exception:  # a custom spec that does not build here: the lanes report it
+            continue
+        if not jit:
+            continue
+        try:
+            done = subprocess.run([sys.executable, "-m", "attnfuzz.engine.warm", name, config["device"]], env=env,
+                                  timeout=WARM_S, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            print(done.stdout.strip()[-300:] or f"[{name}] warm-up exited with {done.returncode}", file=sys.stderr)
+        except subprocess.TimeoutExpired:
+            print(f"[{name}] warm-up passed {WARM_S} s; the lanes compile what it did not", file=sys.stderr)
+
+
 def run_campaign(args) -> int:
     campaign: Path = args.dir
     stored_path = campaign / "campaign.json"
@@ -209,6 +234,8 @@ def run_campaign(args) -> int:
     for name, why in config["skipped"].items():
         print(f"[{name}] skipped: {why}", file=sys.stderr)
     before = {p.name for p in corpus_io.entry_paths(campaign / "corpus")}
+    if config["lanes"] > 1:
+        warm_jit_backends(config)
     lanes = {i: start_lane(campaign, i, config) for i in range(config["lanes"])}
     restarts = Counter()
     watch = Watch(campaign)

@@ -13,6 +13,7 @@ import inspect
 import json
 import time
 import traceback
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases, pick
+from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
 from attnfuzz.strategies.materialize import Tensors, draw_on_cpu
 from attnfuzz.strategies.space import Space, narrow_to
 
@@ -215,7 +217,27 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
         case = draw(drawn)
         return case.replace(spelling=pick(draw, tuple(backend.spellings(case))))
 
-    return spelled()
+    if not declares_compile_key(backend) or space.compiled_share == 0:
+        return spelled()
+
+    return compile_aware(spelled(), compiled_configs(backend), backend.compile_key,
+                         lambda case: backend.unsupported(case) is None, space.compiled_share, space.max_work)
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def declares_compile_key(backend: Backend) -> bool:
+    """Whether the backend says which cases share a compiled kernel (Backend.compile_key overridden)."""
+    return getattr(type(backend), "compile_key", Backend.compile_key) is not Backend.compile_key
+
+
+def compiled_configs(backend: Backend) -> CompiledConfigs:
+    """The kernel configurations `backend` met in this process, in order: one list per backend object, shared by
+    every search of it (a campaign's repeated runs, a replay before a fuzz run)."""
+    if backend not in _COMPILED:
+        _COMPILED[backend] = CompiledConfigs()
+    return _COMPILED[backend]
 
 
 KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]

@@ -39,15 +39,17 @@ def _user() -> str:
 
 def shared_cache_env(environ=os.environ) -> dict[str, str]:
     """The compile-cache variables every replay worker is given: the ones set here, else the locations torch
-    inductor and FA4's CuTe DSL default to (with FA4's disk cache on, as attnfuzz runs it). TRITON_CACHE_DIR is
-    passed on when set; unset, inductor keeps Triton's kernels under its own cache dir."""
+    inductor and FA4's CuTe DSL default to (with FA4's disk cache on, as attnfuzz runs it). TRITON_CACHE_DIR and
+    FLASHINFER_WORKSPACE_BASE are passed on when set; unset, inductor keeps Triton's kernels under its own cache dir
+    and FlashInfer its JIT modules under ~/.cache/flashinfer."""
     tmp = tempfile.gettempdir()
     defaults = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"torchinductor_{_user()}"),
                 "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": os.path.join(tmp, _user(), "flash_attention_cute_dsl_cache"),
                 "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1"}
     env = {name: environ.get(name) or default for name, default in defaults.items()}
-    if environ.get("TRITON_CACHE_DIR"):
-        env["TRITON_CACHE_DIR"] = environ["TRITON_CACHE_DIR"]
+    for name in ("TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"):
+        if environ.get(name):
+            env[name] = environ[name]
     return env
 
 

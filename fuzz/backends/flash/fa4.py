@@ -146,6 +146,21 @@ class FlashAttn4(Backend):
         return {"softmax_scale": case.scale, "causal": causal, "window_size": window, "learnable_sink": t.sink,
                 "softcap": case.softcap or 0.0, "return_lse": True}
 
+    def compile_key(self, case: Case) -> tuple | None:
+        """What FA4's interface keys its compiled kernels by (flash_attn.cute.interface: compile_key), read off the
+        case: dtype, head dims, the GQA group (pack_gqa, qhead_per_kvhead), causal, which window bounds are set (a
+        pair of negative bounds reads as unbounded), softcap and sink presence, which call (cu_seqlens / seqused /
+        batched), the backward kernels when gradients are asked, and the architecture. Lengths, batch, heads at one
+        group size, bound and scale values and the inputs are runtime arguments of one kernel."""
+        band, _ = fc.bottom_right_band(case)
+        if band is None:
+            return None
+        causal, (left, right) = fc.spelled_mask(band, split_spelling(case.spelling)[1], case, unbounded=None)
+        if left is not None and right is not None and left < 0 and right < 0:
+            left = right = None
+        return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, causal, left is not None, right is not None,
+                case.softcap is not None, case.softmax != "vanilla", self.route(case), case.grads, self.arch)
+
     def route(self, case: Case) -> str:
         """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,
         spelling "seqused") or BATCHED."""

@@ -116,6 +116,17 @@ class FlashInferBackend(Backend):
         space = narrow_to(space, lambda c: self.unsupported(self.fitted(c)))
         return attention_cases(space).map(self.fitted)
 
+    def compile_key(self, case: Case) -> tuple | None:
+        """The JIT module FlashInfer builds (its URI: entry point, q / kv / out dtypes, head dims, position encoding,
+        sliding window on, soft cap on, kernel backend). Causal or not, GQA group size, page size, kv_layout, lengths
+        and batch are dispatched inside one module."""
+        bounds, _ = fic.band(case)
+        if bounds is None:
+            return None
+        _, window_left = bounds
+        return (self.entry, case.dtype, case.d_qk, case.d_v, window_left >= 0, case.softcap is not None,
+                self.kernel_backend)
+
     def repro_source(self, case: Case) -> str | None:
         from attnfuzz.backends.flashinfer.repro import flashinfer_source
         return flashinfer_source(self, case)

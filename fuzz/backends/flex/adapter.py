@@ -171,6 +171,14 @@ class FlexBackend(Backend):
                                                    (case.sq, case.skv, case.skv)))
         return result
 
+    def compile_key(self, case: Case) -> tuple | None:
+        """Compiled: the graph dynamo builds for the case (_variant_key), with the sizes where the variant is compiled
+        static (explicit masks, thd) and the batch, which _pin_static marks static; eager: None (nothing compiled)."""
+        if not self.compiled:
+            return None
+        static = case.layout == "thd" or case.mask_density is not None
+        return _variant_key(case) + ((case.b, case.sq, case.skv, case.lens_q, case.lens_kv) if static else (case.b,))
+
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` as run() calls flex, for standalone repro scripts (fuzz/store/repro.py); None
         for a case flex cannot express (a sink, an unknown spelling)."""

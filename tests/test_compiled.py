@@ -1,0 +1,178 @@
+"""Compile-aware search (strategies/compiled.py): the compile keys adapters declare, the share of cases drawn inside
+compiled configurations, and a planted bug in one configuration found and shrunk as plain search finds it."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from attnfuzz.backends.base import Backend
+from attnfuzz.backends.flash.fa4 import FlashAttn4
+from attnfuzz.backends.flashinfer.adapter import SingleDecode, SinglePrefill
+from attnfuzz.backends.flex.adapter import FlexBackend
+from attnfuzz.engine.harness import cases_for, compiled_configs, declares_compile_key, fuzz
+from attnfuzz.engine.profiles import profile
+from attnfuzz.engine.warm import main as warm_main, plainest, warm
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.compiled import CompiledConfigs, pin
+from attnfuzz.strategies.space import Space
+from bench.jit_fake import FakeJit, Verdicts, buggy
+
+BASE = Case(b=2, sq=64, skv=64, h=4, hk=2, d_qk=64, d_v=64, dtype="bfloat16")
+
+
+def _runtime_variants(case: Case) -> list[Case]:
+    """The same kernel configuration at other lengths, batch, heads (same group), seed and values."""
+    return [case.replace(sq=17, skv=130), case.replace(b=1), case.replace(h=8, hk=4), case.replace(seed=7),
+            case.replace(values="probe"), case.replace(std=(4.0, 4.0, 1.0))]
+
+
+def _structural_variants(case: Case) -> list[Case]:
+    return [case.replace(dtype="float16"), case.replace(d_qk=128, d_v=128), case.replace(softcap=30.0),
+            case.replace(window=(8, None)), case.replace(causal=True)]
+
+
+@pytest.mark.parametrize("backend", [FlashAttn4(device="cpu", arch=90), SinglePrefill(device="cpu"),
+                                     FlexBackend("cpu", compiled=True)], ids=lambda b: b.name)
+def test_compile_key_separates_structure_and_not_runtime(backend):
+    case = BASE.replace(b=1) if backend.name.startswith("flashinfer") else BASE
+    key = backend.compile_key(case)
+    assert key is not None
+    runtime = [c for c in _runtime_variants(case) if not (backend.name.startswith("flashinfer") and c.b != 1)]
+    if backend.name == "flex-compiled":  # flex's graph is per head count and (static) batch
+        runtime = [c for c in runtime if (c.h, c.hk, c.b) == (case.h, case.hk, case.b)]
+    assert runtime and all(backend.compile_key(c) == key for c in runtime)
+    for other in _structural_variants(case):
+        if backend.name.startswith("flashinfer") and other.causal:
+            continue  # causal is a mask mode dispatched inside one FlashInfer module
+        assert backend.compile_key(other) != key, other
+
+
+def test_fa4_key_follows_gqa_group_sinks_route_and_backward():
+    fa4 = FlashAttn4(device="cpu", arch=90)
+    key = fa4.compile_key(BASE)
+    assert fa4.compile_key(BASE.replace(h=8, hk=2)) != key                     # another GQA group size
+    assert fa4.compile_key(BASE.replace(softmax="learnable")) != key           # learnable_sink present
+    assert fa4.compile_key(BASE.replace(layout="thd", seqlens_q=(64, 3), seqlens_kv=(64, 9))) != key   # varlen
+    assert fa4.compile_key(BASE.replace(grads=True)) != key
+    assert fa4.compile_key(BASE.replace(window=(3, None))) == fa4.compile_key(BASE.replace(window=(40, None)))
+
+
+def test_flashinfer_key_ignores_what_one_module_dispatches():
+    decode = SingleDecode(device="cpu")
+    case = BASE.replace(b=1, sq=1, alignment="bottom_right")
+    assert decode.compile_key(case) == decode.compile_key(case.replace(h=8, hk=1, skv=900))
+    assert decode.compile_key(case) != SinglePrefill(device="cpu").compile_key(case)   # another JIT module
+
+
+def test_backends_without_compilation_keep_the_plain_strategy():
+    eager = FlexBackend("cpu", compiled=False)
+    assert eager.compile_key(BASE) is None
+    assert not declares_compile_key(Backend()) and declares_compile_key(FakeJit())
+    assert type(cases_for(Backend())).__name__ != "_CompileAware"
+    assert type(cases_for(FakeJit(), Space(compiled_share=0))).__name__ != "_CompileAware"
+    assert type(cases_for(FakeJit())).__name__ == "_CompileAware"
+    with pytest.raises(ValueError, match="compiled_share"):
+        Space(compiled_share=1.0)
+
+
+def test_pin_keeps_the_key_and_takes_runtime_fields():
+    backend = FakeJit()
+    pinned = Case(d_qk=64, d_v=64, dtype="bfloat16", causal=True, softcap=5.0, h=4, hk=2)
+    drawn = Case(b=3, sq=40, skv=90, h=6, hk=3, d_qk=8, d_v=8, dtype="float16", seed=99, softcap=30.0)
+    key = backend.compile_key(pinned)
+    case = pin(pinned, drawn, key, lambda c, k: backend.unsupported(c) is None and backend.compile_key(c) == k,
+               Space().max_work)
+    assert backend.compile_key(case) == key
+    assert (case.b, case.sq, case.skv, case.seed, case.softcap) == (3, 40, 90, 99, 30.0)
+    assert (case.hk, case.h) == (3, 6)   # drawn KV heads at the configuration's group size (2)
+
+
+def _search(bug: str, share: float, seed: int, examples: int = 300):
+    backend = FakeJit(bug=bug)
+    keys = []
+    _, findings = fuzz(backend, space=Space(compiled_share=share), seed=seed, worker=Verdicts(backend), reruns=0,
+                       on_case=lambda case, verdict, tally: keys.append(backend.compile_key(case))
+                       if verdict.status != V.UNSUPPORTED else None,
+                       settings=profile("quick", max_examples=examples, database=None))
+    return keys, findings
+
+
+def test_search_stays_inside_compiled_configurations_at_its_share():
+    keys, findings = _search("none", 0.8, seed=3)
+    assert not findings
+    seen, inside = set(), 0
+    for key in keys:
+        inside += key in seen
+        seen.add(key)
+    plain_keys, _ = _search("none", 0.0, seed=3)
+    plain_inside = len(plain_keys) - len(set(plain_keys))
+    # 0.8 of draws are pinned (every one inside), some fresh ones meet a compiled key too; plain search rarely does
+    assert inside / len(keys) >= 0.7, (inside, len(keys))
+    assert plain_inside / len(plain_keys) < 0.5, (plain_inside, len(plain_keys))
+    assert len(set(keys)) < len(set(plain_keys))
+
+
+MINIMAL = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="bfloat16", causal=True, softcap=5.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_planted_bug_in_a_configuration_is_found_and_shrunk_as_before(seed):
+    """The bug changes every case of its configurations, so its first case is a fresh draw, whose shrink is plain
+    search's: the minimal case is the same (plain search itself stops at values='probe' on seed 1)."""
+    plain = _search("config", 0.0, seed)[1]
+    aware = _search("config", 0.8, seed)[1]
+    assert [f.verdict.label for f in plain] == ["FAIL:TOLERANCE"] == [f.verdict.label for f in aware]
+    assert aware[0].case == MINIMAL
+    assert plain[0].case.replace(values="gaussian") == MINIMAL
+
+
+def test_planted_bug_past_the_first_case_of_its_configuration_is_found():
+    """Past 64 keys only: the configuration's first case may pass and a pinned draw find the bug; its shrink then
+    stays inside compiled configurations, down to the fewest keys that fail (65). Compile-aware search gets the
+    examples that give it as many fresh draws as plain search: the same compile time on a JIT backend."""
+    plain = _search("config-long", 0.0, seed=1, examples=300)[1]
+    aware = _search("config-long", 0.8, seed=1, examples=1500)[1]
+    assert [f.verdict.label for f in plain] == ["FAIL:TOLERANCE"] == [f.verdict.label for f in aware]
+    assert buggy(aware[0].case, "config-long") and aware[0].case.skv == 65, aware[0].case
+
+
+def test_negative_control_correct_backend_has_no_finding():
+    assert _search("none", 0.8, seed=0, examples=150)[1] == []
+
+
+def test_configurations_are_numbered_in_order_and_choices_keep_their_meaning():
+    configs = CompiledConfigs()
+    assert configs.named(5) is None                  # nothing compiled: a fresh draw, for good
+    configs.add(("a",), BASE)
+    configs.add(("b",), BASE.replace(dtype="float16"))
+    assert not configs.add(("a",), BASE.replace(seed=3))
+    assert (configs.named(0), configs.named(3), configs.named(5)) == (0, 1, None)
+    configs.add(("c",), BASE.replace(d_qk=32, d_v=32))
+    assert configs.named(3) == 1 and configs.named(4) == 1 and configs.named(2) == 2
+    assert compiled_configs(FakeJit()) is not compiled_configs(FakeJit())
+
+
+def test_warm_up_compiles_each_plainest_configuration_once():
+    backend = FakeJit()
+    cases = plainest(backend)
+    keys = [backend.compile_key(c) for c in cases]
+    assert len(cases) >= 8 and len(set(keys)) == len(keys)
+    assert all(backend.unsupported(c) is None for c in cases)
+    assert {c.dtype for c in cases} == {"float16", "bfloat16"} and cases[0].causal is False
+    assert warm(backend, "cpu", out=io.StringIO()) == len(cases) and len(backend.compiled) == len(cases)
+
+
+def test_warm_up_names_a_bad_backend(capsys):
+    assert warm_main(["no-such-backend", "cpu"]) == 2
+    assert "not a known backend" in capsys.readouterr().err
+    assert warm_main([]) == 2
+
+
+def test_a_campaign_warms_only_the_backends_that_compile(capsys):
+    from attnfuzz.campaign.supervisor import warm_jit_backends
+    warm_jit_backends({"backends": ["sdpa-math", "fa4"], "device": "cpu"})
+    err = capsys.readouterr().err
+    assert "warm: fa4: not available here" in err and "sdpa-math" not in err

@@ -150,7 +150,8 @@ class FlashAttn4(Backend):
         """What FA4's interface keys its compiled kernels by (flash_attn.cute.interface: compile_key), read off the
         case: dtype, head dims, the GQA group (pack_gqa, qhead_per_kvhead), causal, which window bounds are set (a
         pair of negative bounds reads as unbounded), softcap and sink presence, which call (cu_seqlens / seqused /
-        batched), the backward kernels when gradients are asked, and the architecture. Lengths, batch, heads at one
+        batched, paged), whether pages are loaded by TMA (a page of 128 keys, the sm90 key tile), the backward kernels
+        when gradients are asked, and the architecture. Lengths, batch, heads at one
         group size, bound and scale values and the inputs are runtime arguments of one kernel."""
         band, _ = fc.bottom_right_band(case)
         if band is None:
@@ -159,7 +160,8 @@ class FlashAttn4(Backend):
         if left is not None and right is not None and left < 0 and right < 0:
             left = right = None
         return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, causal, left is not None, right is not None,
-                case.softcap is not None, case.softmax != "vanilla", self.route(case), case.grads, self.arch)
+                case.softcap is not None, case.softmax != "vanilla", self.route(case), case.grads, self.arch,
+                None if case.page_size is None else case.page_size == 128)   # paged_kv_tma: pages of one key tile
 
     def route(self, case: Case) -> str:
         """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,

@@ -15,9 +15,10 @@ import torch
 from hypothesis import given
 
 from attnfuzz.backends.custom import load_custom
-from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.harness import fuzz, run_case
 from attnfuzz.engine.profiles import profile
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.tools.shrink import shrink
 from attnfuzz.strategies.case import STORAGES, Case
 from attnfuzz.strategies.cases import attention_cases
 from attnfuzz.strategies.materialize import draw_on_cpu, materialize
@@ -113,3 +114,18 @@ def test_the_same_kernel_without_the_bug_never_fails():
     tally, findings = fuzz(load_custom("tests.layout_kernels:correct", "cpu"), space=SPACE, settings=SETTINGS)
     assert not findings, [f"{f.verdict.label} {f.verdict.message[:300]} {f.case!r}" for f in findings]
     assert tally.labels["PASS"] == SETTINGS.max_examples, tally.to_dict()
+
+
+def test_attnfuzz_shrink_walks_a_storage_finding_to_the_one_buffer_the_bug_needs():
+    backend = load_custom("tests.layout_kernels:k_from_buffer_start", "cpu")
+    big = Case(b=2, sq=9, skv=12, h=4, hk=2, d_qk=16, d_v=8, memory="transposed", seed=3,
+               storage=("strided", "offset", "padded_rows"))
+
+    def fails(case):
+        verdict = run_case(backend, case)
+        return verdict if verdict.failed else None
+
+    small, verdict, _ = shrink(big, fails)
+    assert small.storage == ("plain", "offset", "plain") and small.memory == "contiguous", small
+    assert (small.b, small.sq, small.skv, small.h) == (1, 1, 1, 1) and verdict.failed, small
+    assert shrink(big, lambda case: None)[0] == big   # control: nothing fails, nothing changes

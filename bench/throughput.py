@@ -1,12 +1,14 @@
 """Graded cases per second through the whole fuzz loop (Hypothesis draw, materialize, backend, oracle, grade).
 
     python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu] [--lanes 1]
-                                [--space small|default|short|compare] [--batch-check [--rounds 2]]
+                                [--space small|default|short|compare|storage] [--batch-check] [--rounds 2]
 
 --space small (the default): small shapes (b <= 2, s <= 64, h <= 4, d <= 64). default: the device's default Space
 (Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short: that Space
 held to the lengths and head dims drawn before long shapes (max_len 160, d <= 128); compare: short, then default, in
-one process, and the ratio of their small-case rates. Besides the totals, each run reports its small-case rate
+one process, and the ratio of their small-case rates; storage: the small space without per-tensor storage
+(storages=("plain",)) and with it (the default), alternating `--rounds` times in one process, and the ratio of
+their summed small-case rates (what drawing and laying out the buffers costs). Besides the totals, each run reports its small-case rate
 (graded cases with sq, skv <= 160 per second of the whole run: what long cases cost the everyday ones) and the share
 of the time spent on long cases (a case's time: from the previous case's verdict to its own).
 
@@ -83,15 +85,17 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     harness_module.Tensors.to = timed(harness_module.Tensors.to, "inputs")
     checked_verdict = harness_module.batch.checked_verdict
     harness_module.batch.checked_verdict = timed(checked_verdict, "batch")  # its backend runs count as backend too
+    harness_module.with_storage = timed(harness_module.with_storage, "inputs")
     known = known_bugs(Path("corpus"))
     fuzz(backend, device=device, space=SMALL, known=known, settings=profile("ci", max_examples=20))  # warm-up
-    per_case = {"small": 0, "small_s": 0.0, "long": 0, "long_s": 0.0}
+    per_case = {"small": 0, "small_s": 0.0, "long": 0, "long_s": 0.0, "storage_cases": 0}
     last = [0.0]
 
     def on_case(case, verdict, tally):
         now = time.perf_counter()
         kind = "long" if max(case.sq, case.skv) > SMALL_LEN else "small"
         per_case[kind] += verdict.status != "UNSUPPORTED"
+        per_case["storage_cases"] += case.storage != ("plain",) * 3
         per_case[f"{kind}_s"] += now - last[0]
         last[0] = now
 
@@ -182,10 +186,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads, as the CLI's --threads")
     p.add_argument("--lanes", type=int, default=1, help="processes fuzzing the backend at once")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed of the measured run (the same cases each time)")
-    p.add_argument("--space", default="small", choices=("small", "default", "short", "compare"))
+    p.add_argument("--space", default="small", choices=("small", "default", "short", "compare", "storage"))
     p.add_argument("--batch-check", action="store_true",
                    help="measure the batch-invariance check's cost: the same cases with it off and on")
-    p.add_argument("--rounds", type=int, default=2, help="with --batch-check: measured runs of each, alternating")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="with --batch-check or --space storage: measured runs of each, alternating")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -201,6 +206,18 @@ def main() -> None:
         print(describe(short) + "\n" + describe(default))
         print(f"small-case rate, default / short space: "
               f"{(default['small'] / default['seconds']) / (short['small'] / short['seconds']):.2f}")
+        return
+    if args.space == "storage":
+        runs: dict[str, list[dict]] = {"off": [], "on": []}
+        for _ in range(args.rounds):
+            for name, space in (("off", SMALL.replace(storages=("plain",))), ("on", SMALL)):
+                runs[name].append(measure(args.backend, args.device, args.examples, space=space,
+                                          space_name=f"small, storage {name}", seed=args.seed))
+                print(describe(runs[name][-1]))
+        rate = {name: sum(r["small"] for r in rs) / sum(r["seconds"] for r in rs) for name, rs in runs.items()}
+        drawn = sum(r["storage_cases"] for r in runs["on"])
+        print(f"small-case rate with storage / without: {rate['on']:.1f} / {rate['off']:.1f} = "
+              f"{rate['on'] / rate['off']:.3f} ({drawn} cases with a storage other than plain)")
         return
     result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
                      args.space, args.seed)

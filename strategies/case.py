@@ -28,7 +28,11 @@ Semantics (the oracle grades every backend against these):
   semantics with few queries, bottom-right aligned. Paged cases are forward-only (grads false).
 
 `layout` and `memory` say how the same logical tensors reach the backend (bshd / sbhd / packed thd; contiguous,
-head-major transposed views, or one KV head expanded with stride 0); `spelling` names how the adapter spells the
+head-major transposed views, or one KV head expanded with stride 0); `storage` says, per tensor (q, k, v), how its
+buffer is laid out around those strides: "plain" as the memory format gives it, "offset" one element into its
+buffer, "padded_rows" each head-dim row followed by ROW_PAD unused elements, "strided" every other element of the
+head dim (its stride 2); the unused elements hold NaN (strategies/materialize.py). Storage other than plain is
+for bshd cases without a paged cache (the adapters build sbhd, thd and paged buffers themselves); `spelling` names how the adapter spells the
 mask in its API ("" is the adapter's default): equivalent spellings must agree, so the spelling is fuzzed too.
 """
 
@@ -47,9 +51,12 @@ MEMORY = ("contiguous", "transposed", "expanded_kv")
 VALUES = ("gaussian", "probe")
 # Value families that reach extreme logits (strategies/materialize.py says what each holds)
 FAMILIES = ("far_negative", "anti_aligned", "outlier_channel", "large_sink", "ties", "zero_rows")
+# How one tensor's buffer is laid out (the plainest first: shrinking goes toward it); `storage` holds one per q, k, v
+STORAGES = ("plain", "offset", "padded_rows", "strided")
+PLAIN_STORAGE = ("plain", "plain", "plain")
 # Fields added after cases were saved: left out of to_dict() at their default, so every saved case, corpus
 # signature (a hash of to_dict()), repro script and campaign log of before keeps its bytes.
-OMITTED_AT_DEFAULT = ("values", "page_size", "shared_prefix_pages")
+OMITTED_AT_DEFAULT = ("values", "page_size", "shared_prefix_pages", "storage")
 SCHEMA = 1
 
 
@@ -94,6 +101,7 @@ class Case:
     values: str = "gaussian"
     page_size: int | None = None
     shared_prefix_pages: int = 0
+    storage: tuple[str, str, str] = PLAIN_STORAGE
 
     def __post_init__(self) -> None:
         for name in ("causal", "grads"):  # JSON's "yes" or 1 is not a switch: a corpus entry must say true or false
@@ -161,6 +169,11 @@ class Case:
                f"shared pages need page_size set and shared_prefix_pages * page_size <= skv={self.skv}")
         _check(self.page_size is None or not self.grads, "grads", self.grads,
                "a paged KV cache is forward-only (serving); use grads=false or page_size=None")
+        _check(isinstance(self.storage, tuple) and len(self.storage) == 3 and all(s in STORAGES for s in self.storage),
+               "storage", self.storage, f"three of {STORAGES}, for q, k and v")
+        _check(self.storage == PLAIN_STORAGE or (self.layout == "bshd" and self.page_size is None), "storage",
+               self.storage, "storage other than plain is for bshd cases without a paged cache; use layout=bshd, "
+               "page_size=None or storage=plain")
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**63, "seed",
                self.seed, "an int in [0, 2**63)")
 

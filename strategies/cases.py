@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 
-from attnfuzz.strategies.case import FAMILIES, Case
+from attnfuzz.strategies.case import FAMILIES, PLAIN_STORAGE, Case
 from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
 
 _NO_SINK_FAMILIES = tuple(f for f in FAMILIES if f != "large_sink")
@@ -23,6 +23,7 @@ WIDE_ONE_IN = 5        # one head dim in 5 is above 128, where the Space has suc
 SCORE_COST = 32        # a score's mask, exp and softmax cost the oracle about as much as 20-30 multiply-adds of
 #                        its dot products (CPU, float64: 1.2 us a score at d = 3, 60 ns a multiply-add at d = 512)
 SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are cheap enough to draw in thousands
+STORAGE_ONE_IN = 6     # one bshd case without a paged cache in 6 lays q, k, v out in drawn buffers (Case.storage)
 LONG_ONE_IN = 10       # one case in 10 takes its lengths from the ladder, a decode shape or a tall shape
 DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
 DECODE_MAX_QUERIES = 16
@@ -361,11 +362,14 @@ def attention_cases(draw, space: Space = Space()) -> Case:
         page_size, shared, sq, seqlens_q, seqlens_kv, alignment = _paged(draw, space, b, sq, skv, seqlens_q,
                                                                            seqlens_kv, alignment)
         grads = False
+    storage = PLAIN_STORAGE
+    if len(space.storages) > 1 and layout == "bshd" and page_size is None and _sometimes(draw, STORAGE_ONE_IN):
+        storage = tuple(pick(draw, space.storages) for _ in range(3))   # per tensor; each shrinks toward "plain"
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,
                 mean=mean, std=std, seed=seed, grads=grads, values=values, page_size=page_size,
-                shared_prefix_pages=shared)
+                shared_prefix_pages=shared, storage=storage)
 
 
 def _paged(draw, space: Space, b: int, sq: int, skv: int, seqlens_q, seqlens_kv, alignment: str):

@@ -97,8 +97,45 @@ def torch_dtype(case: Case) -> torch.dtype:
 
 def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
     """Draw the case's tensors from `case.seed` on the CPU, then move them to `device` (so every device sees the
-    same values)."""
-    return draw_on_cpu(case).to(device)
+    same values), then lay q, k and v out in the case's storage."""
+    return with_storage(case, draw_on_cpu(case).to(device))
+
+
+def with_storage(case: Case, t: Tensors) -> Tensors:
+    """t with q, k and v copied into the buffers `case.storage` says (t itself when every tensor is plain)."""
+    if case.storage == ("plain", "plain", "plain"):
+        return t
+    q, k, v = (stored(x, kind) for x, kind in zip((t.q, t.k, t.v), case.storage))
+    return Tensors(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
+
+
+def stored(x, kind):
+    """The values of x in a buffer of the storage `kind`, keeping x's stride order; unused elements hold NaN.
+    plain: x. offset: one element into the buffer. padded_rows: each innermost (head-dim) row followed by 8 unused
+    elements. strided: the innermost dim at stride 2. A stride-0 (expanded) dim stays expanded. Self-contained
+    (torch only): repro scripts embed its source."""
+    import torch
+    if kind == "plain":
+        return x
+    for dim, (size, stride) in enumerate(zip(x.shape, x.stride())):
+        if stride == 0 and size > 1:
+            return stored(x.narrow(dim, 0, 1), kind).expand(x.shape)
+    # outermost first, as the buffer holds them; a size-1 dim has no stride of its own: outermost
+    order = sorted(range(x.dim()), key=lambda d: (x.shape[d] != 1, -x.stride(d), d))
+    shape = [x.shape[d] for d in order]
+    inner = shape[-1]
+    if kind == "offset":
+        buf = torch.full((x.numel() + 1,), float("nan"), dtype=x.dtype, device=x.device)
+        y = buf[1:].view(shape)
+    elif kind == "padded_rows":
+        y = torch.full(shape[:-1] + [inner + 8], float("nan"), dtype=x.dtype, device=x.device)[..., :inner]
+    elif kind == "strided":
+        y = torch.full(shape[:-1] + [2 * inner], float("nan"), dtype=x.dtype, device=x.device)[..., ::2]
+    else:
+        raise ValueError(f"storage {kind!r} is unknown")
+    y = y.permute([order.index(d) for d in range(x.dim())])
+    y.copy_(x)
+    return y
 
 
 def probe_values(case: Case, heads: int) -> torch.Tensor:

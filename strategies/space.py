@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, Case
+from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, STORAGES, Case
 
 # Page sizes of a paged KV cache, smallest first (shrinking goes toward the first): the usual powers of two and odd
 # ones, for the backends that take any size.
@@ -71,6 +71,7 @@ class Space:
     page_sizes: tuple[int, ...] = PAGE_SIZES
     compiled_share: float = 0.8      # for a backend that declares a compile key: the share of cases drawn inside
                                      # kernel configurations it compiled already (strategies/compiled.py); 0: off
+    storages: tuple[str, ...] = STORAGES  # per-tensor buffer layouts (Case.storage); ("plain",) turns them off
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work"):
@@ -89,6 +90,9 @@ class Space:
         if not isinstance(self.compiled_share, (int, float)) or not 0 <= self.compiled_share < 1:
             raise ValueError(f"Space: invalid compiled_share={self.compiled_share!r}: a share in [0, 1) (0: draw every "
                              f"case fresh)")
+        _subset("storages", self.storages, STORAGES)
+        if self.storages[0] != "plain":
+            raise ValueError(f"Space: invalid storages={self.storages!r}: the first is 'plain' (cases shrink to it)")
         if not isinstance(self.page_sizes, tuple) or not self.page_sizes or any(
                 not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in self.page_sizes):
             raise ValueError(f"Space: invalid page_sizes={self.page_sizes!r}: a non-empty tuple of ints >= 1")
@@ -170,7 +174,8 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     choices = {"layouts": lambda v: dict(_SWITCHES["padding"], layout=v),
                "memory": lambda v: dict(h=4, hk=2, memory=v),
                "softmaxes": lambda v: dict(softmax=v),
-               "page_sizes": lambda v: dict(page_size=v)}
+               "page_sizes": lambda v: dict(page_size=v),
+               "storages": lambda v: dict(storage=(v, v, v))}
     for name, fields in choices.items():
         changes[name] = tuple(v for v in getattr(space, name) if takes(**fields(v))) or getattr(space, name)[:1]
     # An alignment only shows when sq != skv; a backend may take it one way round only (FA: top-left with sq >= skv).

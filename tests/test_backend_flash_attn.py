@@ -15,7 +15,7 @@ from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.base import Unsupported
 from attnfuzz.backends.flash.fa2 import FlashAttn2
 from attnfuzz.backends.flash.fa3 import FlashAttn3
-from attnfuzz.backends.flash.fa4 import FlashAttn4
+from attnfuzz.backends.flash.fa4 import KNOBS, FlashAttn4
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade
 from attnfuzz.strategies.case import Case
@@ -335,3 +335,53 @@ def test_fa4_turns_its_disk_cache_on_before_import_unless_the_user_chose(monkeyp
     monkeypatch.setenv(DISK_CACHE, "0")
     FlashAttn4("cuda").available()
     assert seen[-1] == ("flash_attn.cute", "0")
+
+
+# -- FA4's kernel knobs as spellings -----------------------------------------------------------------------------
+def test_fa4_knob_spellings_are_declared_where_the_interface_takes_them():
+    gqa, mha = Case(h=4, hk=2, grads=True, **BF16), Case(h=2, hk=2, grads=True, **BF16)
+    knobs = lambda case, arch: [s for s in FlashAttn4("cpu", arch=arch).spellings(case) if s in KNOBS]  # noqa: E731
+    assert knobs(gqa, 90) == ["nopack"]                          # sm90: no SplitKV, no deterministic backward
+    assert knobs(mha, 90) == []                                  # nothing to pack without GQA
+    assert knobs(gqa, 100) == ["splits3", "nopack", "deterministic"]
+    assert knobs(gqa.replace(grads=False), 100) == ["splits3", "nopack"]   # deterministic is the backward's
+    assert "spelling='splits3'" in FlashAttn4("cpu", arch=90).unsupported(gqa.replace(spelling="splits3"))
+
+
+@pytest.mark.parametrize("spelling,arch,expected", [("splits3", 100, {"num_splits": 3}),
+                                                    ("nopack", 90, {"pack_gqa": False}),
+                                                    ("deterministic", 100, {"deterministic": True})])
+def test_fa4_knobs_reach_the_call_and_pass_grading(monkeypatch, calls, spelling, arch, expected):
+    installed(monkeypatch, calls, "fa4")
+    fa4 = FlashAttn4("cpu", arch=arch)
+    for case in (Case(b=2, sq=9, skv=12, h=4, hk=2, causal=True, alignment="bottom_right", grads=True, **BF16),
+                 Case(b=2, sq=9, skv=12, h=4, hk=2, seqlens_q=(9, 4), seqlens_kv=(12, 5), grads=True, **BF16)):
+        spelled = case.replace(spelling=spelling)
+        assert fa4.unsupported(spelled) is None, fa4.unsupported(spelled)
+        t = materialize(spelled)
+        out = fa4.run(spelled, t)
+        assert {name: calls[-1][name] for name in expected} == expected, calls[-1]
+        assert all(f"{name}={value}" in out.ran for name, value in expected.items()), out.ran
+        assert grade(spelled, t, out, family=fa4.family).status == V.PASS
+
+
+def test_a_knob_that_changes_the_answer_is_caught(monkeypatch, calls):
+    """Negative control: a fake FA4 whose split-KV combine drops the last split's keys fails grading."""
+    modules = fakes.make_fa4(calls)
+    cute = modules["flash_attn.cute"]
+    honest = cute.flash_attn_func
+
+    def lossy_splits(q, k, v, num_splits=1, **kw):
+        if num_splits > 1:
+            keep = k.shape[1] - k.shape[1] // num_splits
+            k, v = k[:, :keep], v[:, :keep]
+        return honest(q, k, v, num_splits=num_splits, **kw)
+
+    cute.flash_attn_func = lossy_splits
+    fakes.install(monkeypatch, modules)
+    fa4 = FlashAttn4("cpu", arch=100)
+    case = Case(sq=6, skv=12, h=2, **BF16)
+    for spelling, status in (("", V.PASS), ("splits3", V.FAIL)):
+        spelled = case.replace(spelling=spelling)
+        t = materialize(spelled)
+        assert grade(spelled, t, fa4.run(spelled, t), family=fa4.family).status == status, spelling

@@ -69,6 +69,10 @@ EXAMPLES = [
     ("kv", dict(PAD, page_size=4), "paged"),                                                 # 16 and 12 keys
     ("kv", dict(PAD, page_size=5), "paged_tail"),
     ("kv", dict(PAD, page_size=4, shared_prefix_pages=2), "paged_shared"),
+    ("storage", {}, "plain"),
+    ("storage", dict(storage=("plain", "offset", "plain")), "offset"),
+    ("storage", dict(storage=("offset", "plain", "padded_rows")), "padded_rows"),
+    ("storage", dict(storage=("strided", "offset", "padded_rows")), "strided"),
 ]
 
 
@@ -86,14 +90,14 @@ def test_every_axis_value_has_an_example():
 
 
 def test_space_size_is_the_product_of_the_axes():
-    assert SPACE_SIZE == math.prod(len(a.values) for a in AXES) == 8 * 3 * 6 * 3 * 4 * 3 * 10 * 4
+    assert SPACE_SIZE == math.prod(len(a.values) for a in AXES) == 8 * 3 * 6 * 3 * 4 * 3 * 10 * 4 * 4
 
 
 def test_a_case_dict_maps_to_the_cases_cell():
     case = Case(b=2, sq=65, skv=70, h=6, hk=2, causal=True, window=(4, 0), alignment="bottom_right",
                 seqlens_q=(65, 1), seqlens_kv=(70, 2), layout="thd", dtype="bfloat16")
     assert cell_of(case.to_dict()) == cell_of(case) == (
-        "padding_causal", "bottom_right", "left", "thd", "bfloat16", "GQA", "tile_edge/ne", "contiguous")
+        "padding_causal", "bottom_right", "left", "thd", "bfloat16", "GQA", "tile_edge/ne", "contiguous", "plain")
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)

@@ -138,7 +138,9 @@ PLANTED = {
     "dedup_keys": (("ties",), {"FAIL:TOLERANCE"}),
     "zero_keys_as_padding": (("zero_rows",), {"FAIL:TOLERANCE", "FAIL:LSE"}),
 }
-SPACE = Space(max_len=80)
+# storage off: its draws would move this derandomized stream, and these kernels' bugs are in the values, not the
+# buffers (tests/test_storage.py runs its planted kernels on the default space)
+SPACE = Space(max_len=80, storages=("plain",))
 SETTINGS = profile("ci", max_examples=1000)  # each family is one case in 30
 
 

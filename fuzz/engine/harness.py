@@ -31,7 +31,7 @@ from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases, pick
 from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
-from attnfuzz.strategies.materialize import Tensors, draw_on_cpu
+from attnfuzz.strategies.materialize import Tensors, draw_on_cpu, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
 
 
@@ -150,7 +150,8 @@ class WrittenAhead:
 def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
     """Run the backend on the case's inputs and grade its output against the float64 oracle."""
     drawn = draw_on_cpu(case)
-    tensors = drawn.to(device)
+    moved = drawn.to(device)
+    tensors = with_storage(case, moved)  # the backend's buffers; the oracle reads the plain ones (the same values)
     if poison.enabled():  # outputs cut from NaN memory: an element the backend never writes reads NaN
         poison.poison(device)
     try:
@@ -163,7 +164,7 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
         where = traceback.extract_tb(e.__traceback__)[-1]
         return V.Verdict(V.CRASH, crash_diagnosis(e),
                          f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
-    oracle_tensors, oracle_device = oracle_inputs(case, drawn, tensors, device)
+    oracle_tensors, oracle_device = oracle_inputs(case, drawn, moved, device)
     oracle = Oracle.of(case, oracle_tensors, device=oracle_device, family=backend.family)
     verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
     if backend.deterministic:

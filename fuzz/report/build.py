@@ -202,6 +202,8 @@ def _shape(case) -> str:
         parts.append(case.alignment)
     if case.layout != "bshd" or case.memory != "contiguous":
         parts.append(f"{case.layout}/{case.memory}")
+    if case.storage != ("plain", "plain", "plain"):
+        parts.append("storage q/k/v=" + "/".join(case.storage))
     return " ".join(parts)
 
 

@@ -18,6 +18,8 @@ alignment n/a), so it is an upper bound, counted honestly rather than guessed do
 - kv: how the keys reach the backend, first match of: contiguous (not paged); paged_shared (leading pages shared by
   every sequence); paged_tail (a cache length ends inside a page: a partly filled last page); paged (every cache
   length a whole number of pages).
+- storage: the least plain Case.storage class among q, k and v (in STORAGES order: plain, offset, padded_rows,
+  strided).
 
 Beside the cells, the realized distribution (`Distribution`): the share of drawn cases in each class of a few finer
 shape classes (SHAPE_CLASSES: sq and skv buckets, decode and tall shapes, head dim classes, causal x length, tile
@@ -33,7 +35,7 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 from attnfuzz.oracles import verdict as V
-from attnfuzz.strategies.case import DTYPES, LAYOUTS, Case
+from attnfuzz.strategies.case import DTYPES, LAYOUTS, STORAGES, Case
 
 Cell = tuple[str, ...]
 
@@ -107,6 +109,10 @@ def kv_class(case: Case) -> str:
     return "paged_tail" if any(n % case.page_size for n in case.lens_kv) else "paged"
 
 
+def storage_class(case: Case) -> str:
+    return max(case.storage, key=STORAGES.index)
+
+
 @dataclass(frozen=True)
 class Axis:
     name: str
@@ -117,7 +123,8 @@ class Axis:
 AXES = (Axis("mask", MASKS, mask_class), Axis("alignment", ALIGNMENT_CLASSES, alignment_class),
         Axis("window", WINDOWS, window_class), Axis("layout", LAYOUTS, lambda c: c.layout),
         Axis("dtype", DTYPES, lambda c: c.dtype), Axis("heads", HEADS, heads_class),
-        Axis("length", LENGTHS, length_class), Axis("kv", KV_CLASSES, kv_class))
+        Axis("length", LENGTHS, length_class), Axis("kv", KV_CLASSES, kv_class),
+        Axis("storage", STORAGES, storage_class))
 AXIS_NAMES = tuple(a.name for a in AXES)
 SPACE_SIZE = math.prod(len(a.values) for a in AXES)
 

@@ -25,6 +25,7 @@ through them; they say so and check the output only.
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 from pathlib import Path
 
@@ -32,8 +33,8 @@ import torch
 
 from attnfuzz.backends.source import literal
 from attnfuzz.oracles.grade import Oracle, check_out, gradient_check
-from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.case import PLAIN_STORAGE, Case
+from attnfuzz.strategies.materialize import materialize, stored
 
 INLINE = 1 << 16
 
@@ -101,10 +102,13 @@ _MEMORY = {
 
 
 def _inputs(case: Case, t) -> str:
-    """Source binding q, k, v on DEVICE: exact literals in the case's memory format."""
+    """Source binding q, k, v on DEVICE: exact literals in the case's memory format and storage."""
     lines = [f"{name} = {literal(x)}.to(DEVICE)" for name, x in (("q", t.q), ("k", t.k), ("v", t.v))]
     if case.memory in _MEMORY:
         lines.append(_MEMORY[case.memory])
+    if case.storage != PLAIN_STORAGE:  # the buffers the backend saw: materialize's own function, embedded
+        lines += ["", "", inspect.getsource(stored).rstrip(), "", "",
+                  f"q, k, v = (stored(x, kind) for x, kind in zip((q, k, v), {case.storage!r}))  # storage"]
     return "\n".join(lines)
 
 

@@ -285,7 +285,8 @@ def case_table(case: Case) -> str:
             ["sequence lengths", f"{lens} (padded batch)" if case.padded else f"{lens} (every sequence full)"],
             ["mask", mask.replace(" attention", "") + ("" if case.causal or case.window == (None, None)
                                                       else " (None = unbounded)")],
-            ["layout, memory", f"{case.layout}, {case.memory}"],
+            ["layout, memory", f"{case.layout}, {case.memory}" + ("" if case.storage == ("plain",) * 3 else
+                                                                  f"; storage q, k, v: {', '.join(case.storage)}")],
             ["softcap / ALiBi / softmax", f"{case.softcap or 'no softcap'} / "
                                           f"{list(case.alibi_slopes) if case.alibi_slopes else 'no ALiBi'} / "
                                           f"{case.softmax}"],

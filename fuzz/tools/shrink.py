@@ -21,7 +21,7 @@ from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import options
 from attnfuzz.oracles import verdict as V
-from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.case import STORAGES, Case
 from attnfuzz.strategies.cases import HEAD_DIMS
 from attnfuzz.strategies.space import PAGE_SIZES
 
@@ -65,6 +65,9 @@ def candidates(case: Case) -> Iterator[Case]:
     for field, plain in PLAIN.items():
         if getattr(case, field) != plain:
             yield _valid(case, **{field: plain})
+    for i, kind in enumerate(case.storage):  # one tensor's buffer at a time, plain first
+        for plainer in STORAGES[:STORAGES.index(kind)]:
+            yield _valid(case, storage=case.storage[:i] + (plainer,) + case.storage[i + 1:])
     left, right = case.window
     if left is not None:
         yield _valid(case, window=(None, right))

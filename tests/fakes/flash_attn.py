@@ -205,7 +205,8 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
                         deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
                         aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None,
                         return_lse=False, **_):
-        record("flash_attn_func", q, causal, window_size, softmax_scale, learnable_sink, softcap)
+        record("flash_attn_func", q, causal, window_size, softmax_scale, learnable_sink, softcap,
+               num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic)
         left, right = resolve_fa4_window(causal, window_size, semantics)
         out, lse = run_band(q, k, v, left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
         return out, (lse if return_lse else None)
@@ -213,8 +214,10 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
     def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                max_seqlen_k=None, min_seqlen_k=None, seqused_q=None, seqused_k=None,
                                gather_kv_indices=None, page_table=None, softmax_scale=None, causal=False,
-                               window_size=(None, None), learnable_sink=None, softcap=0.0, return_lse=False, **_):
+                               window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1,
+                               pack_gqa=None, deterministic=False, return_lse=False, **_):
         record("flash_attn_varlen_func", q, causal, window_size, softmax_scale, learnable_sink, softcap,
+               num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
                cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
                seqused_q=None if seqused_q is None else seqused_q.tolist(),
                seqused_k=None if seqused_k is None else seqused_k.tolist(), paged=page_table is not None)

@@ -13,6 +13,12 @@ seqused_k=cache lengths, ...) with the pool [num_pages, page_size, hk, d]; q bat
 cu_seqlens_q (page_table excludes cu_seqlens_k). On sm90 a page size of 128 (the kernel's key tile) loads pages by
 TMA, any other size through cp.async: both paths are drawn.
 
+Kernel knobs are spellings too (KNOBS, each with the default mask spelling): "splits3" = num_splits=3 (split-KV and
+its combine kernel; interface.py asserts "SplitKV not supported on SM 9.0", so sm100 / sm110 only), "nopack" =
+pack_gqa=False (GQA cases only: the interface's default packs the query heads of a KV head, pack_gqa = h / hk > 1),
+"deterministic" = deterministic=True (cases with gradients on sm100 / sm110: the backward asserts "bwd
+deterministic only supported for sm100/sm110 for now"). Each must give what the default gives.
+
 sm90 backward (first H200 run): GQA with d_qk != d_v is an explicit assert in FlashAttentionBackwardSm90, declared
 here as a refusal; two other sm90 backward failures are the library's, not refusals, and stay findings: a compile
 error (MLIRError) for d_qk > d_v when d_v's 16-padded tile is narrower than the dO shared-memory swizzle atom sized
@@ -92,8 +98,26 @@ def capability_refusals(case: Case, arch: int) -> list[tuple[bool, str]]:
     ]
 
 
+KNOBS = {"splits3": {"num_splits": 3}, "nopack": {"pack_gqa": False}, "deterministic": {"deterministic": True}}
+SPLIT_ARCHS = (100, 103, 110)  # num_splits > 1 and a deterministic backward: sm100 / sm110 only
+
+
+def knob_spellings(case: Case, arch: int) -> tuple[str, ...]:
+    """The knob spellings FA4 takes for this case on `arch` (the module's docstring says why each is where it is)."""
+    split_kv = arch // 10 in (10, 11)
+    valid = {"splits3": split_kv, "nopack": case.h > case.hk, "deterministic": split_kv and case.grads}
+    return tuple(name for name in KNOBS if valid[name])
+
+
+def knob_kwargs(spelling: str) -> dict:
+    """The keyword arguments a knob spelling adds to the call ({} for the others)."""
+    return dict(KNOBS.get(spelling, {}))
+
+
 def split_spelling(spelling: str) -> tuple[bool, str]:
-    """(use seqused, mask spelling) from e.g. "seqused+causal+window"."""
+    """(use seqused, mask spelling) from e.g. "seqused+causal+window"; a knob spelling has the default mask."""
+    if spelling in KNOBS:
+        return False, ""
     if spelling == SEQUSED or spelling.startswith(SEQUSED + "+"):
         return True, spelling[len(SEQUSED) + 1:]
     return False, spelling
@@ -134,7 +158,7 @@ class FlashAttn4(Backend):
         masks = fc.mask_spellings(band, with_negative=True) if band is not None else ("",)
         if case.padded and case.layout != "thd":
             masks += tuple(SEQUSED if m == "" else f"{SEQUSED}+{m}" for m in masks)
-        return masks
+        return masks + knob_spellings(case, self.arch)
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA4 call for this case and spelling (shared by run() and the tests)."""
@@ -144,7 +168,7 @@ class FlashAttn4(Backend):
         _, mask_spelling = split_spelling(case.spelling)
         causal, window = fc.spelled_mask(band, mask_spelling, case, unbounded=None)
         return {"softmax_scale": case.scale, "causal": causal, "window_size": window, "learnable_sink": t.sink,
-                "softcap": case.softcap or 0.0, "return_lse": True}
+                "softcap": case.softcap or 0.0, "return_lse": True, **knob_kwargs(case.spelling)}
 
     def compile_key(self, case: Case) -> tuple | None:
         """What FA4's interface keys its compiled kernels by (flash_attn.cute.interface: compile_key), read off the
@@ -161,7 +185,8 @@ class FlashAttn4(Backend):
             left = right = None
         return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, causal, left is not None, right is not None,
                 case.softcap is not None, case.softmax != "vanilla", self.route(case), case.grads, self.arch,
-                None if case.page_size is None else case.page_size == 128)   # paged_kv_tma: pages of one key tile
+                None if case.page_size is None else case.page_size == 128,   # paged_kv_tma: pages of one key tile
+                tuple(sorted(knob_kwargs(case.spelling).items())))           # is_split_kv, pack_gqa, deterministic
 
     def route(self, case: Case) -> str:
         """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,
@@ -206,7 +231,9 @@ class FlashAttn4(Backend):
             if refused is None:
                 raise
             raise refused from e
-        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
+        knobs = "".join(f", {name}={kwargs[name]}" for name in ("num_splits", "pack_gqa", "deterministic")
+                        if name in kwargs)
+        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']}{knobs})"
         return Output(out=out.detach(), lse=fc.logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)
 
     def version(self) -> str:

@@ -299,7 +299,7 @@ def _variant_key(case: Case) -> tuple:
     """What decides the compiled graph (everything else reaches it as tensor values or dynamic sizes)."""
     return (case.dtype, case.h, case.hk, case.d_qk, case.d_v, case.left is not None, case.right is not None,
             case.padded, case.mask_density is not None, case.softcap is not None, case.alibi_slopes is not None,
-            case.scale, case.grads, case.layout, case.memory, case.spelling)
+            case.scale, case.grads, case.layout, case.memory, case.spelling, case.storage)
 
 
 BACKENDS = {"flex-eager": lambda device: FlexBackend(device, compiled=False),

@@ -28,7 +28,7 @@ from attnfuzz.backends import layout
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import Tensors, torch_dtype
+from attnfuzz.strategies.materialize import Tensors, stored, torch_dtype
 
 KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
            "sdpa-cudnn": "CUDNN_ATTENTION"}
@@ -163,7 +163,7 @@ class SdpaBackend(Backend):
         if self.kernel == "MATH" or self.available() is not None:
             return None
         key = (spelling, case.b, case.sq, case.skv, case.h, case.hk, case.d_qk, case.d_v, case.dtype, case.memory,
-               case.grads, case.scale)
+               case.grads, case.scale, case.storage)
         if key not in self._probed:
             if len(self._probed) > 100_000:
                 self._probed.clear()
@@ -312,7 +312,7 @@ class SdpaBackend(Backend):
 
 # -- tensors in SDPA's spelling --------------------------------------------------------------------------------------
 def _skeleton(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Empty q, k, v with the logical shapes and the memory formats materialize() gives the case."""
+    """Empty q, k, v with the logical shapes, memory formats and storage materialize() gives the case."""
     dtype = torch_dtype(case)
 
     def make(s: int, heads: int, d: int, kv: bool) -> torch.Tensor:
@@ -322,8 +322,9 @@ def _skeleton(case: Case, device) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
             return torch.empty(case.b, heads, s, d, dtype=dtype, device=device).transpose(1, 2)
         return torch.empty(case.b, s, heads, d, dtype=dtype, device=device)
 
-    return (make(case.sq, case.h, case.d_qk, False), make(case.skv, case.hk, case.d_qk, True),
-            make(case.skv, case.hk, case.d_v, True))
+    plain = (make(case.sq, case.h, case.d_qk, False), make(case.skv, case.hk, case.d_qk, True),
+             make(case.skv, case.hk, case.d_v, True))
+    return tuple(stored(x, kind) for x, kind in zip(plain, case.storage))
 
 
 def _inputs(case: Case, q, k, v, spelling: Spelling, grads: bool = False):

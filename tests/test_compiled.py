@@ -120,22 +120,26 @@ MINIMAL = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="bfloat16", causal=True, softca
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_planted_bug_in_a_configuration_is_found_and_shrunk_as_before(seed):
-    """The bug changes every case of its configurations, so its first case is a fresh draw, whose shrink is plain
-    search's: the minimal case is the same (plain search itself stops at values='probe' on seed 1)."""
+    """Compile-aware search finds the bug in a rare configuration, and its finding ends at the minimal case (a draw
+    pinned to a compiled configuration keeps its fields under Hypothesis's shrink: the harness walks them on). Compile-aware
+    search gets as many fresh draws as plain search (the same compile time on a JIT backend): with as many examples
+    it meets a rare configuration about a fifth as often, and whether it does depends on the stream."""
     plain = _search("config", 0.0, seed)[1]
-    aware = _search("config", 0.8, seed)[1]
+    aware = _search("config", 0.8, seed, examples=1500)[1]
     assert [f.verdict.label for f in plain] == ["FAIL:TOLERANCE"] == [f.verdict.label for f in aware]
-    assert aware[0].case == MINIMAL
-    assert plain[0].case.replace(values="gaussian") == MINIMAL
+    assert aware[0].case == MINIMAL   # the harness finishes a compile-aware finding's shrink (finish_shrinking)
+    found = plain[0].case   # plain search's own shrink stops short on some streams (values='probe', layout='sbhd')
+    assert (found.sq, found.skv, found.d_qk, found.dtype, found.causal, found.softcap) == (1, 1, 8, "bfloat16", True,
+                                                                                           5.0), found
 
 
 def test_planted_bug_past_the_first_case_of_its_configuration_is_found():
     """Past 64 keys only: the configuration's first case may pass and a pinned draw find the bug; its shrink then
-    stays inside compiled configurations, down to the fewest keys that fail (65). Compile-aware search gets the
-    examples that give it as many fresh draws as plain search: the same compile time on a JIT backend."""
-    plain = _search("config-long", 0.0, seed=1, examples=300)[1]
+    is finished outside them, down to the fewest keys that fail (65). Compile-aware search gets the examples that give
+    it as many fresh draws as plain search at 300 (the same compile time on a JIT backend); whether plain search meets
+    this class in 300 depends on the stream, so it is not compared here."""
     aware = _search("config-long", 0.8, seed=1, examples=1500)[1]
-    assert [f.verdict.label for f in plain] == ["FAIL:TOLERANCE"] == [f.verdict.label for f in aware]
+    assert [f.verdict.label for f in aware] == ["FAIL:TOLERANCE"]
     assert buggy(aware[0].case, "config-long") and aware[0].case.skv == 65, aware[0].case
 
 

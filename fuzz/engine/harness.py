@@ -23,7 +23,7 @@ import hypothesis
 import torch
 from hypothesis import strategies as st
 
-from attnfuzz.engine import batch, interrupt, poison
+from attnfuzz.engine import batch, interrupt, poison, reshrink
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
@@ -289,6 +289,29 @@ def findings_of(error: BaseException) -> list[Finding]:
     return []
 
 
+FINISH_RUNS = 120   # runs the greedy shrink may spend on one finding of a compile-aware search
+
+
+def finish_shrinking(finding: Finding, run: Callable[[Case], V.Verdict]) -> Finding:
+    """A compile-aware search's finding shrunk further outside Hypothesis: a draw pinned to a compiled configuration
+    keeps that configuration's dtype, head dims and switches however Hypothesis shrinks it, so the greedy shrinker
+    (engine/reshrink.py) walks them toward plain, each step kept while the case fails with the same label. A hang is
+    not re-run (each run would cost the whole timeout), nor what is FLAKY."""
+    if finding.verdict.status in (V.HANG, V.FLAKY):
+        return finding
+
+    def fails(case: Case) -> V.Verdict | None:
+        verdict = run(case)
+        return verdict if verdict.label == finding.verdict.label else None
+
+    case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS)
+    if verdict is None:
+        return finding
+    shrunk = finding_type(verdict.label)(finding.backend, case, verdict)
+    shrunk.attached = finding.attached
+    return shrunk
+
+
 def confirm(finding: Finding, run: Callable[[Case], V.Verdict], reruns: int) -> Finding:
     """Run a finding's case `reruns` more times: when the runs disagree it is FLAKY, with how often it failed. A hang
     is not re-run (each attempt would cost the whole timeout), nor what is FLAKY already."""
@@ -342,6 +365,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         findings = _search(prop, tally)
         run = (getattr(worker, "rerun", worker.run) if worker is not None
                else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
+        if declares_compile_key(backend) and space.compiled_share > 0:
+            findings = [finish_shrinking(f, run) for f in findings]
         if reruns > 0:
             findings = [confirm(f, run, reruns) for f in findings]
         findings = merge_root_causes(findings, evidence, probe=run)

@@ -2,6 +2,7 @@
 
     python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu] [--lanes 1]
                                 [--space small|default|short|compare]
+                                [--repeats N]
 
 --space small (the default): small shapes (b <= 2, s <= 64, h <= 4, d <= 64). default: the device's default Space
 (Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short: that Space
@@ -18,13 +19,16 @@ their graded cases over the common wall time.
 
 On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
 reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
-loop's: the fuzzer's overhead, measured under the same load.
+loop's: the fuzzer's overhead, measured under the same load; `--repeats N` alternates the two N times and prints the
+median of the N ratios, by wall time and by the process's CPU time (on a shared machine a single wall-time ratio
+moves by tens of percent; the CPU-time ratio much less).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,12 +94,14 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
         Path(f"{go}.ready.{id(spent)}").touch()
         while not go.exists():
             time.sleep(0.01)
-    began = time.time()
+    began, cpu = time.time(), time.process_time()
     last[0] = time.perf_counter()
     tally, findings = fuzz(backend, device=device, space=space, known=known, on_case=on_case,
                            settings=profile("ci", max_examples=examples, derandomize=False), seed=seed)
+    cpu = time.process_time() - cpu
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
     return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
+            "cpu_seconds": cpu,
             "began": began, "ended": time.time(), "labels": dict(tally.labels), "space": space_name, **per_case,
             **{f"{k}_s": v for k, v in spent.items()},
             "findings": [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}" for f in findings]}
@@ -143,6 +149,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads, as the CLI's --threads")
     p.add_argument("--lanes", type=int, default=1, help="processes fuzzing the backend at once")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed of the measured run (the same cases each time)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="CPU sdpa-math: alternate the fuzz loop and the bare loop this many times; the median ratio")
     p.add_argument("--space", default="small", choices=("small", "default", "short", "compare"))
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
@@ -158,18 +166,29 @@ def main() -> None:
         print(f"small-case rate, default / short space: "
               f"{(default['small'] / default['seconds']) / (short['small'] / short['seconds']):.2f}")
         return
-    result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
-                     args.space, args.seed)
-    print(json.dumps(result) if args.json else describe(result))
-    if not args.json and args.device == "cpu" and args.backend == "sdpa-math":
+    bare = not args.json and args.device == "cpu" and args.backend == "sdpa-math"
+    if bare:
         sys.path.insert(0, str(Path(__file__).parent))
         import bare_loop
         bare_loop.run(20)  # warm-up
-        n, seconds = bare_loop.run(args.examples, args.seed)
-        ours = result["examples"] / result["seconds"]
-        print(f"bare loop (bench/bare_loop.py): {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s; attnfuzz "
-              f"{ours:.1f} examples/s = {ours / (n / seconds):.2f}x the bare loop")
-
+    ratios = []
+    for _ in range(args.repeats if bare else 1):  # interleaved with the bare loop, so machine load hits both alike
+        result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
+                         args.space, args.seed)
+        print(json.dumps(result) if args.json else describe(result))
+        if bare:
+            cpu = time.process_time()
+            n, seconds = bare_loop.run(args.examples, args.seed)
+            cpu = time.process_time() - cpu
+            ours = result["examples"] / result["seconds"]
+            ratios.append((ours / (n / seconds), (result["examples"] / result["cpu_seconds"]) / (n / cpu)))
+            print(f"bare loop (bench/bare_loop.py): {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s; attnfuzz "
+                  f"{ours:.1f} examples/s = {ratios[-1][0]:.2f}x the bare loop ({ratios[-1][1]:.2f}x by CPU time)")
+    if len(ratios) > 1:
+        wall, cpu = zip(*ratios)
+        print(f"attnfuzz / bare loop over {len(ratios)} interleaved runs: median {statistics.median(wall):.2f}x "
+              f"(runs: {', '.join(f'{r:.2f}' for r in wall)}); by CPU time {statistics.median(cpu):.2f}x "
+              f"(runs: {', '.join(f'{r:.2f}' for r in cpu)})")
 
 if __name__ == "__main__":
     main()

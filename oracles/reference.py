@@ -74,12 +74,24 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
     return out.reshape(r, h, -1)
 
 
+def _transposed_weights(p: torch.Tensor, dout: torch.Tensor, hk: int, head_map: str) -> torch.Tensor:
+    """p [h, r, j], dout [r, h, d] -> P^T dout [j, hk, d]: each KV head sums over the query heads that read it, with
+    the same head mapping as _scores."""
+    h, r, j = p.shape
+    g = h // hk
+    if head_map == "div":
+        return _contract("kgrj,rkgd->jkd", p.reshape(hk, g, r, j), dout.reshape(r, hk, g, -1))
+    return _contract("gkrj,rgkd->jkd", p.reshape(g, hk, r, j), dout.reshape(r, g, hk, -1))
+
+
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
-           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True):
+           bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True,
+           dout_abs: torch.Tensor | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
-    see no key, and (with `terms`) each row's logit size [h, r] and spread [r, h] (else None). `bounds` and `scale` override the case's band and
-    scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
+    see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), and (with `dout_abs`
+    [r, h, d_v]) P^T |dO| [skv_n, hk, d_v], the terms dV sums (else None). `bounds` and `scale` override the case's
+    band and scale (the diagnoses grade against such alternatives; a bound may then be negative)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
     cols = torch.arange(skv_n, device=q.device)
@@ -126,8 +138,10 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         pd, vd = p.detach(), v.detach()
         spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
         rms = _weighted_values(pd * pd, vd * vd, head_map).sqrt().amax(-1)
+    # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
+    dv_terms = _transposed_weights(p.detach(), dout_abs, v.shape[1], head_map) if dout_abs is not None else None
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms)
+            spread, rms, dv_terms)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -173,9 +187,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # Textbook GQA repeats the KV heads, so dK / dV are per-query-head sums rounded in the dtype
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
-                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
-                                                               alibi=alibi, sq_n=sq_n, head_map=head_map,
-                                                               bounds=bounds, scale=scale, terms=logit_terms)
+                d_c = t.dout[n, r0:r1].to(device, dtype) if grads else None
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, dv_c = attend(
+                    case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
+                    bounds=bounds, scale=scale, terms=logit_terms, dout_abs=d_c.abs() if terms else None)
             # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:
                 row_logit_size[n, :, r0:r1] = size_c
@@ -186,9 +201,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             empty[n, r0:r1] = e_c
             lse[n, :, r0:r1] = l_c.detach()
             if grads:
-                d_c = t.dout[n, r0:r1].to(device, dtype)
-                if terms:
-                    dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T|dO|
+                if terms:  # P^T |dO|, summed over the query heads of each KV head (a repeated v's gradient)
+                    if head_map == "div" and case.h != case.hk:  # head i of the repeated KV is KV head i // g
+                        dv_c = dv_c.unflatten(1, (case.hk, case.h // case.hk)).sum(2)
+                    dv_terms[n, :skv_n] += dv_c
                 g_q, g_k, g_v = torch.autograd.grad(o_c, (q_c, k_n, v_n), d_c)
                 dq[n, r0:r1] = g_q
                 dk[n, :skv_n] += g_k

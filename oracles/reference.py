@@ -104,20 +104,22 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # A dot product's rounding scales with the sum of its terms' sizes, which can far exceed |q.k| when they cancel
     # (one more matmul: only for the reference whose logit_size the tolerance reads)
     sizes = _scores(q.detach().abs(), k.detach().abs(), case.h, head_map) * abs(scale) if terms else s.detach().abs()
-    terms_max = sizes.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
+    hidden = ~visible
+    sizes = sizes.masked_fill(hidden, 0) if s.numel() else sizes                 # the visible ones' (read twice)
+    terms_max = sizes.amax() if s.numel() else s.new_zeros(())
     if case.softcap is not None:  # rounding happens at the raw logit's size, before the cap squashes it
         s = case.softcap * torch.tanh(s / case.softcap)
     bias_max = s.new_zeros(())
     if alibi is not None:
         bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
-        bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
+        bias_max = bias.detach().masked_fill(hidden, 0).abs().amax() if bias.numel() else bias_max
         s = s - bias
     row_size = None
+    logit_abs = s.detach().masked_fill(hidden, 0).abs() if s.numel() else None  # |visible logits|
     if terms and s.numel():
-        row_size = torch.maximum(sizes.masked_fill(~visible, 0).amax(-1),
-                                 s.detach().masked_fill(~visible, 0).abs().amax(-1))
-    logit_size = torch.maximum(terms_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else terms_max)
-    s = s.masked_fill(~visible, float("-inf"))
+        row_size = torch.maximum(sizes.amax(-1), logit_abs.amax(-1))
+    logit_size = torch.maximum(terms_max, logit_abs.amax() if s.numel() else terms_max)
+    s = s.masked_fill(hidden, float("-inf"))
     # The softmax of a textbook implementation in fp16 / bf16 (torch.softmax) works in fp32 and rounds only its
     # result, P: the naive baseline does the same. Taking exp(s - lse) with the LSE rounded to the dtype instead
     # scales a whole row by the LSE's rounding (bf16: 2^-9 * |lse|, 1.6 % on a row of 1024 keys), an error no kernel

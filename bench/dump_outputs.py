@@ -17,7 +17,7 @@ import torch
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
-from attnfuzz.engine.harness import draw_on_cpu
+from attnfuzz.strategies.materialize import materialize
 
 
 def dump(paths: list[Path], device: str) -> list[dict]:
@@ -29,7 +29,7 @@ def dump(paths: list[Path], device: str) -> list[dict]:
         if why:
             print(f"{path.name}: skipped: {why}", file=sys.stderr)
             continue
-        output = backend.run(entry.case, draw_on_cpu(entry.case).to(device))
+        output = backend.run(entry.case, materialize(entry.case, device))
         tensors = {name: getattr(output, name) for name in ("out", "lse", "dq", "dk", "dv")}
         saved.append({"entry": path.name, "backend": entry.backend, "case": entry.case.to_dict(),
                       **{k: (v.detach().cpu() if v is not None else None) for k, v in tensors.items()}})

@@ -2,6 +2,7 @@
 
     python3 bench/throughput.py [--backend sdpa-math] [--examples 500] [--device cpu] [--lanes 1]
                                 [--space small|default|short|compare|storage] [--batch-check] [--rounds 2]
+                                [--repeats N]
 
 --space small (the default): small shapes (b <= 2, s <= 64, h <= 4, d <= 64). default: the device's default Space
 (Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short: that Space
@@ -28,13 +29,16 @@ a shared machine).
 
 On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
 reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
-loop's: the fuzzer's overhead, measured under the same load.
+loop's: the fuzzer's overhead, measured under the same load; `--repeats N` alternates the two N times and prints the
+median of the N ratios, by wall time and by the process's CPU time (on a shared machine a single wall-time ratio
+moves by tens of percent; the CPU-time ratio much less).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,7 +85,8 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     backend.run = timed(backend.run, "backend")
     grade_module.Oracle.of = harness_module.Oracle.of = timed(grade_module.Oracle.of, "oracle")
     harness_module.grade = timed(harness_module.grade, "oracle")
-    harness_module.draw_on_cpu = timed(harness_module.draw_on_cpu, "inputs")
+    drawing = "draw" if hasattr(harness_module, "draw") else "draw_on_cpu"  # (the name in older trees, to compare)
+    setattr(harness_module, drawing, timed(getattr(harness_module, drawing), "inputs"))
     harness_module.Tensors.to = timed(harness_module.Tensors.to, "inputs")
     checked_verdict = harness_module.batch.checked_verdict
     harness_module.batch.checked_verdict = timed(checked_verdict, "batch")  # its backend runs count as backend too
@@ -109,9 +114,10 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     tally, findings = fuzz(backend, device=device, space=space, known=known, on_case=on_case,
                            settings=profile("ci", max_examples=examples, derandomize=False), seed=seed)
     harness_module.batch.checked_verdict = checked_verdict
+    cpu = time.process_time() - cpu
     graded = sum(v for k, v in tally.labels.items() if not k.startswith("UNSUPPORTED"))
     return {"backend": backend_name, "examples": tally.examples, "graded": graded, "seconds": tally.seconds,
-            "cpu_s": time.process_time() - cpu, "batch_checked": tally.batch_checked, "batch_invariant": tally.batch_invariant,
+            "cpu_seconds": cpu, "batch_checked": tally.batch_checked, "batch_invariant": tally.batch_invariant,
             "began": began, "ended": time.time(), "labels": dict(tally.labels), "space": space_name, **per_case,
             **{f"{k}_s": v for k, v in spent.items()},
             "findings": [f"{f.verdict.label}: {f.verdict.message}\n    {f.case!r}" for f in findings]}
@@ -148,7 +154,7 @@ def batch_cost(args) -> None:
             finally:
                 batch.checked = checked
     rate = {mode: sum(r["graded"] for r in rs) / sum(r["seconds"] for r in rs) for mode, rs in runs.items()}
-    cpu = {mode: sum(r["graded"] for r in rs) / sum(r["cpu_s"] for r in rs) for mode, rs in runs.items()}
+    cpu = {mode: sum(r["graded"] for r in rs) / sum(r["cpu_seconds"] for r in rs) for mode, rs in runs.items()}
     on = runs["on"][-1]
     share = sum(r["batch_s"] for r in runs["on"]) / sum(r["seconds"] for r in runs["on"])
     print(f"{args.backend} on the {args.space} space, {args.examples} examples x {args.rounds} rounds each: "
@@ -191,6 +197,8 @@ def main() -> None:
                    help="measure the batch-invariance check's cost: the same cases with it off and on")
     p.add_argument("--rounds", type=int, default=2,
                    help="with --batch-check or --space storage: measured runs of each, alternating")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="CPU sdpa-math: alternate the fuzz loop and the bare loop this many times; the median ratio")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -219,18 +227,29 @@ def main() -> None:
         print(f"small-case rate with storage / without: {rate['on']:.1f} / {rate['off']:.1f} = "
               f"{rate['on'] / rate['off']:.3f} ({drawn} cases with a storage other than plain)")
         return
-    result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
-                     args.space, args.seed)
-    print(json.dumps(result) if args.json else describe(result))
-    if not args.json and args.device == "cpu" and args.backend == "sdpa-math":
+    bare = not args.json and args.device == "cpu" and args.backend == "sdpa-math"
+    if bare:
         sys.path.insert(0, str(Path(__file__).parent))
         import bare_loop
         bare_loop.run(20)  # warm-up
-        n, seconds = bare_loop.run(args.examples, args.seed)
-        ours = result["examples"] / result["seconds"]
-        print(f"bare loop (bench/bare_loop.py): {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s; attnfuzz "
-              f"{ours:.1f} examples/s = {ours / (n / seconds):.2f}x the bare loop")
-
+    ratios = []
+    for _ in range(args.repeats if bare else 1):  # interleaved with the bare loop, so machine load hits both alike
+        result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
+                         args.space, args.seed)
+        print(json.dumps(result) if args.json else describe(result))
+        if bare:
+            cpu = time.process_time()
+            n, seconds = bare_loop.run(args.examples, args.seed)
+            cpu = time.process_time() - cpu
+            ours = result["examples"] / result["seconds"]
+            ratios.append((ours / (n / seconds), (result["examples"] / result["cpu_seconds"]) / (n / cpu)))
+            print(f"bare loop (bench/bare_loop.py): {n} cases in {seconds:.2f}s = {n / seconds:.1f} cases/s; attnfuzz "
+                  f"{ours:.1f} examples/s = {ratios[-1][0]:.2f}x the bare loop ({ratios[-1][1]:.2f}x by CPU time)")
+    if len(ratios) > 1:
+        wall, cpu = zip(*ratios)
+        print(f"attnfuzz / bare loop over {len(ratios)} interleaved runs: median {statistics.median(wall):.2f}x "
+              f"(runs: {', '.join(f'{r:.2f}' for r in wall)}); by CPU time {statistics.median(cpu):.2f}x "
+              f"(runs: {', '.join(f'{r:.2f}' for r in cpu)})")
 
 if __name__ == "__main__":
     main()

@@ -103,15 +103,26 @@ def _weighted_values(p: torch.Tensor, v: torch.Tensor, head_map: str) -> torch.T
     return out.reshape(r, h, -1)
 
 
+def _transposed_weights(p: torch.Tensor, dout: torch.Tensor, hk: int, head_map: str) -> torch.Tensor:
+    """p [h, r, j], dout [r, h, d] -> P^T dout [j, hk, d]: each KV head sums over the query heads that read it, with
+    the same head mapping as _scores."""
+    h, r, j = p.shape
+    g = h // hk
+    if head_map == "div":
+        return _contract("kgrj,rkgd->jkd", p.reshape(hk, g, r, j), dout.reshape(r, hk, g, -1))
+    return _contract("gkrj,rgkd->jkd", p.reshape(g, hk, r, j), dout.reshape(r, g, hk, -1))
+
+
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True,
-           rounding: torch.dtype | None = None):
+           rounding: torch.dtype | None = None, dout_abs: torch.Tensor | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
-    see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), and the scaled logits
-    (before softcap: their gradient is dS) and P, [h, r, j]. `bounds` and `scale` override the case's band and
-    scale (the diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before
-    P V) and the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference)."""
+    see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), the scaled logits
+    (before softcap: their gradient is dS) and P, [h, r, j], and (with `dout_abs` [r, h, d_v]) P^T |dO|
+    [skv_n, hk, d_v], the terms dV sums (else None). `bounds` and `scale` override the case's band and scale (the
+    diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before P V) and
+    the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
     cols = torch.arange(skv_n, device=q.device)
@@ -127,20 +138,22 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # A dot product's rounding scales with the sum of its terms' sizes, which can far exceed |q.k| when they cancel
     # (one more matmul: only for the reference whose logit_size the tolerance reads)
     sizes = _scores(q.detach().abs(), k.detach().abs(), case.h, head_map) * abs(scale) if terms else s.detach().abs()
-    terms_max = sizes.masked_fill(~visible, 0).amax() if s.numel() else s.new_zeros(())
+    hidden = ~visible
+    sizes = sizes.masked_fill(hidden, 0) if s.numel() else sizes                 # the visible ones' (read twice)
+    terms_max = sizes.amax() if s.numel() else s.new_zeros(())
     if case.softcap is not None:  # rounding happens at the raw logit's size, before the cap squashes it
         s = case.softcap * torch.tanh(s / case.softcap)
     bias_max = s.new_zeros(())
     if alibi is not None:
         bias = alibi.to(s.dtype)[:, None, None] * distance(rows, cols, off).to(s.dtype)
-        bias_max = bias.detach().masked_fill(~visible, 0).abs().amax() if bias.numel() else bias_max
+        bias_max = bias.detach().masked_fill(hidden, 0).abs().amax() if bias.numel() else bias_max
         s = s - bias
     row_size = None
+    logit_abs = s.detach().masked_fill(hidden, 0).abs() if s.numel() else None  # |visible logits|
     if terms and s.numel():
-        row_size = torch.maximum(sizes.masked_fill(~visible, 0).amax(-1),
-                                 s.detach().masked_fill(~visible, 0).abs().amax(-1))
-    logit_size = torch.maximum(terms_max, s.detach().masked_fill(~visible, 0).abs().amax() if s.numel() else terms_max)
-    s = s.masked_fill(~visible, float("-inf"))
+        row_size = torch.maximum(sizes.amax(-1), logit_abs.amax(-1))
+    logit_size = torch.maximum(terms_max, logit_abs.amax() if s.numel() else terms_max)
+    s = s.masked_fill(hidden, float("-inf"))
     # The softmax of a textbook implementation in fp16 / bf16 (torch.softmax) works in fp32 and rounds only its
     # result, P: the naive baseline does the same. Taking exp(s - lse) with the LSE rounded to the dtype instead
     # scales a whole row by the LSE's rounding (bf16: 2^-9 * |lse|, 1.6 % on a row of 1024 keys), an error no kernel
@@ -163,8 +176,10 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         pd, vd = p.detach(), v.detach()
         spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
         rms = _weighted_values(pd * pd, vd * vd, head_map).sqrt().amax(-1)
+    # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
+    dv_terms = _transposed_weights(p.detach(), dout_abs, v.shape[1], head_map) if dout_abs is not None else None
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms, (scores, p.detach()))
+            spread, rms, (scores, p.detach()), dv_terms)
 
 
 def _add_grad_terms(case: Case, acc: dict, n: int, r0: int, r1: int, scale: float, ds: torch.Tensor, p: torch.Tensor,
@@ -240,10 +255,11 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # Textbook GQA repeats the KV heads, so dK / dV are per-query-head sums rounded in the dtype
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
-                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c) = attend(case, q_c, k_c, v_c, rows, mask=m, sink=sink,
-                                                               alibi=alibi, sq_n=sq_n, head_map=head_map,
-                                                               bounds=bounds, scale=scale, terms=logit_terms,
-                                                               rounding=rounding)
+                d_c = t.dout[n, r0:r1].to(device, dtype) if grads else None
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c = attend(
+                    case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
+                    bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding,
+                    dout_abs=d_c.abs() if terms else None)
             # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:
                 row_logit_size[n, :, r0:r1] = size_c
@@ -254,9 +270,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
             empty[n, r0:r1] = e_c
             lse[n, :, r0:r1] = l_c.detach()
             if grads:
-                d_c = t.dout[n, r0:r1].to(device, dtype)
-                if terms:
-                    dv_terms[n, :skv_n] += torch.autograd.grad(o_c, v_n, d_c.abs(), retain_graph=True)[0]  # P^T|dO|
+                if terms:  # P^T |dO|, summed over the query heads of each KV head (a repeated v's gradient)
+                    if head_map == "div" and case.h != case.hk:  # head i of the repeated KV is KV head i // g
+                        dv_c = dv_c.unflatten(1, (case.hk, case.h // case.hk)).sum(2)
+                    dv_terms[n, :skv_n] += dv_c
                 wrt = (q_c, k_c, v_c) if per_head else (q_c, k_n, v_n)
                 if terms:
                     g_q, g_k, g_v, g_s = torch.autograd.grad(o_c, (*wrt, s_c), d_c)

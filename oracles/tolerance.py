@@ -260,7 +260,8 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     worst = int(torch.argmax(ratio_r).item())
     row = _unravel(worst, ratio_r.shape)
     index = row + ((int(torch.argmax(diff[row]).item()),) if rowwise else ())
-    return Check(name=name, diff_max=diff_r[row].item(), baseline_max=base_r[row].item(), k=k,
-                 floor=floor[row].item(), index=index, got=got64[index].item(), expected=ref64[index].item(),
-                 rows=int(graded_r.sum().item()),
-                 row_bounds=torch.where(graded_r, bound_r, float("inf")))
+    # the worst row's figures read in one transfer (each .item() is a dispatch, and a sync on a GPU)
+    diff_max, baseline_max, floor_max, got_v, expected_v, rows = torch.stack(
+        [diff_r[row], base_r[row], floor[row], got64[index], ref64[index], graded_r.sum().to(torch.float64)]).tolist()
+    return Check(name=name, diff_max=diff_max, baseline_max=baseline_max, k=k, floor=floor_max, index=index,
+                 got=got_v, expected=expected_v, rows=int(rows), row_bounds=torch.where(graded_r, bound_r, float("inf")))

@@ -95,10 +95,34 @@ def torch_dtype(case: Case) -> torch.dtype:
     return TORCH_DTYPES[case.dtype]
 
 
+# Input elements (q, k, v and dout) from which a case bound for a GPU is drawn there, by the device's generator:
+# drawing 2^20 Gaussians costs a CPU core about 15 ms, more than a whole small case on an H200, and a long case
+# holds up to ~3e8 of them (seconds on the CPU, then a copy). Below it every device gets the CPU's values.
+DEVICE_DRAW_FROM = 1 << 20
+
+
+def input_elements(case: Case) -> int:
+    """How many elements draw() generates for q, k, v and dout (k and v once per drawn KV head)."""
+    hk = 1 if case.memory == "expanded_kv" else case.hk
+    return case.b * (case.sq * case.h * case.d_qk + case.skv * hk * (case.d_qk + case.d_v)
+                     + (case.sq * case.h * case.d_v if case.grads else 0))
+
+
+def draw_device(case: Case, device: str | torch.device) -> torch.device:
+    """Where `case` is drawn for a run on `device`: the CPU, unless the device is not one and the case has at
+    least DEVICE_DRAW_FROM input elements (then the device itself: its values are its generator's, the same on
+    the same GPU model and torch version, not the CPU's)."""
+    device = torch.device(device)
+    if device.type != "cpu" and input_elements(case) >= DEVICE_DRAW_FROM:
+        return device
+    return torch.device("cpu")
+
+
 def materialize(case: Case, device: str | torch.device = "cpu") -> Tensors:
-    """Draw the case's tensors from `case.seed` on the CPU, then move them to `device` (so every device sees the
-    same values), then lay q, k and v out in the case's storage."""
-    return with_storage(case, draw_on_cpu(case).to(device))
+    """The case's tensors from `case.seed` on `device`: drawn on the CPU and moved (so every device sees the same
+    values), or drawn on the device itself for a large case (draw_device); then q, k and v laid out in the case's
+    storage."""
+    return with_storage(case, draw(case, draw_device(case, device)).to(device))
 
 
 def with_storage(case: Case, t: Tensors) -> Tensors:
@@ -138,12 +162,12 @@ def stored(x, kind):
     return y
 
 
-def probe_values(case: Case, heads: int) -> torch.Tensor:
+def probe_values(case: Case, heads: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """v of a probe case, [skv, heads, d_v] (the same for every sequence): channel c of KV head g is 1 on the keys j
     with (j + g) % d_v == c, else 0."""
-    j = torch.arange(case.skv)[:, None, None]
-    g = torch.arange(heads)[None, :, None]
-    c = torch.arange(case.d_v)[None, None, :]
+    j = torch.arange(case.skv, device=device)[:, None, None]
+    g = torch.arange(heads, device=device)[None, :, None]
+    c = torch.arange(case.d_v, device=device)[None, None, :]
     return ((j + g) % case.d_v == c).to(torch.float32)
 
 
@@ -171,53 +195,64 @@ def _shift_rows(q: torch.Tensor, k: torch.Tensor, shift: torch.Tensor, c: int, s
 def _family(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None) -> None:
     """Rewrite q, k, v (views in the case's memory format, k / v with hk_drawn heads) or the sink in place as the
     case's value family says (the module's docstring)."""
-    gen = torch.Generator(device="cpu").manual_seed(case.seed ^ FAMILY_SEED)
+    device = q.device
+    gen = torch.Generator(device=device).manual_seed(case.seed ^ FAMILY_SEED)
     c, scale, family = family_channel(case), case.softmax_scale, case.values
     b, sq, h = q.shape[:3]
 
     def pick(options, shape) -> torch.Tensor:
-        return torch.tensor(options, dtype=torch.float64)[torch.randint(len(options), shape, generator=gen)]
+        return torch.tensor(options, dtype=torch.float64, device=device)[
+            torch.randint(len(options), shape, generator=gen, device=device)]
+
+    def index(n: int) -> int:  # one integer in 0..n-1 from the family's stream
+        return int(torch.randint(n, (), generator=gen, device=device))
 
     if family == "far_negative":
         shifts = pick(ROW_SHIFTS, (b, sq, h))
         if shifts.numel():  # the first row of the first head is always shifted: a one-row case keeps the family
-            shifts[0, 0, 0] = ROW_SHIFTS[1 + int(torch.randint(len(ROW_SHIFTS) - 1, (), generator=gen))]
+            shifts[0, 0, 0] = ROW_SHIFTS[1 + index(len(ROW_SHIFTS) - 1)]
         _shift_rows(q, k, shifts, c, scale)
     elif family == "anti_aligned":
-        a = torch.tensor(math.sqrt(ANTI_LOGIT / scale), dtype=torch.float64).to(q.dtype)
-        period = ANTI_PERIODS[int(torch.randint(len(ANTI_PERIODS), (), generator=gen))]
-        phase = int(torch.randint(period, (), generator=gen)) if period else -1
+        a = torch.tensor(math.sqrt(ANTI_LOGIT / scale), dtype=torch.float64, device=device).to(q.dtype)
+        period = ANTI_PERIODS[index(len(ANTI_PERIODS))]
+        phase = index(period) if period else -1
         q[..., c] = a
-        aligned = (torch.arange(k.shape[1]) % max(period, 1) == phase)[None, :, None]
-        k[..., c] = torch.where(aligned, torch.zeros((), dtype=k.dtype), -a)
+        aligned = (torch.arange(k.shape[1], device=device) % max(period, 1) == phase)[None, :, None]
+        k[..., c] = torch.where(aligned, torch.zeros((), dtype=k.dtype, device=device), -a)
     elif family == "outlier_channel":
         q[..., c] = pick((OUTLIER, -OUTLIER), q.shape[:3]).to(q.dtype)
         k[..., c] = pick((OUTLIER, -OUTLIER), k.shape[:3]).to(k.dtype)
         v[..., c % v.shape[-1]] = (v[..., c % v.shape[-1]].double() * OUTLIER).clamp(-Q_SHIFT_MAX, Q_SHIFT_MAX)
     elif family == "large_sink" and sink is not None and case.softmax == "learnable":
         sink.copy_(pick(SINK_SIZES, (h,)) * pick((1.0, -1.0), (h,)))
-        u = torch.rand((b, sq, h), generator=gen, dtype=torch.float64) * 8 - 4
-        shifted = torch.rand((b, sq, h), generator=gen) < 0.5
+        u = torch.rand((b, sq, h), generator=gen, dtype=torch.float64, device=device) * 8 - 4
+        shifted = torch.rand((b, sq, h), generator=gen, device=device) < 0.5
         _shift_rows(q, k, torch.where(shifted, sink.double() + u, 0.0), c, scale)
     elif family == "ties":
-        period = int(torch.randint(1, 5, (), generator=gen))
+        period = int(torch.randint(1, 5, (), generator=gen, device=device))
         q.copy_(q.float().round().clamp(-2, 2))
-        k.copy_(k.float().round().clamp(-2, 2)[:, torch.arange(k.shape[1]) % period])
+        k.copy_(k.float().round().clamp(-2, 2)[:, torch.arange(k.shape[1], device=device) % period])
     elif family == "zero_rows":
-        q.masked_fill_((torch.rand((b, sq), generator=gen) < 0.25)[:, :, None, None], 0.0)
-        zero_keys = (torch.rand((b, k.shape[1]), generator=gen) < 0.25)[:, :, None, None]
+        q.masked_fill_((torch.rand((b, sq), generator=gen, device=device) < 0.25)[:, :, None, None], 0.0)
+        zero_keys = (torch.rand((b, k.shape[1]), generator=gen, device=device) < 0.25)[:, :, None, None]
         k.masked_fill_(zero_keys, 0.0)
         v.masked_fill_(zero_keys, 0.0)
 
 
 def draw_on_cpu(case: Case) -> Tensors:
     """The case's tensors on the CPU, in its memory format (what materialize moves to the device)."""
-    gen = torch.Generator(device="cpu").manual_seed(case.seed)
+    return draw(case, "cpu")
+
+
+def draw(case: Case, device: str | torch.device) -> Tensors:
+    """The case's tensors drawn on `device` by a generator of that device seeded from `case.seed`, in the case's
+    memory format. On the CPU, the values every device gets (materialize); elsewhere that device's own."""
+    gen = torch.Generator(device=device).manual_seed(case.seed)
     dtype = torch_dtype(case)
     draw_dtype = torch.float64 if dtype == torch.float64 else torch.float32
 
     def normal(shape, mean: float, std: float) -> torch.Tensor:
-        return (torch.randn(shape, generator=gen, dtype=draw_dtype) * std + mean).to(dtype)
+        return (torch.randn(shape, generator=gen, dtype=draw_dtype, device=device) * std + mean).to(dtype)
 
     hk_drawn = 1 if case.memory == "expanded_kv" else case.hk
     head_major = case.memory == "transposed"
@@ -235,18 +270,18 @@ def draw_on_cpu(case: Case) -> Tensors:
         # made its own strides where a dim has size 1, and TE refused the mismatched k / v of hk = 1 with "The
         # provided qkv memory layout is not supported")
         q.zero_()
-        v.copy_(probe_values(case, hk_drawn))
+        v.copy_(probe_values(case, hk_drawn, device))
     mask = None
     if case.mask_density is not None:
-        mask = torch.rand((case.b, 1, case.sq, case.skv), generator=gen) < case.mask_density
+        mask = torch.rand((case.b, 1, case.sq, case.skv), generator=gen, device=device) < case.mask_density
     sink = None
     if case.softmax == "off_by_one":
-        sink = torch.zeros(case.h, dtype=torch.float32)
+        sink = torch.zeros(case.h, dtype=torch.float32, device=device)
     elif case.softmax == "learnable":
-        sink = torch.randn(case.h, generator=gen, dtype=torch.float32)
+        sink = torch.randn(case.h, generator=gen, dtype=torch.float32, device=device)
     alibi = None
     if case.alibi_slopes is not None:
-        alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32)
+        alibi = torch.tensor(case.alibi_slopes, dtype=torch.float32, device=device)
     if case.values not in ("gaussian", "probe"):  # after every draw of the seed's stream, before KV is expanded
         _family(case, q, k, v, sink)
     shared = min(case.skv, case.shared_prefix_pages * (case.page_size or 0))

@@ -107,7 +107,7 @@ class Space:
     @classmethod
     def for_device(cls, device: str, max_len: int | None = None) -> Space:
         """The default Space on `device`: a CPU's as Space(); on a GPU (the oracle runs there for large cases),
-        lengths up to 16k, decode shapes up to 128k keys and 2**36 multiply-adds. `max_len` (--max-len) bounds every
+        lengths up to 16k, decode shapes up to 128k keys and 2**34 multiply-adds (GPU_MAX_WORK). `max_len` (--max-len) bounds every
         length, decode keys included."""
         space = cls() if device == "cpu" else cls(max_len=GPU_MAX_LEN, max_decode_len=GPU_MAX_DECODE_LEN,
                                                    max_work=GPU_MAX_WORK)
@@ -116,7 +116,12 @@ class Space:
 
 GPU_MAX_LEN = 16384
 GPU_MAX_DECODE_LEN = 131072
-GPU_MAX_WORK = 2**36
+# A GPU case's oracle cost in multiply-adds, at most: the float64 oracle runs about 3.6e11 of them a second on an H200
+# (a forward case of 2^35 took 120 ms; gradients ~2.7x that) and a small case's whole loop takes about 10 ms there,
+# so a long case costs at most about 5 small cases (13 with gradients) and, drawn one time in LONG_ONE_IN
+# (attnfuzz.strategies.cases), long cases hold a bounded share of a run's time (docs/performance.md). 2^34 still
+# reaches every length: a 16k x 16k square with head dims to 32, 128k decode keys with any.
+GPU_MAX_WORK = 2**34
 
 
 # Each switch is probed with a small case that turns on that one feature, in a dtype the backend takes.

@@ -13,7 +13,7 @@ from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.report.coverage import Distribution, shape_class
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import DECODE_MIN_KEYS, SMALL_LEN, attention_cases, work
+from attnfuzz.strategies.cases import DECODE_MAX_QUERIES, DECODE_MIN_KEYS, SMALL_LEN, _keys, attention_cases, work
 from attnfuzz.strategies.space import GPU_MAX_DECODE_LEN, GPU_MAX_LEN, Space, narrow_to
 from tests import broken
 
@@ -150,3 +150,11 @@ def test_flash_attention_2_keeps_refusing_head_dims_past_256():
         assert max(case.d_qk, case.d_v) <= fa2.MAX_HEAD_DIM and case.d_qk == case.d_v
 
     drawn()
+
+
+def test_the_gpu_work_bound_still_reaches_the_longest_shapes():
+    # GPU_MAX_WORK keeps a long case's oracle to a few small cases (docs/performance.md), yet a 16k square and a
+    # decode shape over 128k keys stay within it
+    gpu = Space.for_device("cuda")
+    assert _keys(gpu, GPU_MAX_LEN, GPU_MAX_LEN) == GPU_MAX_LEN
+    assert _keys(gpu, DECODE_MAX_QUERIES, GPU_MAX_DECODE_LEN) == GPU_MAX_DECODE_LEN

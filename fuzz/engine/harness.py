@@ -31,7 +31,7 @@ from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases, pick
 from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
-from attnfuzz.strategies.materialize import Tensors, draw_on_cpu, with_storage
+from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
 
 
@@ -92,14 +92,16 @@ class Tally:
 # Score elements (b * h * sq * skv) up to which a GPU case's oracle runs on the CPU: a small float64 reference is a
 # few hundred tiny kernels, and launching them costs more than the CPU's arithmetic (4.7 ms vs about 1 ms per case
 # on the H200 runner). That oracle reads the CPU draw the device tensors were copied from: the same values, and no
-# copy back from the device.
+# copy back from the device. (A case drawn on the device, strategies/materialize.py's draw_device, has no CPU draw:
+# its oracle runs on the device.)
 ORACLE_ON_CPU_UP_TO = 1 << 16
 
 
 def oracle_inputs(case: Case, drawn: Tensors, tensors: Tensors, device: str) -> tuple[Tensors, str]:
     """The tensors and the device the float64 oracle of a case runs on: the CPU draw for small GPU cases, else the
     backend's inputs on their device."""
-    if torch.device(device).type != "cpu" and case.b * case.h * case.sq * case.skv <= ORACLE_ON_CPU_UP_TO:
+    if (torch.device(device).type != "cpu" and drawn.q.device.type == "cpu"
+            and case.b * case.h * case.sq * case.skv <= ORACLE_ON_CPU_UP_TO):
         return drawn, "cpu"
     return tensors, device
 
@@ -149,7 +151,7 @@ class WrittenAhead:
 
 def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
     """Run the backend on the case's inputs and grade its output against the float64 oracle."""
-    drawn = draw_on_cpu(case)
+    drawn = draw(case, draw_device(case, device))  # on the CPU, or on the device for a large case
     moved = drawn.to(device)
     tensors = with_storage(case, moved)  # the backend's buffers; the oracle reads the plain ones (the same values)
     if poison.enabled():  # outputs cut from NaN memory: an element the backend never writes reads NaN

@@ -49,6 +49,9 @@ def capability_refusals(case: Case) -> list[tuple[bool, str]]:
         (case.layout == "thd", f"{ENTRY} takes q batched [b, sq, h, d], not packed (thd)"),
         (case.lens_q != (case.sq,) * case.b,
          f"query lengths {list(case.lens_q)}: {ENTRY} takes one query length sq for every sequence"),
+        (case.storage[1:] != ("plain", "plain"),
+         f"storage {case.storage[1:]} of k / v: they reach {ENTRY} as a cache the adapter allocates (a contiguous "
+         f"buffer, as a server's)"),
         (case.paged and case.page_size % PAGE_MULTIPLE != 0,
          f"page_size={case.page_size}: FA2's paged KV cache needs page_block_size % {PAGE_MULTIPLE} == 0"),
     ]

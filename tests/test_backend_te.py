@@ -298,3 +298,13 @@ def test_the_unfused_backend_is_graded_as_computing_its_logits_in_the_input_dtyp
     families = {name: factories()[name]().family for name in NAMES}
     assert families == {"te-flash": "te", "te-fused": "te", "te-unfused": "te-unfused"}
     assert "te-unfused" in LOGITS_IN_INPUT_DTYPE and "te" not in LOGITS_IN_INPUT_DTYPE
+
+
+def test_tes_layout_check_is_a_refusal_and_an_error_inside_a_backend_is_not():
+    """TE's get_qkv_layout rejects strides and offsets it has no layout for (a tensor one element into its buffer)
+    before entering a backend: UNSUPPORTED; the same words raised after a backend was entered stay a crash."""
+    from attnfuzz.backends.te.selection import LAYOUT_REFUSED, Selection, refusal_reason
+    error = RuntimeError(LAYOUT_REFUSED + "!")
+    assert "TE refused the case" in refusal_reason("FusedAttention", error, Selection())
+    assert refusal_reason("FusedAttention", error, Selection(entered=["FusedAttention"])) is None
+    assert refusal_reason("FusedAttention", RuntimeError("CUDA error"), Selection()) is None

@@ -158,6 +158,8 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
         poison.poison(device)
     try:
         output = backend.run(case, tensors)
+        if torch.device(device).type == "cuda":  # a kernel's asynchronous fault belongs to this case, not the next
+            torch.cuda.synchronize(device)
     except Unsupported as e:
         return V.Verdict(V.UNSUPPORTED, None, str(e) or type(e).__name__)
     except Hang as e:

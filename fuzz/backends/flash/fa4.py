@@ -95,6 +95,9 @@ def capability_refusals(case: Case, arch: int) -> list[tuple[bool, str]]:
          "explicit boolean mask: FA4 takes masks only as a CuTe DSL mask_mod, which this adapter does not compile"),
         (case.alibi_slopes is not None, "ALiBi: FA4 has no alibi_slopes (only a CuTe DSL score_mod could add it)"),
         (band_reason is not None, band_reason or ""),
+        (case.paged and case.page_size != 128 and arch // 10 == 9 and (case.d_qk % 16 or case.d_v % 16),
+         f"paged with page_size={case.page_size} and head dims ({case.d_qk}, {case.d_v}) on sm{arch}: FA4 loads such "
+         f"pages by cp.async, which asserts 'Paged KV does not support irregular head dim' (multiples of 16 only)"),
     ]
 
 

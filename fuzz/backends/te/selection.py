@@ -148,6 +148,11 @@ def check_ran(wanted: str, selection: Selection) -> str:
     return UNFUSED
 
 
+# TE's get_qkv_layout raises this RuntimeError for q / k / v strides and offsets it has no layout for (a tensor one
+# element into its buffer, Case.storage): its own input rule, checked before any backend is entered
+LAYOUT_REFUSED = "The provided qkv memory layout is not supported"
+
+
 def refusal_reason(wanted: str, exc: BaseException, selection: Selection) -> str | None:
     """The Unsupported reason when TE found no eligible backend (or asserted on its own input rules before entering
     a backend), else None: an exception from inside the backend TE selected is a crash, not a refusal."""
@@ -157,7 +162,7 @@ def refusal_reason(wanted: str, exc: BaseException, selection: Selection) -> str
     if NO_BACKEND in message:
         reasons = selection.reasons(wanted) or ["TE logged no reason"]
         return f"TE has no eligible {wanted} for this case: " + "; ".join(dict.fromkeys(reasons))
-    if isinstance(exc, (AssertionError, NotImplementedError)):
+    if isinstance(exc, (AssertionError, NotImplementedError)) or LAYOUT_REFUSED in message:
         return f"TE refused the case: {message.strip() or type(exc).__name__}"
     return None
 

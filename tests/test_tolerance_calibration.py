@@ -24,7 +24,9 @@ from attnfuzz.strategies.materialize import materialize
 from attnfuzz.strategies.space import Space
 from tests.fused_kernels import flash_algorithm_backward
 
-SPACE = Space(layouts=("bshd",), softmaxes=("vanilla",), softcap=False, grads=False, max_len=96)
+# plain buffers: _cpu_flash calls the CPU flash op directly, which (unlike the public SDPA entry point) takes
+# unit inner strides for granted
+SPACE = Space(layouts=("bshd",), softmaxes=("vanilla",), softcap=False, grads=False, max_len=96, storages=("plain",))
 
 
 def _mask(case, t):

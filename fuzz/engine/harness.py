@@ -33,6 +33,7 @@ from attnfuzz.strategies.cases import attention_cases, pick
 from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
 from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
+from attnfuzz.strategies.streams import seed_only_streams
 
 
 class Finding(AssertionError):
@@ -366,7 +367,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         prop._hypothesis_internal_database_key = database_key.encode()  # read by Hypothesis; set last, on the wrapper
     # the crash record sits beside the write-ahead file: the next start tells a crash from a stop by it
     with interrupt.crash_record(interrupt.record_path(inflight) if inflight is not None else None):
-        findings = _search(prop, tally)
+        with seed_only_streams():   # the same cases for a seed, whatever else the process imported
+            findings = _search(prop, tally)
         run = (getattr(worker, "rerun", worker.run) if worker is not None
                else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
         if declares_compile_key(backend) and space.compiled_share > 0:

@@ -62,7 +62,7 @@ def test_a_declared_batch_variant_kernel_is_found_shrunk_and_saved_with_a_repro_
     tally, findings = fuzz(kernel("splits_by_batch"), space=SPACE, settings=RUNS)
     assert [f.verdict.label for f in findings] == ["FAIL:BATCH_VARIANT"], tally.to_dict()
     case = findings[0].case
-    assert case.b == 2 and case.seed % batch.CHECK_EVERY == 0 and case.h == 1 and case.skv <= 6, case  # shrunk
+    assert case.b == 2 and case.seed % batch.CHECK_EVERY == 0 and case.h == 1 and case.skv <= 16, case  # shrunk
     entry = corpus_io.Entry(backend="tests.batch_kernels:splits_by_batch", case=case, verdict=findings[0].verdict)
     path = corpus_io.save(tmp_path, entry)
     assert corpus_io.Entry.from_dict(json.loads(path.read_text()), str(path)).verdict.diagnosis == V.BATCH_VARIANT

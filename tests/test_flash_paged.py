@@ -35,7 +35,7 @@ def kvcache(monkeypatch, calls, bug=None):
 
 
 class FlashAttn4NoNeg(FlashAttn4):
-    """FA4 without its "neg" spellings, whose (-1, 0) empty band the fake keeps (seed story 003), so a fuzz run
+    """FA4 without its "neg" spellings, whose (-1, 0) empty band the fake keeps (flash-attention#2490), so a fuzz run
     meets only the bug planted here."""
 
     def spellings(self, case: Case) -> tuple[str, ...]:

@@ -3,6 +3,7 @@
 import ctypes
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -56,8 +57,22 @@ segfault_when_causal.supports = lambda case: case.window == (None, None) or "a p
 slow_first.supports = segfault_when_causal.supports
 
 
+STALL_AFTER_FAILURE = "ATTNFUZZ_TEST_STALL_AFTER_FAILURE"
+
+
+def _failure_logged() -> bool:
+    """Whether a lane of the campaign directory named by ATTNFUZZ_TEST_STALL_AFTER_FAILURE logged this kernel's bug."""
+    directory = os.environ.get(STALL_AFTER_FAILURE)
+    logs = Path(directory, "cases").glob("lane*.jsonl") if directory else ()
+    return any('"FAIL:ALL_ZERO"' in log.read_text() for log in logs)
+
+
 def zero_when_causal(q, k, v, *, causal, window, bottom_right, scale):
-    """A silent wrong answer (seed 001's all-zero causal output), for campaigns that must find and keep it."""
+    """A silent wrong answer (seed 001's all-zero causal output), for campaigns that must find and keep it.
+    With ATTNFUZZ_TEST_STALL_AFTER_FAILURE naming a campaign directory, every call once that campaign has logged
+    the failure stalls: its shrink never ends, so a test can kill the campaign in that window without a race."""
+    if _failure_logged():
+        time.sleep(3600)
     out = _plain(q, k, v, scale)
     return out * 0 if causal else out
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from attnfuzz.campaign.lane import Resumable, lane_backends, load_log
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
+from tests import misbehaving
 
 ROOT = Path(__file__).resolve().parents[1]
 MISBEHAVING = ["tests.misbehaving:segfault_when_causal", "tests.misbehaving:aborts", "tests.misbehaving:hangs",
@@ -58,12 +59,13 @@ def test_the_campaign_survives_four_misbehaving_kernels_and_saves_each(tmp_path)
 def test_kill_9_then_resume_loses_no_finding_and_repeats_no_case(tmp_path):
     directory = tmp_path / "c"
     options = ["--backends", "sdpa-math,tests.misbehaving:zero_when_causal", "--round-examples", "400"]
-    first = subprocess.Popen(campaign_command(directory, *options, "--hours", "1"), cwd=ROOT,
+    stalls = {**os.environ, misbehaving.STALL_AFTER_FAILURE: str(directory)}  # the shrink cannot finish before the kill
+    first = subprocess.Popen(campaign_command(directory, *options, "--hours", "1"), cwd=ROOT, env=stalls,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not any(r["label"] == "FAIL:ALL_ZERO" for r in logged(directory)):
         time.sleep(0.2)
-    os.kill(first.pid, signal.SIGKILL)  # mid-round: the failure is logged, not yet shrunk nor saved
+    os.kill(first.pid, signal.SIGKILL)  # mid-shrink: the failure is logged, not yet saved
     first.wait()
     before = logged(directory)
     assert any(r["label"] == "FAIL:ALL_ZERO" for r in before), "the first run found the bug before the kill"

@@ -2,6 +2,11 @@
 # Build flash-attn 2 (FA2) as a wheel from its PyPI sdist, offline, for one GPU architecture.
 #
 #   bash bench/build_fa2.sh SDIST OUTDIR [ARCH]      e.g. flash_attn-2.8.3.post2.tar.gz /tmp/fa2-wheel 90
+#   BACKGROUND=1 bash bench/build_fa2.sh ...          detached; poll OUTDIR/build.status, read OUTDIR/build.log
+#
+# A build outlasts a 10-minute command: BACKGROUND=1 starts it in a session of its own (setsid), so it survives the
+# end of the command that started it (a runner that ends a command's process group ends everything else in it), and
+# returns at once. OUTDIR/build.status reads "running", then "exit N" with the build's exit status.
 #
 # What differs from `pip install flash-attn` (see docs/backends.md):
 # - FLASH_ATTN_CUDA_ARCHS=ARCH (default 90): the sdist's default builds every kernel for sm80, sm90, sm100 and sm120;
@@ -17,6 +22,14 @@ set -euo pipefail
 sdist=${1:?usage: bash bench/build_fa2.sh SDIST OUTDIR [ARCH]}
 out=${2:?usage: bash bench/build_fa2.sh SDIST OUTDIR [ARCH]}
 arch=${3:-90}
+if [ "${BACKGROUND:-0}" = 1 ]; then
+  mkdir -p "$out"
+  echo running > "$out/build.status"
+  BACKGROUND=0 setsid nohup bash -c 'bash "$0" "$@"; echo "exit $?" > "$2/build.status"' \
+    "$(readlink -f "$0")" "$(readlink -f "$sdist")" "$(readlink -f "$out")" "$arch" > "$out/build.log" 2>&1 < /dev/null &
+  echo "build_fa2: started in the background (pid $!); poll $out/build.status, log in $out/build.log"
+  exit 0
+fi
 work=$(mktemp -d)
 tar xzf "$sdist" -C "$work"
 src=$(echo "$work"/flash_attn-*)

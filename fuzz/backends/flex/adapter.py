@@ -135,7 +135,7 @@ class FlexBackend(Backend):
     def spellings(self, case: Case) -> tuple[str, ...]:
         masks = ("", "score_mask") if has_mask(case) else ("",)
         heads = ("", "repeat_kv") if case.hk < case.h else ("",)
-        names = ("", *knobs.KNOBS) if self.compiled and not self._cpu else ("",)
+        names = ("", *knobs.KNOBS)
         return tuple("+".join(p for p in combo if p) for combo in itertools.product(masks, heads, names)
                      if not combo[2] or self.knob_refusal(combo[2], case, combo[:2]) is None)
 

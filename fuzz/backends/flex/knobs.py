@@ -1,6 +1,6 @@
 """flex_attention's kernel options as spellings of a case (flex-compiled): knobs that must not change the answer, so
-each one is graded against the oracle like any other spelling. Read from torch's flex_attention.py and
-torch/_inductor/kernel/flex/ (2.11 and 2.13):
+each one is graded against the oracle like any other spelling. Read from torch 2.13's flex_attention.py and
+torch/_inductor/kernel/flex/ (not yet checked against 2.11's, which the GPU runner has):
 
   prescale   PRESCALE_QK=True: q is scaled by scale * log2(e) before q.k, so a score_mod sees scale * log2(e) * q.k
              and the kernel works in base 2. Only a score_mod that commutes with that factor keeps the answer: none,
@@ -15,6 +15,8 @@ torch/_inductor/kernel/flex/ (2.11 and 2.13):
   flash      BACKEND="FLASH": the CuteDSL flash-attention-4 kernel. torch needs flash_attn.cute importable
              (ensure_flash_available); FA4 runs sm90+ here, fp16 / bf16, its head dims (fa4.head_dim_reason);
              forward only (the FLASH backward needs FA4's block-sparse backward API, which varies by release).
+             A torch without pytorch/pytorch#181824 returns FLASH's LSE off by a factor ln 2 under torch.compile
+             (pytorch/pytorch#181645): FAIL:LSE with "flash" there is that bug.
 
 All of them are CUDA-only: inductor's CPU template (flex_cpu.lower_cpu) reads none of them (a run with each gives the
 default's bits: it compiles the same C++), so none is offered on CPU. Not spellings: BLOCKS_ARE_CONTIGUOUS (a promise

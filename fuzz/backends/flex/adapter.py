@@ -12,7 +12,8 @@ bottom-right):
 Score mods: softcap  s -> c * tanh(s / c);  alibi  s -> s - slope_h * |i + off_b - j|  (per_document for thd).
 
 Spellings, '+'-joined, "" = the first of each:  mask   block_mask (create_block_mask) | score_mask (the same mask_mod
-applied in the score_mod as -inf, no block mask);  heads  enable_gqa | repeat_kv  (GQA cases only).
+applied in the score_mod as -inf, no block mask);  heads  enable_gqa | repeat_kv  (GQA cases only);  knob  none | one
+of flex's kernel options (flex-compiled on CUDA: fuzz/backends/flex/knobs.py says which and where).
 
 LSE: flex's frontend already returns the natural log (it rescales its kernels' log2 statistics by ln 2), so the
 adapter passes it through and the grader checks it.
@@ -39,6 +40,8 @@ import torch
 
 from attnfuzz.backends import layout
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
+from attnfuzz.backends.flash.common import cuda_arch
+from attnfuzz.backends.flex import knobs
 from attnfuzz.backends.flex.mods import chain, document_index, documents, has_mask, masked_scores, mods_of, per_document
 from attnfuzz.backends.flex.repro import flex_source
 from attnfuzz.oracles.verdict import Output
@@ -48,14 +51,14 @@ from attnfuzz.strategies.materialize import Tensors
 RECOMPILE_LIMIT = 4096  # graphs kept per code object while a campaign runs (dynamo's default is 8)
 
 
-def _flex_call(q, k, v, score_mod, block_mask, scale, enable_gqa, want_lse):
+def _flex_call(q, k, v, score_mod, block_mask, scale, enable_gqa, want_lse, kernel_options=None):
     """The call that is compiled; also returns whether it ran inside a compiled graph."""
     from torch.nn.attention.flex_attention import flex_attention
     if want_lse:
-        out, lse = _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa)
+        out, lse = _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa, kernel_options)
     else:
         out, lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                  enable_gqa=enable_gqa), None
+                                  enable_gqa=enable_gqa, kernel_options=kernel_options), None
     return out, lse, torch.compiler.is_compiling()
 
 
@@ -64,21 +67,23 @@ def _flex_call_static(*args):
     return _flex_call(*args)
 
 
-def _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa):
+def _with_lse(flex_attention, q, k, v, score_mod, block_mask, scale, enable_gqa, kernel_options):
     from torch.nn.attention import flex_attention as fa
     if hasattr(fa, "AuxRequest"):
         out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                                  enable_gqa=enable_gqa, return_aux=fa.AuxRequest(lse=True))
+                                  enable_gqa=enable_gqa, kernel_options=kernel_options,
+                                  return_aux=fa.AuxRequest(lse=True))
         return out, aux.lse
     return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
-                          return_lse=True)
+                          kernel_options=kernel_options, return_lse=True)
 
 
 class FlexBackend(Backend):
     family = "flex"
 
-    def __init__(self, device: str, compiled: bool, compiler="inductor"):
+    def __init__(self, device: str, compiled: bool, compiler="inductor", arch: int | None = None):
         self.device, self.compiled = str(device), compiled
+        self._arch = arch  # the compute capability the knob rules are read at: given, else the device's
         # torch.compile's backend: inductor is what flex-compiled fuzzes; unit tests hand in a compiler of their own
         # to check the adapter's graphs (one per variant, dynamic lengths, values as inputs) apart from its kernels
         self.compiler = compiler
@@ -124,15 +129,34 @@ class FlexBackend(Backend):
              f"least 16'); got d_qk={case.d_qk}, d_v={case.d_v}"),
             (self._cpu and case.grads, "flex_attention on CPU has no backward, eager or compiled (torch raises "
                                        "NotImplementedError for inputs that require grad)"),
-            (case.spelling not in self.spellings(case),
-             f"spelling={case.spelling!r} is not one of {self.name}'s spellings for this case: "
-             f"{list(self.spellings(case))}"),
+            (case.spelling not in self.spellings(case), self._spelling_refusal(case) or ""),
         )
 
     def spellings(self, case: Case) -> tuple[str, ...]:
         masks = ("", "score_mask") if has_mask(case) else ("",)
         heads = ("", "repeat_kv") if case.hk < case.h else ("",)
-        return tuple("+".join(p for p in combo if p) for combo in itertools.product(masks, heads))
+        names = ("", *knobs.KNOBS)
+        return tuple("+".join(p for p in combo if p) for combo in itertools.product(masks, heads, names)
+                     if not combo[2] or self.knob_refusal(combo[2], case, combo[:2]) is None)
+
+    def knob_refusal(self, name: str, case: Case, parts=()) -> str | None:
+        """Why kernel-option knob `name` is no spelling of `case` here (fuzz/backends/flex/knobs.py), or None."""
+        if not self.compiled:
+            return f"{name}: flex-eager runs the dense math path, which reads no kernel option"
+        device_type = torch.device(self.device).type
+        arch = self._arch or cuda_arch(self.device) if device_type == "cuda" else None
+        return knobs.knob_refusal(name, case, parts, device_type=device_type, arch=arch,
+                                  flash_installed=device_type == "cuda" and knobs.flash_installed())
+
+    def _spelling_refusal(self, case: Case) -> str | None:
+        """None for a spelling of this case; else the rule of its refused knob, or the list of spellings."""
+        if case.spelling in self.spellings(case):
+            return None
+        parts = case.spelling.split("+")
+        refused = [self.knob_refusal(p, case, parts) for p in parts if p in knobs.KNOBS]
+        listed = f"{list(self.spellings(case))}"
+        return (f"spelling={case.spelling!r}: " + (refused[0] if refused and refused[0] else
+                                                     f"not one of {self.name}'s spellings for this case: {listed}"))
 
     def run(self, case: Case, tensors: Tensors) -> Output:
         parts = set(case.spelling.split("+")) - {""}
@@ -157,7 +181,8 @@ class FlexBackend(Backend):
                                            device=device)
         score_mod = chain(*score_mods) if score_mods else None
         want_lse = not (self.compiled and self._cpu)
-        args = (q, k, v, score_mod, block_mask, case.scale, case.hk < case.h and "repeat_kv" not in parts, want_lse)
+        args = (q, k, v, score_mod, block_mask, case.scale, case.hk < case.h and "repeat_kv" not in parts, want_lse,
+                knobs.kernel_options(parts))
         with torch.set_grad_enabled(case.grads):
             out, lse, ran = self._call(case, args)
         result = Output(out=_logical(case, out.detach(), case.lens_q, case.sq), ran=ran)
@@ -181,8 +206,13 @@ class FlexBackend(Backend):
 
     def repro_source(self, case: Case) -> str | None:
         """Source of `attention(q, k, v)` as run() calls flex, for standalone repro scripts (fuzz/store/repro.py); None
-        for a case flex cannot express (a sink, an unknown spelling)."""
-        expressible = case.softmax == "vanilla" and case.spelling in self.spellings(case)
+        for a case flex cannot express (a sink, an unknown spelling). A knob spelling is written wherever it was
+        found: the writing machine need not have the GPU (or FA4) that offered it."""
+        parts = set(case.spelling.split("+")) - {""}
+        known = {"score_mask"} if has_mask(case) else set()
+        known |= {"repeat_kv"} if case.hk < case.h else set()
+        knob_parts = parts & set(knobs.KNOBS) if self.compiled else set()
+        expressible = case.softmax == "vanilla" and len(knob_parts) <= 1 and parts <= known | knob_parts
         return flex_source(case, self.compiled) if expressible else None
 
     def _call(self, case: Case, args):
@@ -296,7 +326,8 @@ def _closures(fns):
 
 
 def _variant_key(case: Case) -> tuple:
-    """What decides the compiled graph (everything else reaches it as tensor values or dynamic sizes)."""
+    """What decides the compiled graph (everything else reaches it as tensor values or dynamic sizes); the spelling
+    carries the kernel options, which dynamo guards on and inductor bakes into the kernel."""
     return (case.dtype, case.h, case.hk, case.d_qk, case.d_v, case.left is not None, case.right is not None,
             case.padded, case.mask_density is not None, case.softcap is not None, case.alibi_slopes is not None,
             case.scale, case.grads, case.layout, case.memory, case.spelling, case.storage)

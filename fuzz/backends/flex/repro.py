@@ -1,11 +1,12 @@
 """flex_attention's standalone repro source: the case's mask_mod and score_mods built from the adapter's own factories
-(embedded verbatim from fuzz/backends/flex/adapter.py), the block mask or score-side mask, the layout and the call, as
-FlexBackend.run() makes them. Compiled flex is a fresh torch.compile(fullgraph=True, dynamic=False) of the call."""
+(embedded verbatim from fuzz/backends/flex/adapter.py), the block mask or score-side mask, the layout and the call
+(with the spelling's kernel_options), as FlexBackend.run() makes them. Compiled flex is a fresh torch.compile(fullgraph=True, dynamic=False) of the call."""
 
 from __future__ import annotations
 
 from attnfuzz.backends import layout
 from attnfuzz.backends.flex import mods
+from attnfuzz.backends.flex.knobs import kernel_options
 from attnfuzz.backends import source as src
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
@@ -103,11 +104,14 @@ def flex_source(case: Case, compiled: bool) -> str:
     if compiled:
         body.append("compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)")
         fn = "compiled"
-    body += ["out = " + src.call(fn, ["q", "k", "v"], {"score_mod": score_mod, "block_mask": block_mask,
-                                                       "scale": repr(case.scale), "enable_gqa": repr(gqa)}),
-             f"return {back}"]
+    options = kernel_options(parts)
+    call_kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": repr(case.scale), "enable_gqa": repr(gqa)}
+    if options:
+        call_kwargs["kernel_options"] = repr(options)
+    body += ["out = " + src.call(fn, ["q", "k", "v"], call_kwargs), f"return {back}"]
     how = ["no mask" if not has_mask else "mask as -inf in the score_mod" if "score_mask" in parts
-           else "block mask", "KV heads repeated" if "repeat_kv" in parts else "enable_gqa" if gqa else ""]
+           else "block mask", "KV heads repeated" if "repeat_kv" in parts else "enable_gqa" if gqa else "",
+           f"kernel_options {options}" if options else ""]
     doc = (f"torch flex_attention, {'compiled (a fresh graph of this one call)' if compiled else 'eager'}, as "
            f"attnfuzz's flex adapter ran it: spelling {case.spelling!r} ({', '.join(h for h in how if h)}), "
            f"layout {case.layout}.")

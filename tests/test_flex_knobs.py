@@ -77,11 +77,13 @@ def test_cuda_knobs_follow_the_case(case, offered):
     assert knobs_of(CudaRules(), case) == offered
 
 
-def test_no_knob_on_cpu_or_eager_and_flash_needs_sm90_and_fa4():
+def test_no_knob_compiled_on_cpu_eager_takes_backend_alone_and_flash_needs_sm90_and_fa4():
     case = cuda_case(causal=True)
     assert knobs_of(flex.FlexBackend("cpu", compiled=True), case) == set()
-    assert knobs_of(flex.FlexBackend("cpu", compiled=False), case) == set()
-    assert knobs_of(flex.FlexBackend("cuda", compiled=False, arch=90), case) == set()
+    assert knobs_of(flex.FlexBackend("cpu", compiled=False), case) == {"triton", "decode", "flash"}
+    assert knobs_of(flex.FlexBackend("cuda", compiled=False, arch=80), cuda_case(sq=500)) == {"triton", "decode",
+                                                                                               "flash"}
+    assert "BACKEND" in flex.FlexBackend("cpu", compiled=False).knob_refusal("prescale", case)
     assert "flash" not in knobs_of(CudaRules(arch=80), case)
     assert "flash" not in knobs_of(CudaRules(flash=False), case)
     assert "flash" in knobs_of(CudaRules(arch=100), case)

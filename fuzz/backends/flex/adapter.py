@@ -13,7 +13,8 @@ Score mods: softcap  s -> c * tanh(s / c);  alibi  s -> s - slope_h * |i + off_b
 
 Spellings, '+'-joined, "" = the first of each:  mask   block_mask (create_block_mask) | score_mask (the same mask_mod
 applied in the score_mod as -inf, no block mask);  heads  enable_gqa | repeat_kv  (GQA cases only);  knob  none | one
-of flex's kernel options (flex-compiled on CUDA: fuzz/backends/flex/knobs.py says which and where).
+of flex's kernel options (flex-compiled on CUDA; flex-eager the BACKEND ones: fuzz/backends/flex/knobs.py says
+which and where).
 
 LSE: flex's frontend already returns the natural log (it rescales its kernels' log2 statistics by ln 2), so the
 adapter passes it through and the grader checks it.
@@ -142,7 +143,7 @@ class FlexBackend(Backend):
     def knob_refusal(self, name: str, case: Case, parts=()) -> str | None:
         """Why kernel-option knob `name` is no spelling of `case` here (fuzz/backends/flex/knobs.py), or None."""
         if not self.compiled:
-            return f"{name}: flex-eager runs the dense math path, which reads no kernel option"
+            return knobs.eager_refusal(name)
         device_type = torch.device(self.device).type
         arch = self._arch or cuda_arch(self.device) if device_type == "cuda" else None
         return knobs.knob_refusal(name, case, parts, device_type=device_type, arch=arch,
@@ -211,7 +212,7 @@ class FlexBackend(Backend):
         parts = set(case.spelling.split("+")) - {""}
         known = {"score_mask"} if has_mask(case) else set()
         known |= {"repeat_kv"} if case.hk < case.h else set()
-        knob_parts = parts & set(knobs.KNOBS) if self.compiled else set()
+        knob_parts = parts & set(knobs.KNOBS if self.compiled else knobs.EAGER_KNOBS)
         expressible = case.softmax == "vanilla" and len(knob_parts) <= 1 and parts <= known | knob_parts
         return flex_source(case, self.compiled) if expressible else None
 

@@ -18,7 +18,12 @@ torch/_inductor/kernel/flex/ (not yet checked against 2.11's, which the GPU runn
              A torch without pytorch/pytorch#181824 returns FLASH's LSE off by a factor ln 2 under torch.compile
              (pytorch/pytorch#181645): FAIL:LSE with "flash" there is that bug.
 
-All of them are CUDA-only: inductor's CPU template (flex_cpu.lower_cpu) reads none of them (a run with each gives the
+flex-eager (the dense math path, any device) takes the BACKEND spellings alone (EAGER_KNOBS): BACKEND is the one
+option eager code reads, in flex_attention's own finalization, which converts the LSE from base 2 unless BACKEND is
+FLASH (the conversion's rule since pytorch/pytorch#181824); the math path's statistics are in base 2 whatever BACKEND
+says, so the LSE a user gets from eager flex with BACKEND="FLASH" must still be the natural-log one.
+
+Compiled, all of them are CUDA-only: inductor's CPU template (flex_cpu.lower_cpu) reads none of them (a run with each gives the
 default's bits: it compiles the same C++), so none is offered on CPU. Not spellings: BLOCKS_ARE_CONTIGUOUS (a promise
 about each query block's list of key blocks, which only the built block mask shows; a band's two edge blocks break
 it), FORCE_USE_FLEX_ATTENTION (the legacy spelling of "triton"; torch raises when it is combined with BACKEND).
@@ -42,6 +47,7 @@ KNOBS = {
     "tiles32": {"BACKEND": "TRITON", "fwd_BLOCK_M": 32, "fwd_BLOCK_N": 32},
     "flash": {"BACKEND": "FLASH"},
 }
+EAGER_KNOBS = ("triton", "decode", "flash")   # the BACKEND spellings: eager reads BACKEND (its LSE's finalization)
 DECODE_MAX_ROWS = 127     # _use_flex_decoding: query length < 128
 FLASH_MIN_ARCH = 90
 FLASH_DTYPES = ("float16", "bfloat16")
@@ -91,6 +97,17 @@ def knob_refusal(name: str, case: Case, parts, *, device_type: str, arch: int | 
             return ("flash (BACKEND='FLASH'): forward only: torch's FLASH backward leans on flash-attn-4's block-sparse "
                     "backward API, which changes between FA4 releases (flex_flash_attention.py raises "
                     "NotImplementedError where it is missing)")
+    return None
+
+
+def eager_refusal(name: str) -> str | None:
+    """Why knob `name` is not a spelling of flex-eager's cases, or None (EAGER_KNOBS: no device or shape rule, since
+    the math path runs whatever BACKEND names)."""
+    if name not in KNOBS:
+        return f"{name!r} is not a flex kernel knob (knobs: {list(KNOBS)})"
+    if name not in EAGER_KNOBS:
+        return (f"{name} ({KNOBS[name]}): flex-eager's dense math path reads no kernel option but BACKEND "
+                f"(spellings {list(EAGER_KNOBS)})")
     return None
 
 

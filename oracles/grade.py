@@ -204,6 +204,16 @@ def _graded(case: Case, output: V.Output, family: str, o: Oracle) -> V.Verdict:
     return V.Verdict(V.PASS, None, "", None, ratio, tuple(c.describe() for c in checks))
 
 
+def lse_check(o: Oracle, lse: torch.Tensor, family: str) -> Check:
+    """The LSE's check over the rows that see a key (each row against its own bound: `row_bounds`, inf elsewhere)."""
+    ref = o.ref.lse
+    rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
+    size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
+    return check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
+                 dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
+
+
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:
     ref = o.ref.lse
     if tuple(lse.shape) != tuple(ref.shape):
@@ -215,10 +225,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
         c = Check("lse", math.inf, 0.0, 1.0, 0.0, idx, lse[idx].item(), ref[idx].item())
         return fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
                             f"at {list(idx)}", c)
-    size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
-    c = check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
-              dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
-              dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
+    c = lse_check(o, lse, family)
     checks.append(c)
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 

@@ -16,8 +16,10 @@ Everything else falls back to calling the adapter through attnfuzz (the script t
 cases an adapter refuses, and bring-your-own kernels (`package.module:function`).
 
 The script checks the output and, for cases with gradients, dQ / dK / dV (autograd through the written call, with the
-embedded output gradient and float64 answers). It does not check the LSE, whose spelling is each backend's own: an
-LSE finding's script reruns the call and passes.
+embedded output gradient and float64 answers). Where `attention` returns (out, lse), lse [b, h, sq] in natural log,
+it checks the LSE too, each row against its own bound and -inf exactly on a row that sees no key. A written call
+that returns one says so with a line `RETURNS_LSE = True`; an LSE finding whose written call returns none calls the
+adapter through attnfuzz instead, which hands back the LSE the adapter graded.
 A BATCH_VARIANT finding's script also reruns the batch check through attnfuzz (attnfuzz.engine.batch.compare): the
 batch, the sequence alone and the batch reversed, with a line per tensor whose bits differ. CP scripts gather the output across ranks, so no gradient flows back
 through them; they say so and check the output only.
@@ -32,7 +34,7 @@ from pathlib import Path
 import torch
 
 from attnfuzz.backends.source import literal
-from attnfuzz.oracles.grade import Oracle, check_out, gradient_check
+from attnfuzz.oracles.grade import Oracle, check_out, gradient_check, lse_check
 from attnfuzz.strategies.case import PLAIN_STORAGE, Case
 from attnfuzz.strategies.materialize import materialize, stored
 
@@ -64,7 +66,29 @@ def attention(q, k, v):
     case = Case.from_dict(CASE)
     t = materialize(case, DEVICE)
     t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
-    return backend.run(case, t).out
+    result = backend.run(case, t)
+    return result.out if result.lse is None else (result.out, result.lse)
+'''
+
+_CHECK_LSE = '''
+
+def check_lse(lse, want):
+    """The LSE against the float64 one: -inf exactly on a row that sees no key, else within its row's bound."""
+    lse, want = lse.detach().to("cpu", torch.float64), want.to("cpu", torch.float64)
+    if lse.shape != want.shape:
+        return [f"lse has shape {tuple(lse.shape)}, expected {tuple(want.shape)} (b, h, sq)"]
+    rows = (torch.arange(want.shape[2])[None, :] < torch.tensor(VALID_ROWS)[:, None])[:, None, :].expand_as(want)
+    empty, graded = rows & torch.isinf(want), rows & torch.isfinite(want)
+    over = ((lse - want).abs() / LSE_BOUNDS)[graded].nan_to_num(nan=float("inf"), posinf=float("inf"))
+    over = over.max().item() if over.numel() else 0.0
+    err = (lse - want)[graded].abs().max().item() if graded.any() else 0.0
+    print(f"{BACKEND}: max |lse - float64| = {err:.4g}; worst row at {over:.4g} x its bound")
+    problems = []
+    if not torch.equal(lse[empty], want[empty]):
+        problems.append("lse of a row that sees no key is not -inf")
+    if not over <= 1:
+        problems.append(f"max |lse - float64| = {err:.4g}: a row's error > bound ({over:.4g} x its own)")
+    return problems
 '''
 
 _BATCH_RUNS = '''
@@ -118,20 +142,26 @@ def script(entry) -> str:
     t = materialize(case, device)
     oracle = Oracle.of(case, t)
     c = check_out(oracle, oracle.ref.out, oracle.ref.out, get_family(entry))
+    lse_bounds = lse_check(oracle, oracle.ref.lse, get_family(entry)).row_bounds  # None: no row to grade
+    lse_bounds = torch.full_like(oracle.ref.lse, float("inf")) if lse_bounds is None else lse_bounds
     small = sum(x.numel() for x in (t.q, t.k, t.v, oracle.ref.out)) <= INLINE
     if small:
         inputs, expected = _inputs(case, t), f"EXPECTED = {literal(oracle.ref.out)}"
+        expected_lse = f"EXPECTED_LSE = {literal(oracle.ref.lse)}"
     else:
         inputs = ("from attnfuzz.strategies import Case, materialize  # too large to inline: regenerated from the seed\n"
                   "_t = materialize(Case.from_dict(CASE), DEVICE)\nq, k, v = _t.q, _t.k, _t.v")
         expected = ("from attnfuzz.oracles.reference import reference\n"
-                    "EXPECTED = reference(Case.from_dict(CASE), _t).out")
+                    "_ref = reference(Case.from_dict(CASE), _t)\nEXPECTED = _ref.out")
+        expected_lse = "EXPECTED_LSE = _ref.lse"
     constants = ""
     if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
         inputs += "\nq, k, v = (x.detach().requires_grad_() for x in (q, k, v))"
         constants, body = _expected_grads(entry, oracle, t, small)
         expected += "\n" + body
     call = written_call(entry)
+    if call is not None and entry.verdict.diagnosis == "LSE" and "RETURNS_LSE = True" not in call:
+        call = None  # the written call returns no LSE: the adapter's does
     if call is None:
         call = _ADAPTER_CALL.format(kernel_path=kernel_path(entry))
         exits = "exits 1 while the bug is there, 2 when attnfuzz or the kernel cannot be imported here"
@@ -157,6 +187,7 @@ CASE = {case.to_dict()!r}
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
 ROW_BOUNDS = {literal(c.row_bounds)}  # per output row (batch, query, head): k * naive same-dtype error + rounding floor
 BOUND = {float(c.row_bounds[torch.isfinite(c.row_bounds)].max()) if bool(torch.isfinite(c.row_bounds).any()) else 0.0!r}  # the largest, for the summary line
+LSE_BOUNDS = {literal(lse_bounds)}  # per LSE row (batch, head, query): the grader's bound (inf: not graded)
 {constants}{call.rstrip()}
 
 
@@ -165,6 +196,7 @@ def main():
 {textwrap.indent(expected, "    ")}
 
     raw = attention(q, k, v)
+    lse = raw[1] if isinstance(raw, tuple) and len(raw) > 1 and isinstance(raw[1], torch.Tensor) else None
     raw = raw[0] if isinstance(raw, tuple) else raw
     out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
@@ -181,13 +213,17 @@ def main():
     if not over <= 1:
         problems.append(f"max |out - float64| = {{err:.4g}}: a row's error > bound ({{over:.4g}} x its own)")
     print(f"{{BACKEND}}: max |out - float64| = {{err:.4g}}; worst row at {{over:.4g}} x its bound (largest {{BOUND:.4g}})")
-{_isa_report(entry)}    if {case.grads!r}:
+{_isa_report(entry)}    if lse is not None:
+{textwrap.indent(expected_lse, "        ")}
+        problems += check_lse(lse, EXPECTED_LSE)
+    if {case.grads!r}:
         problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
 {"    problems += batch_runs()" + chr(10) if batch else ""}    if problems:
         print("  " + "\\n  ".join(problems))
     return 1 if problems else 0
 
 
+{_CHECK_LSE}
 {_CHECK_GRADS if case.grads else ""}
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
 {_WATCHDOG if entry.verdict.status == "HANG" else ""}    sys.exit(main())

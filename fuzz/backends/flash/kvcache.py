@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import importlib
 
-import torch
-
 from attnfuzz.backends import source as src
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash import common as fc

@@ -26,21 +26,15 @@ import torch
 
 from attnfuzz.backends.base import Backend, first_reason
 from attnfuzz.backends.flex.mods import chain, mods_of
-from attnfuzz.backends.flex.pages import assigned_cache, page_table_cache
+from attnfuzz.backends.flex.pages import assigned_cache, page_table_cache, pool_pages
+from attnfuzz.backends.flex.repro import paged_source
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
-from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, PagedKV, paged_kv
+from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 ASSIGN = "assign"
 Q_BLOCK = 128
-
-
-def pool_pages(cache: PagedKV) -> int:
-    """PagedAttention's n_pages for a case's paged cache: the pool's pages, or more where the block table is wider
-    (page_table holds n_pages logical pages per sequence; a short cache of one used page may have a table of
-    several), the extra pages garbage."""
-    return max(cache.k_cache.shape[0], cache.block_table.shape[1])
 
 
 class FlexPaged(Backend):
@@ -87,6 +81,13 @@ class FlexPaged(Backend):
         else:
             paged, k_flat, v_flat = page_table_cache(t.k, t.v, cache.block_table, case.lens_kv, *args)
         return paged, k_flat, v_flat, cache.cache_seqlens.long()
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` building the caches and making run()'s call, for standalone repro scripts
+        (fuzz/store/repro.py); None for a case the adapter refuses."""
+        if self.unsupported(case) is not None:
+            return None
+        return paged_source(case, q_block=Q_BLOCK, assign=case.spelling == ASSIGN)
 
     def run(self, case: Case, tensors: Tensors) -> Output:
         from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention

@@ -1,5 +1,5 @@
 """PagedAttention's caches (torch.nn.attention.experimental._paged_attention) built from the logical k / v: shared by
-the flex-paged adapter's run() (fuzz/backends/flex/paged.py) and its repro writer, which embeds these functions
+the flex-paged adapter's run() (fuzz/backends/flex/paged.py) and its repro writer, which embeds the cache builders
 verbatim (they need nothing but torch and layout.pool_from_table), so a script builds the very caches the run built.
 
 PagedAttention(n_pages, page_size, max_batch_size) keeps page_table [b, n_pages] (logical page -> physical page) and
@@ -11,6 +11,14 @@ from __future__ import annotations
 import torch
 
 from attnfuzz.backends.layout import pool_from_table
+from attnfuzz.strategies.paged import PagedKV
+
+
+def pool_pages(cache: PagedKV) -> int:
+    """PagedAttention's n_pages for a case's paged cache: the pool's pages, or more where the block table is wider
+    (page_table holds n_pages logical pages per sequence; a short cache of one used page may have a table of
+    several), the extra pages garbage."""
+    return max(cache.k_cache.shape[0], cache.block_table.shape[1])
 
 
 def flat(cache: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from attnfuzz.backends import factories
 from attnfuzz.backends.flash import common as fc
@@ -18,6 +19,7 @@ from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.paged import GARBAGE_V, paged_kv
 from attnfuzz.strategies.space import Space
 from tests.fakes import flash_attn as fakes
 
@@ -104,6 +106,31 @@ def test_kvcache_fuzzing_finds_and_shrinks_a_read_past_and_a_correct_fake_is_cle
     assert findings, "a kernel reading one slot past each cache was not found"
     case = findings[0].case
     assert case.b == 1 and case.sq == 1 and case.skv <= 2 and case.lens_kv[0] < case.skv or case.paged, case
+
+
+# -- the pool both adapters hand over ----------------------------------------------------------------------------
+@pytest.mark.parametrize("case", [PAGED, PAGED_FA4.replace(shared_prefix_pages=1, seqlens_kv=(37, 0, 20))],
+                         ids=["fa2-pages", "fa4-shared-prefix-empty-cache"])
+def test_the_flash_pool_is_the_cases_pool_and_appended_slots_stay_garbage(case):
+    """kvcache_inputs over kvcache_arguments (what fa2-kvcache, FA4's paged route and their scripts build) gives
+    strategies/paged.py's pool bit for bit; appending leaves each sequence's last keys' slots garbage, for the kernel
+    to write."""
+    t = materialize(case)
+    want = paged_kv(case, t.k, t.v)
+    got = fc.kvcache_inputs(**fc.kvcache_arguments(case, t))
+    assert torch.equal(got["block_table"], want.block_table)
+    assert torch.equal(got["k_cache"], want.k_cache) and torch.equal(got["v_cache"], want.v_cache)
+    if case.shared_prefix_pages:  # no appending into shared pages (fa2-kvcache's spellings)
+        return
+    new = 2
+    appended = fc.kvcache_inputs(**fc.kvcache_arguments(case, t, new))
+    for n, length in enumerate(case.lens_kv):
+        for j in range(length):
+            page, slot = int(want.block_table[n, j // case.page_size]), j % case.page_size
+            held = appended["v_cache"][page, slot]
+            assert torch.equal(held, torch.full_like(held, GARBAGE_V) if j >= length - new else t.v[n, j]), (n, j)
+    assert torch.equal(appended["v"], torch.stack([t.v[n, length - new:length] for n, length in
+                                                   enumerate(case.lens_kv)]))
 
 
 # -- FA4's paged path ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """flex-paged: torch's PagedAttention (flex_attention over a paged cache) on CPU. Its page tables read back to the
 case's keys (no kernel involved), a few cases graded through torch's eager flex, adapter bugs planted on purpose are
-caught (one found and shrunk by a fuzz run), and the capability rules."""
+caught (one found and shrunk by a fuzz run), the capability rules, and the standalone repro scripts (torch only; they
+fail once their call reads past a cache)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,41 @@ def test_a_fuzz_run_finds_and_shrinks_a_read_past_the_cache():
 def test_capability_refusals(case, reason):
     refused = factories()["flex-paged"]("cpu").unsupported(case)
     assert refused is not None and reason in refused, refused
+
+
+# -- standalone repro scripts -------------------------------------------------------------------------------------
+REPRO = {"page-table-shared-prefix-alibi": PAGED.replace(shared_prefix_pages=2, seqlens_kv=(37, 16, 20), causal=False,
+                                                         alignment="top_left", alibi_slopes=(0.5, 0.25, 0.125, 0.0625)),
+         "assign-window-softcap": PAGED.replace(spelling=ASSIGN, softcap=5.0, causal=False, window=(4, 1)),
+         "decode-mqa-mask": Case(b=2, sq=1, skv=40, h=4, hk=1, seqlens_kv=(40, 9), page_size=16, seed=2,
+                                 mask_density=0.5, **F32)}
+READS_ONE_PAST = ("kv_len = torch.tensor(LENS_KV, device=device)", "kv_len = torch.tensor(LENS_KV, device=device) + 1")
+
+
+@pytest.mark.parametrize("name", sorted(REPRO))
+def test_repro_script_runs_alone_and_can_fail(tmp_path, name):
+    """The script passes alone (torch only) and fails with its call's output zeroed; where the key one past each
+    cache is in every last query's band (the first two cases), also with its call reading that slot (kv_len one
+    past each cache: a slot of garbage), which its own check against the float64 answer reports."""
+    from tests.test_repro_scripts import assert_standalone_and_able_to_fail, run_alone, write
+    case = REPRO[name]
+    assert FlexPaged("cpu").unsupported(case) is None
+    path = write(tmp_path, "flex-paged", case)
+    text = path.read_text()
+    assert "PagedAttention" in text and "convert_logical_block_mask" in text and READS_ONE_PAST[0] in text
+    assert ("assigned_cache(k, v, LENS_KV" if case.spelling == ASSIGN else "page_table_cache(k, v, BLOCK_TABLE") in text
+    assert_standalone_and_able_to_fail(path)
+    if case.mask_density is None:
+        path.write_text(text.replace(*READS_ONE_PAST))
+        failing, _ = run_alone(path)
+        assert failing.returncode == 1 and "error > bound" in failing.stdout, failing.stdout + failing.stderr[-3000:]
+
+
+def test_the_written_call_computes_what_run_computes():
+    """For cases drawn from flex-paged's strategy, the script's `attention` gives run()'s output bit for bit, over
+    both spellings and shared prefix pages."""
+    from tests.test_repro_scripts import compared_on_drawn_cases
+    cases = compared_on_drawn_cases(FlexPaged("cpu"), lambda: None, 20)
+    assert len(cases) >= 15, cases
+    assert {case.spelling for case in cases} == {"", ASSIGN}, cases
+    assert any(case.shared_prefix_pages for case in cases), cases

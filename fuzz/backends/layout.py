@@ -1,5 +1,5 @@
-"""Moving the canonical logical tensors [b, s, heads, d] into a backend's layout and back, and the dense boolean
-mask for backends that take one.
+"""Moving the canonical logical tensors [b, s, heads, d] into a backend's layout and back (packed, or a paged pool
+through a block table), and the dense boolean mask for backends that take one.
 
 This is adapter code, written apart from the oracle on purpose: if the adapters built their masks with the oracle's
 helpers, a mistake there would cancel out on every mask-taking backend instead of being caught.
@@ -31,6 +31,20 @@ def unpack(x: torch.Tensor, lens: tuple[int, ...], s: int) -> torch.Tensor:
         out[n, :length] = x[start:start + length]
         start += length
     return out
+
+
+def pool_from_table(k, v, block_table, lens, page_size, num_pages, garbage_k, garbage_v):
+    """(k_cache, v_cache) [num_pages, page_size, hk, d]: sequence n's first lens[n] keys of the logical k / v
+    [b, s, hk, d] in the pages block_table[n] names, in order, and the garbage values in every other slot. Pages
+    several sequences name (a shared prefix) get the same keys from each."""
+    k_cache = k.new_full((num_pages, page_size, *k.shape[2:]), garbage_k)
+    v_cache = v.new_full((num_pages, page_size, *v.shape[2:]), garbage_v)
+    for n, length in enumerate(lens):
+        for p in range(-(-length // page_size)):
+            page, count = int(block_table[n, p]), min(page_size, length - p * page_size)
+            k_cache[page, :count] = k[n, p * page_size:p * page_size + count]
+            v_cache[page, :count] = v[n, p * page_size:p * page_size + count]
+    return k_cache, v_cache
 
 
 def to_layout(case: Case, x: torch.Tensor, lens: tuple[int, ...]) -> torch.Tensor:

@@ -7,7 +7,9 @@ oracle's output, so it checks the backend without the oracle. The backend call i
 backend's API, with the masks, sinks and layouts spelled out as run() makes them. Adapters that write their call out:
   sdpa-*                          every spelling and layout SDPA takes (fuzz/backends/sdpa/adapter.py)
   flex-eager, flex-compiled       every case they take (fuzz/backends/flex/repro.py)
-  fa2, fa3, fa4                   every case they take (fuzz/backends/flash/repro.py)
+  flex-paged                      every case it takes; PagedAttention's caches are rebuilt from the embedded block
+                                  table by the adapter's own builders (fuzz/backends/flex/pages.py)
+  fa2, fa3, fa4, fa2-kvcache      every case they take (fuzz/backends/flash/repro.py, kvcache.py)
   te-flash, te-fused, te-unfused  every case they take (fuzz/backends/te/repro.py)
   ring-*, te-cp-*                 every case they take; the script spawns the ranks itself (fuzz/backends/cp/repro.py)
   flashinfer-*                    every case they take; a paged cache is rebuilt from the embedded kv_indices

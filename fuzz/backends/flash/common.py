@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from attnfuzz.backends.base import Unsupported
-from attnfuzz.backends.layout import cu_seqlens, lse_from_packed, pack, to_layout, unpack
+from attnfuzz.backends.layout import cu_seqlens, lse_from_packed, pack, pool_from_table, to_layout, unpack
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
@@ -163,20 +163,15 @@ def gradients(case: Case, inputs: FlashInputs, out: torch.Tensor, t: Tensors):
 def kvcache_inputs(k, v, lens_kv, new, block_table, page_size, num_pages, garbage_k, garbage_v):
     """k_cache, v_cache, cache_seqlens and (new > 0) the appended k / v of flash_attn_with_kvcache, from logical
     k / v [b, skv, hk, d]: sequence n's first lens_kv[n] - new keys in its cache (rows of a contiguous cache, or the
-    pages block_table[n] names, in order), its last `new` keys handed over as k / v, and every other slot garbage."""
+    pages block_table[n] names: pool_from_table), its last `new` keys handed over as k / v, and every other slot
+    garbage."""
     lens = [n - new for n in lens_kv]
     if block_table is None:
         k_cache, v_cache = k.contiguous().clone(), v.contiguous().clone()
         for n, length in enumerate(lens):
             k_cache[n, length:], v_cache[n, length:] = garbage_k, garbage_v
     else:
-        k_cache = k.new_full((num_pages, page_size, *k.shape[2:]), garbage_k)
-        v_cache = v.new_full((num_pages, page_size, *v.shape[2:]), garbage_v)
-        for n, length in enumerate(lens):
-            for p in range(-(-length // page_size)):
-                page, count = int(block_table[n, p]), min(page_size, length - p * page_size)
-                k_cache[page, :count] = k[n, p * page_size:p * page_size + count]
-                v_cache[page, :count] = v[n, p * page_size:p * page_size + count]
+        k_cache, v_cache = pool_from_table(k, v, block_table, lens, page_size, num_pages, garbage_k, garbage_v)
     inputs = {"k_cache": k_cache, "v_cache": v_cache, "block_table": block_table,
               "cache_seqlens": torch.tensor(lens, dtype=torch.int32, device=k.device)}
     if new:
@@ -185,13 +180,24 @@ def kvcache_inputs(k, v, lens_kv, new, block_table, page_size, num_pages, garbag
     return inputs
 
 
+def kvcache_arguments(case: Case, t: Tensors, new: int = 0) -> dict:
+    """kvcache_inputs' arguments for a case, `new` keys appended: for a paged case the block table of
+    strategies/paged.py (shuffled pages, shared prefix pages, a garbage page past each sequence's pages) and its
+    pool's page count, else no table. Every flash-attn cache (FA2's flash_attn_with_kvcache, FA4's paged varlen call)
+    and its repro script's are built from these."""
+    table, pages = None, 0
+    if case.paged:
+        cache = paged_kv(case, t.k, t.v)
+        table, pages = cache.block_table, cache.k_cache.shape[0]
+    return {"k": t.k, "v": t.v, "lens_kv": case.lens_kv, "new": new, "block_table": table,
+            "page_size": case.page_size, "num_pages": pages, "garbage_k": GARBAGE_K, "garbage_v": GARBAGE_V}
+
+
 def paged_call(case: Case, t: Tensors, x: FlashInputs) -> dict:
     """The keyword arguments of a paged varlen call besides the case's own: the pool built from the logical k / v by
-    kvcache_inputs (through the block table of strategies/paged.py), seqused_k, page_table, and the queries' lengths
-    (cu_seqlens_q when packed, else seqused_q when some are padded)."""
-    table = paged_kv(case, t.k, t.v)
-    cache = kvcache_inputs(t.k, t.v, case.lens_kv, 0, table.block_table, case.page_size, table.k_cache.shape[0],
-                           GARBAGE_K, GARBAGE_V)
+    kvcache_inputs (kvcache_arguments), seqused_k, page_table, and the queries' lengths (cu_seqlens_q when packed,
+    else seqused_q when some are padded)."""
+    cache = kvcache_inputs(**kvcache_arguments(case, t))
     call = {"k": cache["k_cache"], "v": cache["v_cache"], "seqused_k": cache["cache_seqlens"],
             "page_table": cache["block_table"], "max_seqlen_q": case.sq, "max_seqlen_k": case.skv}
     if x.packed:

@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import importlib
 
-import torch
-
 from attnfuzz.backends import source as src
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.flash import fa2
-from attnfuzz.backends.flash.repro import spelled_kwargs
+from attnfuzz.backends.flash.repro import kvcache_inputs_call, spelled_kwargs
+from attnfuzz.backends.layout import pool_from_table
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, materialize
-from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 ENTRY = "flash_attn_with_kvcache"
 PAGE_MULTIPLE = 256
@@ -79,20 +77,14 @@ def kvcache_source(backend, case: Case) -> str | None:
     named = {name.upper(): (x, f"{name}, as the adapter passes it") for name, x in tensors.items()}
     _, _, append = split_spelling(case.spelling)
     new = appended(case) if append else 0
-    table, pages = "None", 0
-    if case.paged:
-        cache = paged_kv(case, t.k, t.v)
-        named["BLOCK_TABLE"] = (cache.block_table, "pool pages of each sequence, in shuffled order")
-        table, pages = "BLOCK_TABLE.to(q.device)", cache.k_cache.shape[0]
     body = [f"from flash_attn import {ENTRY}", "",
             f"lens_kv = {list(case.lens_kv)!r}  # keys per sequence" + (f", the last {new} appended" if new else ""),
-            src.call("inputs = kvcache_inputs", ["k", "v", "lens_kv", str(new), table, str(case.page_size),
-                                                 str(pages), repr(GARBAGE_K), repr(GARBAGE_V)], {}),
+            kvcache_inputs_call("inputs", fc.kvcache_arguments(case, t, new), named),
             "out, lse = " + src.call(ENTRY, ["q", "**inputs"], spelled, indent=14),
             "return out"]
     doc = (f"flash-attn 2's {ENTRY} as attnfuzz's {backend.name} adapter calls it for spelling "
            f"{case.spelling!r}" + (f", over a paged cache of {case.page_size}-slot pages." if case.paged else "."))
-    return src.preamble([fc.kvcache_inputs], named) + src.attention(doc, body)
+    return src.preamble([pool_from_table, fc.kvcache_inputs], named) + src.attention(doc, body)
 
 
 class FlashAttnKVCache(Backend):
@@ -137,12 +129,7 @@ class FlashAttnKVCache(Backend):
     def cache_inputs(self, case: Case, t: Tensors) -> dict:
         """k_cache, v_cache, cache_seqlens, block_table and (append) k / v as the call takes them."""
         _, _, append = split_spelling(case.spelling)
-        table, pages = None, 0
-        if case.paged:
-            cache = paged_kv(case, t.k, t.v)
-            table, pages = cache.block_table, cache.k_cache.shape[0]
-        return fc.kvcache_inputs(t.k, t.v, case.lens_kv, appended(case) if append else 0, table, case.page_size,
-                              pages, GARBAGE_K, GARBAGE_V)
+        return fc.kvcache_inputs(**fc.kvcache_arguments(case, t, appended(case) if append else 0))
 
     def route(self, case: Case) -> str:
         return f"{ENTRY}[paged]" if case.paged else ENTRY

@@ -12,7 +12,6 @@ from attnfuzz.backends import layout
 from attnfuzz.backends import source as src
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
-from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 
 def spelled_kwargs(kwargs: dict) -> tuple[dict, dict]:
@@ -35,13 +34,10 @@ def flash_source(backend, case: Case, *, module: str, library: str, positional_v
     body = [f"from {module} import {fn}", ""]
     args = ["q", "k", "v"]
     functions = [layout.pack, layout.unpack, layout.cu_seqlens] if route in (fc.VARLEN, fc.PAGED_PACKED) else []
+    named = {}
     if route in (fc.PAGED, fc.PAGED_PACKED):
-        cache = paged_kv(case, t.k, t.v)
-        tensors["block_table"] = cache.block_table
         body += [f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence",
-                 src.call("cache = kvcache_inputs", ["k", "v", "lens_kv", "0", "BLOCK_TABLE.to(q.device)",
-                                                     str(case.page_size), str(cache.k_cache.shape[0]),
-                                                     repr(GARBAGE_K), repr(GARBAGE_V)], {})]
+                 kvcache_inputs_call("cache", fc.kvcache_arguments(case, t), named)]
         args = ["q", 'cache["k_cache"]', 'cache["v_cache"]']
         lengths = {"seqused_k": 'cache["cache_seqlens"]', "page_table": 'cache["block_table"]',
                    "max_seqlen_q": str(case.sq), "max_seqlen_k": str(case.skv)}
@@ -51,7 +47,7 @@ def flash_source(backend, case: Case, *, module: str, library: str, positional_v
         elif case.lens_q != (case.sq,) * case.b:
             lengths["seqused_q"] = "torch.tensor(lens_q, dtype=torch.int32, device=q.device)"
         spelled = {**lengths, **spelled}
-        functions.append(fc.kvcache_inputs)
+        functions += [layout.pool_from_table, fc.kvcache_inputs]
     elif route == fc.VARLEN:
         body += [f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence",
                  "q, k, v = pack(q, lens_q), pack(k, lens_kv), pack(v, lens_kv)  # varlen: [total, heads, d]"]
@@ -73,5 +69,16 @@ def flash_source(backend, case: Case, *, module: str, library: str, positional_v
     doc = (f"{library} ({module}.{fn}) as attnfuzz's {backend.name} adapter calls it for spelling "
            f"{case.spelling!r}" + (", padding in place through seqused_q / seqused_k." if route == fc.SEQUSED
                                    else "."))
-    named = {name.upper(): (x, f"{name}, as the adapter passes it") for name, x in tensors.items()}
+    named.update({name.upper(): (x, f"{name}, as the adapter passes it") for name, x in tensors.items()})
     return src.preamble(functions, named) + src.attention(doc, body)
+
+
+def kvcache_inputs_call(target: str, arguments: dict, named: dict) -> str:
+    """The source line `target = kvcache_inputs(k, v, lens_kv, ...)` for fc.kvcache_arguments' `arguments`, with a
+    block table added to `named` as BLOCK_TABLE; the script's k, v and lens_kv stand for the logical ones."""
+    table = "None"
+    if arguments["block_table"] is not None:
+        named["BLOCK_TABLE"] = (arguments["block_table"], "pool pages of each sequence, in shuffled order")
+        table = "BLOCK_TABLE.to(q.device)"
+    rest = [repr(arguments[name]) for name in ("page_size", "num_pages", "garbage_k", "garbage_v")]
+    return src.call(f"{target} = kvcache_inputs", ["k", "v", "lens_kv", repr(arguments["new"]), table, *rest], {})

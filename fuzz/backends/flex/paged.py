@@ -26,6 +26,8 @@ import torch
 
 from attnfuzz.backends.base import Backend, first_reason
 from attnfuzz.backends.flex.mods import chain, mods_of
+from attnfuzz.backends.flex.pages import assigned_cache, page_table_cache, pool_pages
+from attnfuzz.backends.flex.repro import paged_source
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
@@ -33,12 +35,6 @@ from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 ASSIGN = "assign"
 Q_BLOCK = 128
-
-
-def flat(cache: torch.Tensor) -> torch.Tensor:
-    """A pool [num_pages, page_size, hk, d] as PagedAttention's flat cache [1, hk, num_pages * page_size, d]."""
-    pages, size, hk, d = cache.shape
-    return cache.permute(2, 0, 1, 3).reshape(1, hk, pages * size, d).contiguous()
 
 
 class FlexPaged(Backend):
@@ -76,39 +72,22 @@ class FlexPaged(Backend):
         )
 
     def paged_attention(self, case: Case, t: Tensors):
-        """(PagedAttention with the case's pages, flat k cache, flat v cache, kv_len), per the spelling."""
-        from torch.nn.attention.experimental._paged_attention import PagedAttention
+        """(PagedAttention with the case's pages, flat k cache, flat v cache, kv_len), per the spelling
+        (fuzz/backends/flex/pages.py builds them)."""
         cache = paged_kv(case, t.k, t.v)
-        # page_table holds n_pages logical pages per sequence: a pool smaller than the block table is padded with
-        # pages of garbage (short caches: one used page, a block table of several)
-        size, spare = cache.k_cache.shape[1], cache.block_table.shape[1] - cache.k_cache.shape[0]
-        if spare > 0:
-            cache = dataclasses.replace(
-                cache, k_cache=torch.cat([cache.k_cache, cache.k_cache.new_full((spare, *cache.k_cache.shape[1:]),
-                                                                                  GARBAGE_K)]),
-                v_cache=torch.cat([cache.v_cache, cache.v_cache.new_full((spare, *cache.v_cache.shape[1:]),
-                                                                         GARBAGE_V)]))
-        pages, device = cache.k_cache.shape[0], cache.k_cache.device
-        paged = PagedAttention(pages, size, case.b, device=device)
-        kv_len = cache.cache_seqlens.long()
+        args = (case.page_size, pool_pages(cache), GARBAGE_K, GARBAGE_V)
         if case.spelling == ASSIGN:
-            k_flat = flat(torch.full_like(cache.k_cache, GARBAGE_K))
-            v_flat = flat(torch.full_like(cache.v_cache, GARBAGE_V))
-            for n, length in enumerate(case.lens_kv):
-                if length == 0:
-                    continue
-                index = torch.tensor([n], device=device)
-                paged.reserve(index, torch.tensor(length, device=device))
-                positions = torch.arange(length, device=device)[None]
-                paged.assign(index, positions, t.k[n:n + 1, :length].transpose(1, 2),
-                             t.v[n:n + 1, :length].transpose(1, 2), k_flat, v_flat)
-            return paged, k_flat, v_flat, kv_len
-        table = cache.block_table.long()
-        paged.page_table[:, :table.shape[1]] = table
-        for n, count in enumerate(cache.pages):
-            paged.physical_to_logical[n, table[n, :count]] = torch.arange(count, device=device)
-        paged.capacity[:] = torch.tensor(cache.pages, device=device) * size
-        return paged, flat(cache.k_cache), flat(cache.v_cache), kv_len
+            paged, k_flat, v_flat = assigned_cache(t.k, t.v, case.lens_kv, *args)
+        else:
+            paged, k_flat, v_flat = page_table_cache(t.k, t.v, cache.block_table, case.lens_kv, *args)
+        return paged, k_flat, v_flat, cache.cache_seqlens.long()
+
+    def repro_source(self, case: Case) -> str | None:
+        """Source of `attention(q, k, v)` building the caches and making run()'s call, for standalone repro scripts
+        (fuzz/store/repro.py); None for a case the adapter refuses."""
+        if self.unsupported(case) is not None:
+            return None
+        return paged_source(case, q_block=Q_BLOCK, assign=case.spelling == ASSIGN)
 
     def run(self, case: Case, tensors: Tensors) -> Output:
         from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention

@@ -1,19 +1,27 @@
 """flex_attention's standalone repro source: the case's mask_mod and score_mods built from the adapter's own factories
-(embedded verbatim from fuzz/backends/flex/adapter.py), the block mask or score-side mask, the layout and the call
-(with the spelling's kernel_options), as FlexBackend.run() makes them. Compiled flex is a fresh torch.compile(fullgraph=True, dynamic=False) of the call."""
+(embedded verbatim from fuzz/backends/flex/mods.py), the block mask or score-side mask, the layout and the call
+(with the spelling's kernel_options), as FlexBackend.run() makes them. Compiled flex is a fresh
+torch.compile(fullgraph=True, dynamic=False) of the call.
+flex-paged (paged_source): PagedAttention's caches rebuilt from the logical k / v by the adapter's own builders
+(fuzz/backends/flex/pages.py, embedded) through the embedded block table, then FlexPaged.run()'s block mask, score_mod
+and eager call over them."""
 
 from __future__ import annotations
 
+import torch
+
 from attnfuzz.backends import layout
-from attnfuzz.backends.flex import mods
+from attnfuzz.backends.flex import mods, pages
 from attnfuzz.backends.flex.knobs import kernel_options
 from attnfuzz.backends import source as src
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 
-def _mods(case: Case) -> tuple[list[str], list[str], list]:
-    """(mask_mod expressions, score_mod expressions, the factories they call), in mods.mods_of's order."""
+def _mods(case: Case, key_padding: bool = True) -> tuple[list[str], list[str], list]:
+    """(mask_mod expressions, score_mod expressions, the factories they call), in mods.mods_of's order (its
+    `key_padding` too)."""
     masks, scores, used = [], [], [mods._named]
     if case.left is not None:
         masks.append(f"band_left(torch.tensor({case.left}, device=device), off)")
@@ -21,9 +29,12 @@ def _mods(case: Case) -> tuple[list[str], list[str], list]:
     if case.right is not None:
         masks.append(f"band_right(torch.tensor({case.right}, device=device), off)")
         used.append(mods.band_right)
-    if case.padded:
+    if case.padded and key_padding:
         masks.append("padding(lens_q, lens_kv)")
         used.append(mods.padding)
+    elif case.lens_q != (case.sq,) * case.b:
+        masks.append("query_padding(lens_q)")
+        used.append(mods.query_padding)
     if case.mask_density is not None:
         masks.append("explicit(MASK.to(device))")
         used.append(mods.explicit)
@@ -124,3 +135,64 @@ def flex_source(case: Case, compiled: bool) -> str:
     header = "\n\n# mask_mods and score_mods, verbatim from attnfuzz's flex adapter (fuzz/backends/flex/mods.py)"
     functions = used + ([layout.pack, layout.unpack] if packed else [])
     return header + src.preamble(functions, named) + src.attention(doc, body)
+
+
+def paged_source(case: Case, *, q_block: int, assign: bool) -> str:
+    """Source defining `attention(q, k, v)` for flex-paged: the caches built as its run() builds them (`assign`:
+    through PagedAttention's reserve() / assign(), else its page table filled from the block table), a logical block
+    mask of (q_block, page_size) blocks over whole pages, converted to physical blocks and kv_len-bounded by
+    PagedAttention, and the eager flex call."""
+    size, t = case.page_size, materialize(case, "cpu")
+    cache = paged_kv(case, t.k, t.v)
+    logical_len = max(1, -(-case.skv // size)) * size
+    masks, scores, used = _mods(case, key_padding=False)
+    used += [pages.flat, pages.assigned_cache] if assign else [layout.pool_from_table, pages.flat,
+                                                              pages.page_table_cache]
+    body = ["from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention", "",
+            "device = q.device"]
+    diagonal = any(x is not None for x in (case.left, case.right, case.alibi_slopes))
+    if diagonal or case.lens_q != (case.sq,) * case.b:
+        body.append("lens_q, lens_kv = torch.tensor(LENS_Q, device=device), torch.tensor(LENS_KV, device=device)")
+    if diagonal:
+        body.append("off = lens_kv - lens_q  # bottom-right: query i's diagonal is key i + off[b]"
+                    if case.alignment == "bottom_right" else "off = torch.zeros_like(lens_q)  # top-left diagonal")
+    cache_args = [str(size), str(pages.pool_pages(cache)), repr(GARBAGE_K), repr(GARBAGE_V)]
+    if assign:
+        body.append(src.call("paged, k_flat, v_flat = assigned_cache", ["k", "v", "LENS_KV", *cache_args], {}))
+    else:
+        body.append(src.call("paged, k_flat, v_flat = page_table_cache", ["k", "v", "BLOCK_TABLE", "LENS_KV",
+                                                                          *cache_args], {}))
+    body.append("kv_len = torch.tensor(LENS_KV, device=device)  # PagedAttention bounds the keys past each cache")
+    mask_mod = "lambda b, h, q_idx, kv_idx: q_idx >= 0"  # nothing masked but the keys past each cache
+    if masks:
+        body.append(src.call("mask_mod = all_of", masks, {}))
+        mask_mod = "mask_mod"
+    body += [src.call("block_mask = create_block_mask", [mask_mod, str(case.b), "None", str(case.sq),
+                                                         str(logical_len)],
+                      {"device": "device", "BLOCK_SIZE": f"({q_block}, {size})"}),
+             "physical = paged.convert_logical_block_mask(block_mask, kv_len=kv_len)  # logical pages -> physical"]
+    score_mod = "None"
+    if scores:
+        used.append(mods.chain)
+        body += ["score_mods = [" + ",\n              ".join(scores) + "]",
+                 "score_mod = paged.get_score_mod(chain(*score_mods), kv_len)"]
+        score_mod = "score_mod"
+    body += ["out, aux = " + src.call("flex_attention", ["q.transpose(1, 2)", "k_flat", "v_flat"],
+                                      {"score_mod": score_mod, "block_mask": "physical", "scale": repr(case.scale),
+                                       "enable_gqa": repr(case.hk < case.h),
+                                       "return_aux": "AuxRequest(lse=True)"}, indent=14),
+             "return out.transpose(1, 2)"]
+    filled = "filled by assign()" if assign else "page table filled from the block table"
+    doc = (f"torch flex_attention, eager, over PagedAttention's caches ({filled}, {size}-slot pages) as attnfuzz's "
+           f"flex-paged adapter runs it for spelling {case.spelling!r}.")
+    named = {"LENS_Q": (list(case.lens_q), "valid queries per sequence"),
+             "LENS_KV": (list(case.lens_kv), "keys in each sequence's cache")}
+    if not assign:
+        named["BLOCK_TABLE"] = (cache.block_table, "pool pages of each sequence, in shuffled "
+                                "order; entries past its pages name a page of garbage")
+    if case.mask_density is not None:
+        named["MASK"] = (torch.nn.functional.pad(t.mask, (0, logical_len - case.skv), value=False),
+                         "the explicit mask drawn from the seed, True = keep, False past skv to the last page's end")
+    header = ("\n\n# mask_mods, score_mods and PagedAttention's caches, verbatim from attnfuzz's flex-paged adapter "
+              "(fuzz/backends/flex/mods.py, pages.py)")
+    return header + src.preamble(list(dict.fromkeys(used)), named) + src.attention(doc, body)

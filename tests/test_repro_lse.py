@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnfuzz.engine.harness import run_case
 from attnfuzz.backends import get
 from attnfuzz.oracles import verdict as V
@@ -56,3 +58,22 @@ def test_the_verdict_matches_the_script(tmp_path):
     """The grader and the script agree on the planted kernel: FAIL:LSE in both (the script's bounds are the grader's)."""
     assert run_case(get("tests.lse_kernels:lse_in_base_2"), CASE).label == "FAIL:LSE"
     assert run_case(get("tests.lse_kernels:right"), CASE).status == V.PASS
+
+
+@pytest.mark.parametrize("backend", ["flex-eager", "flex-paged"])
+def test_a_flex_script_returns_the_lse_checks_it_alone_and_fails_on_a_base_2_lse(tmp_path, backend):
+    """flex's written call returns (out, lse): the script passes standalone (attnfuzz refused), and fails with the
+    LSE divided by ln 2 (what eager flex returns with BACKEND="FLASH" on torch 2.13), its output untouched."""
+    from tests.test_repro_scripts import run_alone, write
+    case = Case(b=2, sq=6, skv=9, h=2, d_qk=8, d_v=8, dtype="float32", causal=True, seed=5,
+                **({"seqlens_kv": (9, 4), "page_size": 4} if backend == "flex-paged" else {}))
+    assert get(backend).unsupported(case) is None
+    path = write(tmp_path, backend, case)
+    text = path.read_text()
+    assert "RETURNS_LSE = True" in text and ", aux.lse" in text
+    ok, _ = run_alone(path)
+    assert ok.returncode == 0 and "max |lse - float64|" in ok.stdout, ok.stdout + ok.stderr[-2000:]
+    path.write_text(text.replace(", aux.lse", ", aux.lse / 0.6931471805599453"))
+    bad, _ = run_alone(path)
+    assert bad.returncode == 1 and "a row's error > bound" in bad.stdout and "max |out - float64| = 0" not in \
+        bad.stdout.split("\n")[-1], bad.stdout + bad.stderr[-2000:]

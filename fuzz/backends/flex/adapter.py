@@ -214,7 +214,8 @@ class FlexBackend(Backend):
         known |= {"repeat_kv"} if case.hk < case.h else set()
         knob_parts = parts & set(knobs.KNOBS if self.compiled else knobs.EAGER_KNOBS)
         expressible = case.softmax == "vanilla" and len(knob_parts) <= 1 and parts <= known | knob_parts
-        return flex_source(case, self.compiled) if expressible else None
+        with_lse = not (self.compiled and self._cpu)  # as run() asks for it
+        return flex_source(case, self.compiled, with_lse) if expressible else None
 
     def _call(self, case: Case, args):
         """(out, lse, what ran). Compiled: raise the recompile limit for the call and tell a cached graph from a new

@@ -62,8 +62,10 @@ def _layout(case: Case) -> tuple[list[str], str]:
     return ["q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [b, h, s, d] views"], "out.transpose(1, 2)"
 
 
-def flex_source(case: Case, compiled: bool) -> str:
-    """Source defining `attention(q, k, v)` (and the helpers it calls) for flex-eager or flex-compiled."""
+def flex_source(case: Case, compiled: bool, with_lse: bool = False) -> str:
+    """Source defining `attention(q, k, v)` (and the helpers it calls) for flex-eager or flex-compiled; `with_lse`
+    (not for thd, whose LSE is packed): it returns (out, lse [b, h, sq]), as the adapter's call asks for it."""
+    with_lse = with_lse and case.layout != "thd"
     parts = set(case.spelling.split("+")) - {""}
     packed = case.layout == "thd"
     gqa = case.hk < case.h and "repeat_kv" not in parts
@@ -110,6 +112,7 @@ def flex_source(case: Case, compiled: bool) -> str:
         body.append("score_mod = chain(*score_mods)")
         score_mod = "score_mod"
     names = "create_block_mask, flex_attention" if block_mask != "None" else "flex_attention"
+    names = "AuxRequest, " + names if with_lse else names
     body[0] = f"from torch.nn.attention.flex_attention import {names}"
     fn = "flex_attention"
     if compiled:
@@ -119,14 +122,18 @@ def flex_source(case: Case, compiled: bool) -> str:
     call_kwargs = {"score_mod": score_mod, "block_mask": block_mask, "scale": repr(case.scale), "enable_gqa": repr(gqa)}
     if options:
         call_kwargs["kernel_options"] = repr(options)
-    body += ["out = " + src.call(fn, ["q", "k", "v"], call_kwargs), f"return {back}"]
+    if with_lse:
+        call_kwargs["return_aux"] = "AuxRequest(lse=True)"
+        body += ["out, aux = " + src.call(fn, ["q", "k", "v"], call_kwargs), f"return {back}, aux.lse"]
+    else:
+        body += ["out = " + src.call(fn, ["q", "k", "v"], call_kwargs), f"return {back}"]
     how = ["no mask" if not has_mask else "mask as -inf in the score_mod" if "score_mask" in parts
            else "block mask", "KV heads repeated" if "repeat_kv" in parts else "enable_gqa" if gqa else "",
            f"kernel_options {options}" if options else ""]
     doc = (f"torch flex_attention, {'compiled (a fresh graph of this one call)' if compiled else 'eager'}, as "
            f"attnfuzz's flex adapter ran it: spelling {case.spelling!r} ({', '.join(h for h in how if h)}), "
            f"layout {case.layout}.")
-    named = {}
+    named = {"RETURNS_LSE": (True, "attention returns (out, lse): the script checks both")} if with_lse else {}
     if lengths:
         named.update(LENS_Q=(list(case.lens_q), "valid queries per sequence"),
                      LENS_KV=(list(case.lens_kv), "valid keys per sequence"))
@@ -181,11 +188,12 @@ def paged_source(case: Case, *, q_block: int, assign: bool) -> str:
                                       {"score_mod": score_mod, "block_mask": "physical", "scale": repr(case.scale),
                                        "enable_gqa": repr(case.hk < case.h),
                                        "return_aux": "AuxRequest(lse=True)"}, indent=14),
-             "return out.transpose(1, 2)"]
+             "return out.transpose(1, 2), aux.lse"]
     filled = "filled by assign()" if assign else "page table filled from the block table"
     doc = (f"torch flex_attention, eager, over PagedAttention's caches ({filled}, {size}-slot pages) as attnfuzz's "
            f"flex-paged adapter runs it for spelling {case.spelling!r}.")
-    named = {"LENS_Q": (list(case.lens_q), "valid queries per sequence"),
+    named = {"RETURNS_LSE": (True, "attention returns (out, lse): the script checks both"),
+             "LENS_Q": (list(case.lens_q), "valid queries per sequence"),
              "LENS_KV": (list(case.lens_kv), "keys in each sequence's cache")}
     if not assign:
         named["BLOCK_TABLE"] = (cache.block_table, "pool pages of each sequence, in shuffled "

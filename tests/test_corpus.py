@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store.known import when_fields
 from attnfuzz.cli import main
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.profiles import profile
@@ -204,7 +205,7 @@ def test_a_known_bug_answers_to_the_other_labels_its_garbage_output_takes(tmp_pa
 
 
 def test_the_key_length_trait_counts_the_keys_one_kernel_call_runs_over():
-    fields = corpus_io.when_fields
+    fields = when_fields
     assert fields(Case(sq=2, skv=24))["kv_len_mod_16"] == 8
     assert fields(Case(b=2, sq=12, skv=24, seqlens_q=(12, 5), seqlens_kv=(10, 14)))["kv_len_mod_16"] == 8   # padded
     assert fields(Case(b=2, sq=12, skv=14, seqlens_q=(12, 5), seqlens_kv=(10, 14), layout="thd"))["kv_len_mod_16"] == 8

@@ -231,17 +231,6 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
 KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
 
 
-def mark_known(known: KnownBugs | None, backend: str, case: Case, verdict: V.Verdict) -> V.Verdict:
-    """The verdict as KNOWN, with the known bug's link among its checks, when it is a failure that `known`
-    recognises; else unchanged. (fuzz_property marks KNOWN inline, without the link: Hypothesis derives a
-    derandomized run's seed from that function's source, and the ci streams the negative controls were shrunk on
-    would change with it.)"""
-    hit = known(backend, case, verdict) if verdict.failed and known is not None else None
-    if hit is not None:
-        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (V.known_bug_check(hit["link"]),))
-    return verdict
-
-
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
                   on_case: Callable[[Case, V.Verdict, Tally], None] | None = None, known: KnownBugs | None = None,
                   worker=None):

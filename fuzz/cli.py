@@ -18,6 +18,7 @@ from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import TRAITS, when_fields
+from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import Tally, fuzz
 from attnfuzz.engine.isolate import Workers, isolated
@@ -232,7 +233,7 @@ def cmd_replay(args) -> int:
             continue
         device = args.device or entry.device
         try:
-            verdict = corpus_io.replay(entry, device, worker=workers(entry.backend, device))
+            verdict = replay_io.replay(entry, device, worker=workers(entry.backend, device))
         except ValueError as e:  # a backend name this attnfuzz does not know
             verdict = Verdict(V.UNSUPPORTED, None, str(e))
         outcome = replay_outcome(entry, verdict)

@@ -17,6 +17,8 @@ from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
+from attnfuzz.store.known import TRAITS, when_fields
+from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import Tally, fuzz
 from attnfuzz.engine.isolate import Workers, isolated
@@ -57,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     mark.add_argument("--match", default="", help="count a new failure as this bug only if its message contains this")
     mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
                       help="count it only for cases with this field or trait value, e.g. dtype='\"float64\"' or "
-                           "empty_q_sequence=true (repeatable; traits: " + ", ".join(corpus_io.TRAITS) + ")")
+                           "empty_q_sequence=true (repeatable; traits: " + ", ".join(TRAITS) + ")")
     mark.add_argument("--label", action="append", default=[], metavar="LABEL",
                       help="count failures with this verdict label too, e.g. FAIL:NONFINITE, for a bug whose output "
                            "reads 0, NaN or wrong values from run to run (repeatable)")
@@ -231,7 +233,7 @@ def cmd_replay(args) -> int:
             continue
         device = args.device or entry.device
         try:
-            verdict = corpus_io.replay(entry, device, worker=workers(entry.backend, device))
+            verdict = replay_io.replay(entry, device, worker=workers(entry.backend, device))
         except ValueError as e:  # a backend name this attnfuzz does not know
             verdict = Verdict(V.UNSUPPORTED, None, str(e))
         outcome = replay_outcome(entry, verdict)
@@ -263,9 +265,9 @@ def cmd_known(args) -> int:
             when[field] = json.loads(value)
         except json.JSONDecodeError:
             raise UsageError(f"--when {item!r}: give FIELD=JSON, e.g. dtype='\"float64\"' or causal=true") from None
-        if field not in corpus_io.when_fields(entry.case):
+        if field not in when_fields(entry.case):
             raise UsageError(f"--when {item!r}: {field!r} is neither a Case field nor a trait "
-                             f"({', '.join(corpus_io.TRAITS)})")
+                             f"({', '.join(TRAITS)})")
     bad = [label for label in args.label if label.split(":")[0] not in V.FAILED]
     if bad:
         raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")

@@ -111,6 +111,7 @@ def attnfuzz_replay(request: pytest.FixtureRequest, attnfuzz: Options, attnfuzz_
     (attnfuzz.store.parallel_replay, with the short limit for HANG entries) from the first call on; else in this
     process, one at a time."""
     from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store import replay as replay_io
     from attnfuzz.store.parallel_replay import ParallelReplay, replay_device
     options, times = attnfuzz, request.config.stash[_REPLAY_TIMES]
     pool = None
@@ -133,7 +134,7 @@ def attnfuzz_replay(request: pytest.FixtureRequest, attnfuzz: Options, attnfuzz_
             return done.verdict
         device = replay_device(entry, options.device)
         start = time.perf_counter()
-        verdict = corpus_io.replay(entry, device, worker=attnfuzz_workers(entry.backend, device))
+        verdict = replay_io.replay(entry, device, worker=attnfuzz_workers(entry.backend, device))
         times[path.name] = (time.perf_counter() - start, verdict.label, None)
         return verdict
 

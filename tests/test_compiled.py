@@ -11,7 +11,8 @@ from attnfuzz.backends.base import Backend
 from attnfuzz.backends.flash.fa4 import FlashAttn4
 from attnfuzz.backends.flashinfer.adapter import SingleDecode, SinglePrefill
 from attnfuzz.backends.flex.adapter import FlexBackend
-from attnfuzz.engine.harness import cases_for, compiled_configs, declares_compile_key, fuzz
+from attnfuzz.engine.compiled_search import compiled_configs, declares_compile_key
+from attnfuzz.engine.harness import cases_for, fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.engine.warm import main as warm_main, plainest, warm
 from attnfuzz.oracles import verdict as V

@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import replay as replay_io
+from attnfuzz.store.known import when_fields
 from attnfuzz.cli import main
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.profiles import profile
@@ -204,7 +206,7 @@ def test_a_known_bug_answers_to_the_other_labels_its_garbage_output_takes(tmp_pa
 
 
 def test_the_key_length_trait_counts_the_keys_one_kernel_call_runs_over():
-    fields = corpus_io.when_fields
+    fields = when_fields
     assert fields(Case(sq=2, skv=24))["kv_len_mod_16"] == 8
     assert fields(Case(b=2, sq=12, skv=24, seqlens_q=(12, 5), seqlens_kv=(10, 14)))["kv_len_mod_16"] == 8   # padded
     assert fields(Case(b=2, sq=12, skv=14, seqlens_q=(12, 5), seqlens_kv=(10, 14), layout="thd"))["kv_len_mod_16"] == 8
@@ -247,7 +249,7 @@ def test_a_hang_entry_is_replayed_only_where_it_can_be_timed_out(tmp_path, capsy
     hung = corpus_io.Entry("tests.misbehaving:hangs", Case(sq=2, skv=2, d_qk=8, d_v=8),
                            V.Verdict(V.HANG, "TIMEOUT", "no answer within 1s"))
     path = corpus_io.save(tmp_path, hung, repro=False)
-    verdict = corpus_io.replay(corpus_io.load(path))
+    verdict = replay_io.replay(corpus_io.load(path))
     assert verdict.status == V.UNSUPPORTED and "--isolate" in verdict.message
     assert main(["replay", str(tmp_path), "--isolate", "--case-timeout", "1", "--json"]) == 1
     assert [r["verdict"] for r in json.loads(capsys.readouterr().out)] == ["HANG:TIMEOUT"]
@@ -328,12 +330,12 @@ def test_an_entry_recorded_under_another_isa_is_replayed_under_it(tmp_path):
     recorded under a vectorised ISA passes, and is called fixed (the ISA is what decides)."""
     from attnfuzz.cli import replay_outcome
     entry = corpus_io.load(_under_isa(tmp_path / "default", "DEFAULT"))
-    verdict = corpus_io.replay(entry)
+    verdict = replay_io.replay(entry)
     assert verdict.label == "FAIL:ALL_ZERO" and replay_outcome(entry, verdict) == "xfail", verdict
     if corpus_io.host_isa() != "DEFAULT":
         assert any("ATEN_CPU_CAPABILITY=default" in check for check in verdict.checks), verdict.checks
     fixed = corpus_io.load(_under_isa(tmp_path / "vectorised", _vectorised()))
-    verdict = corpus_io.replay(fixed)
+    verdict = replay_io.replay(fixed)
     assert verdict.status == V.PASS and replay_outcome(fixed, verdict) == "xpass", verdict
 
 
@@ -343,13 +345,13 @@ def test_an_isa_this_cpu_cannot_run_is_reported_as_such_not_as_fixed(tmp_path):
     known bug that fails here too stays an expected failure."""
     from attnfuzz.cli import replay_outcome
     known = corpus_io.load(_under_isa(tmp_path / "known", "AVX1024", backend="sdpa-math"))   # right here
-    verdict = corpus_io.replay(known)
+    verdict = replay_io.replay(known)
     assert verdict.status == V.UNSUPPORTED and replay_outcome(known, verdict) == "skip", verdict
     assert f"recorded on ISA AVX1024, host runs {corpus_io.host_isa()}" in verdict.message, verdict.message
     guard = corpus_io.load(_under_isa(tmp_path / "guard", "AVX1024", known=False, backend="sdpa-math"))
-    assert corpus_io.replay(guard).status == V.PASS
+    assert replay_io.replay(guard).status == V.PASS
     broken = corpus_io.load(_under_isa(tmp_path / "broken", "AVX1024", backend="tests.misbehaving:zero_when_causal"))
-    assert replay_outcome(broken, corpus_io.replay(broken)) == "xfail"
+    assert replay_outcome(broken, replay_io.replay(broken)) == "xfail"
 
 
 def test_a_cpu_entrys_script_runs_under_the_isa_it_was_recorded_on(tmp_path):

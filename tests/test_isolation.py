@@ -195,6 +195,7 @@ def test_an_isolated_replay_asks_the_worker_whether_the_backend_is_available(mon
     its fresh workers can. So availability is the worker's to judge, and an unavailable backend is UNSUPPORTED (a
     skip), not a crash of the worker's import."""
     from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store import replay as replay_io
     from attnfuzz.backends.flash.fa4 import FlashAttn4
 
     def not_here(self):
@@ -204,5 +205,5 @@ def test_an_isolated_replay_asks_the_worker_whether_the_backend_is_available(mon
     entry = corpus_io.Entry(backend="fa4", case=Case(dtype="float16"), verdict=V.Verdict(V.FAIL, V.TOLERANCE, "x"),
                             device="cpu")
     with Worker("fa4", "cpu", timeout_s=60) as worker:
-        verdict = corpus_io.replay(entry, "cpu", worker=worker)
+        verdict = replay_io.replay(entry, "cpu", worker=worker)
     assert verdict.status == V.UNSUPPORTED and "fa4 is not available here" in verdict.message, verdict

@@ -199,7 +199,7 @@ def test_markdown_escapes_pipes_and_lists_findings(campaign):
 def test_known_bugs_this_campaign_found_itself_are_counted_apart(tmp_path):
     """A campaign counts a failure KNOWN when a corpus known bug matches it, or when it saved that bug earlier
     itself (fuzz/campaign/lane.py, seen_in): the report says how many of the KNOWN were the latter."""
-    from attnfuzz.engine.harness import mark_known
+    from attnfuzz.store.known import mark_known
     from attnfuzz.campaign.lane import seen_in
     case, fail = Case(causal=True), Verdict("FAIL", "ALL_ZERO", "every graded output element is 0")
     corpus_io.save(tmp_path / "corpus", corpus_io.Entry(backend="b", case=case, verdict=fail), repro=False)

@@ -27,8 +27,9 @@ from attnfuzz.store import caselog
 from attnfuzz.engine import interrupt, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
+from attnfuzz.store.known import mark_known
 from attnfuzz.backends import get
-from attnfuzz.engine.harness import Finding, Tally, fuzz, mark_known, run_case
+from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.engine.isolate import isolated
 from attnfuzz.engine.profiles import for_backend, profile

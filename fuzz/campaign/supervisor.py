@@ -201,7 +201,7 @@ def warm_jit_backends(config: dict) -> None:
     GPU, before the lanes start (attnfuzz.engine.warm): the lanes then load them from the backends' disk caches
     instead of each compiling them at the same moment. A warm-up that fails or overruns is reported and skipped."""
     from attnfuzz.backends import get
-    from attnfuzz.engine.harness import declares_compile_key
+    from attnfuzz.engine.compiled_search import declares_compile_key
     env = dict(os.environ)
     if config["device"] == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]

@@ -1,1 +1,1 @@
-"""The engine: one case through a backend and the oracle (harness), in a worker process (isolate), with poisoned memory (poison), the example budgets (profiles), stopping cleanly (interrupt), and the options every front end shares (options)."""
+"""The engine: one case through a backend and the oracle (harness; compile-aware search of JIT backends: compiled_search), in a worker process (isolate), with poisoned memory (poison), the example budgets (profiles), stopping cleanly (interrupt), and the options every front end shares (options)."""

@@ -13,7 +13,6 @@ import inspect
 import json
 import time
 import traceback
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +22,14 @@ import hypothesis
 import torch
 from hypothesis import strategies as st
 
-from attnfuzz.engine import batch, interrupt, poison, reshrink
+from attnfuzz.engine import batch, interrupt, poison
+from attnfuzz.engine.compiled_search import compile_aware_cases, finish_shrinking, is_compile_aware
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases, pick
-from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
 from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
 from attnfuzz.strategies.streams import seed_only_streams
@@ -212,7 +211,8 @@ def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdi
 
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
     """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
-    with one of the spellings the backend lists; paged KV caches only for a backend that `serves_paged`."""
+    with one of the spellings the backend lists; paged KV caches only for a backend that `serves_paged`; for a
+    backend that declares a compile key, drawn mostly inside the configurations it compiled (compiled_search)."""
     space = space.replace(paged=backend.serves_paged and space.paged is not False)
     takes_space = "space" in inspect.signature(backend.cases).parameters  # an own strategy bounded by the space
     own = backend.cases(space=space) if takes_space else backend.cases()
@@ -223,41 +223,12 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
         case = draw(drawn)
         return case.replace(spelling=pick(draw, tuple(backend.spellings(case))))
 
-    if not declares_compile_key(backend) or space.compiled_share == 0:
+    if not is_compile_aware(backend, space):
         return spelled()
-
-    return compile_aware(spelled(), compiled_configs(backend), backend.compile_key,
-                         lambda case: backend.unsupported(case) is None, space.compiled_share, space.max_work)
-
-
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def declares_compile_key(backend: Backend) -> bool:
-    """Whether the backend says which cases share a compiled kernel (Backend.compile_key overridden)."""
-    return getattr(type(backend), "compile_key", Backend.compile_key) is not Backend.compile_key
-
-
-def compiled_configs(backend: Backend) -> CompiledConfigs:
-    """The kernel configurations `backend` met in this process, in order: one list per backend object, shared by
-    every search of it (a campaign's repeated runs, a replay before a fuzz run)."""
-    if backend not in _COMPILED:
-        _COMPILED[backend] = CompiledConfigs()
-    return _COMPILED[backend]
+    return compile_aware_cases(backend, spelled(), space)
 
 
 KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
-
-
-def mark_known(known: KnownBugs | None, backend: str, case: Case, verdict: V.Verdict) -> V.Verdict:
-    """The verdict as KNOWN, with the known bug's link among its checks, when it is a failure that `known`
-    recognises; else unchanged. (fuzz_property marks KNOWN inline, without the link: Hypothesis derives a
-    derandomized run's seed from that function's source, and the ci streams the negative controls were shrunk on
-    would change with it.)"""
-    hit = known(backend, case, verdict) if verdict.failed and known is not None else None
-    if hit is not None:
-        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (V.known_bug_check(hit["link"]),))
-    return verdict
 
 
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
@@ -292,29 +263,6 @@ def findings_of(error: BaseException) -> list[Finding]:
     if isinstance(error, BaseExceptionGroup):
         return [f for sub in error.exceptions for f in findings_of(sub)]
     return []
-
-
-FINISH_RUNS = 120   # runs the greedy shrink may spend on one finding of a compile-aware search
-
-
-def finish_shrinking(finding: Finding, run: Callable[[Case], V.Verdict]) -> Finding:
-    """A compile-aware search's finding shrunk further outside Hypothesis: a draw pinned to a compiled configuration
-    keeps that configuration's dtype, head dims and switches however Hypothesis shrinks it, so the greedy shrinker
-    (engine/reshrink.py) walks them toward plain, each step kept while the case fails with the same label. A hang is
-    not re-run (each run would cost the whole timeout), nor what is FLAKY."""
-    if finding.verdict.status in (V.HANG, V.FLAKY):
-        return finding
-
-    def fails(case: Case) -> V.Verdict | None:
-        verdict = run(case)
-        return verdict if verdict.label == finding.verdict.label else None
-
-    case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS)
-    if verdict is None:
-        return finding
-    shrunk = finding_type(verdict.label)(finding.backend, case, verdict)
-    shrunk.attached = finding.attached
-    return shrunk
 
 
 def confirm(finding: Finding, run: Callable[[Case], V.Verdict], reruns: int) -> Finding:
@@ -371,7 +319,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
             findings = _search(prop, tally)
         run = (getattr(worker, "rerun", worker.run) if worker is not None
                else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
-        if declares_compile_key(backend) and space.compiled_share > 0:
+        if is_compile_aware(backend, space):
             findings = [finish_shrinking(f, run) for f in findings]
         if reruns > 0:
             findings = [confirm(f, run, reruns) for f in findings]

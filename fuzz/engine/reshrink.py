@@ -1,8 +1,8 @@
 """Greedy shrinking of one case outside Hypothesis: simpler cases one field at a time (the switches off, then fewer
 sequences, shorter lengths, fewer heads, no shared pages, smaller pages, smaller head dims), each kept while the
 backend still fails the same way. `attnfuzz shrink` (fuzz/tools/shrink.py) walks saved corpus entries with it, and
-the harness finishes a compile-aware search's findings with it (a draw pinned to a compiled configuration cannot
-shrink that configuration's fields; strategies/compiled.py)."""
+engine/compiled_search.py finishes a compile-aware search's findings with it (a draw pinned to a compiled
+configuration cannot shrink that configuration's fields; strategies/compiled.py)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,13 @@
-"""The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge, and replay.
+"""The corpus: one JSON entry per distinct finding, named by a signature hash so duplicates merge.
 
 Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
-seen, known_bug (null, or {"link": ..., "note": ..., "match": ..., "when": {...}, "labels": [...]}: an expected
-failure until the bug is fixed; while fuzzing, a failure of the same backend and verdict label (or one of `labels`:
-a bug whose output is garbage reads 0, NaN or wrong values from run to run) whose message contains `match` and whose
-case has the values in `when` (each optional) counts as this known bug, and the search goes on past it). `when` names
-Case fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). Optional:
-attached ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the
-entry, each a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none.
-`environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
-(replay_under_isa).
-"""
+seen, known_bug (null, or a record of what failures count as this known bug: store/known.py). Optional: attached
+([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the entry, each
+a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none. `environment`
+records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it (store/replay.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import hashlib
 import json
@@ -23,36 +16,11 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnfuzz.oracles.verdict import CRASH, FLAKY, HANG, Verdict
+from attnfuzz.store.known import known_bugs_of, record_problem
+from attnfuzz.oracles.verdict import CRASH, HANG, Verdict
 from attnfuzz.strategies.case import SCHEMA, Case
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
-
-# Derived facts about a case that a known bug's `when` may name beside the Case fields.
-TRAITS = {
-    "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
-    "empty_kv_sequence": lambda c: 0 in c.lens_kv,      # ... no key token
-    "split_head_dims": lambda c: c.d_qk != c.d_v,
-    "gqa": lambda c: c.h != c.hk,
-    "sq_longer": lambda c: c.sq > c.skv,
-    "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
-    # an unbounded window side spelled as the legacy -1 sentinel, whatever else the spelling says ("seqused+neg")
-    "negative_bound": lambda c: "neg" in c.spelling.split("+"),
-    # more than one sequence passed as varlen: packed (thd), with lengths, or as TE's padding mask type
-    "padded_batch": lambda c: c.b > 1 and (c.layout == "thd" or c.padded or c.spelling == "padding"),
-    # the key length a kernel call runs over (thd: the packed total) modulo 16: where a loop over 8- or 16-wide
-    # vectors (AVX2, AVX-512) leaves a tail
-    "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
-    "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
-    # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
-    "offset_storage": lambda c: "offset" in c.storage,
-}
-
-
-def when_fields(case: Case) -> dict:
-    """What a known bug's `when` is matched against: the case's fields and its TRAITS."""
-    return {**case.to_dict(), **{name: trait(case) for name, trait in TRAITS.items()}}
-
 
 class CorpusError(ValueError):
     """A corpus file that cannot be read; the message names the file and the field."""
@@ -119,17 +87,9 @@ class Entry:
         except (KeyError, TypeError, ValueError) as e:
             raise CorpusError(f"{where}: field 'verdict' is malformed ({type(e).__name__}: {e})") from None
         known = data.get("known_bug")
-        if known is not None and not (isinstance(known, dict) and known.get("link")):
-            raise CorpusError(f"{where}: field 'known_bug' must be null or an object with a 'link'")
-        if known is not None and not isinstance(known.get("when", {}), dict):
-            raise CorpusError(f"{where}: field 'known_bug.when' must be an object of case fields and values")
-        labels = (known or {}).get("labels", [])
-        if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
-            raise CorpusError(f"{where}: field 'known_bug.labels' must be a list of verdict labels")
-        unknown = sorted(set((known or {}).get("when", {})) - set(when_fields(case)))
-        if unknown:
-            raise CorpusError(f"{where}: field 'known_bug.when' names {unknown}, which are neither Case fields nor "
-                              f"traits ({', '.join(TRAITS)})")
+        problem = record_problem(known, case)
+        if problem is not None:
+            raise CorpusError(f"{where}: {problem}")
         attached = data.get("attached", [])
         if not isinstance(attached, list) or not all(isinstance(a, dict) for a in attached):
             raise CorpusError(f"{where}: field 'attached' must be a list of {{'case': ..., 'verdict': ...}} objects")
@@ -249,13 +209,6 @@ def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusErro
     return entries, errors
 
 
-def _labels(saved: Verdict, bug: dict | None = None) -> tuple[str, ...]:
-    """The labels a saved verdict's known bug answers to: its own, for a FLAKY entry the label it flaked with (a case
-    fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded), and the bug's other `labels`."""
-    own = (saved.label, saved.diagnosis) if saved.status == FLAKY else (saved.label,)
-    return own + tuple((bug or {}).get("labels", ()))
-
-
 def shipped_dir() -> Path:
     """The corpus that ships with attnfuzz: the repository's corpus/ folder, installed as attnfuzz.shipped_corpus."""
     from importlib.resources import files
@@ -274,10 +227,9 @@ def findings_dir(given: Path | None = None) -> Path:
 
 
 def known_bugs(*directories: Path):
-    """A `known` predicate for the harness over the entries of every folder given (each read once; a folder that
-    does not exist holds none): the known_bug record that a (backend, verdict) failure matches, with the file name of
-    its entry under "entry". An unreadable file raises CorpusError naming it: skipping it would drop its known bug
-    without a word, and its failures would be reported as new."""
+    """The `known` predicate (store/known.py's known_bugs_of) over the entries of every folder given (each read once;
+    a folder that does not exist holds none). An unreadable file raises CorpusError naming it: skipping it would drop
+    its known bug without a word, and its failures would be reported as new."""
     entries, errors, seen = [], [], set()
     for directory in directories:
         directory = Path(directory).resolve()
@@ -291,130 +243,3 @@ def known_bugs(*directories: Path):
         raise CorpusError("; ".join(str(e) for e in errors) + " (fix or move away the file: a corpus file that "
                           "cannot be read would drop its known bug)")
     return known_bugs_of(entries)
-
-
-def known_bugs_of(entries: list[tuple[Path, Entry]]):
-    """known_bugs over the given (path, entry) pairs; those without a known_bug take nothing."""
-    entries = [(p, e) for p, e in entries if e.known_bug]
-
-    def known(backend: str, case: Case, verdict: Verdict) -> dict | None:
-        fields = when_fields(case)
-        for path, e in entries:
-            bug = e.known_bug
-            if (e.backend == backend and verdict.label in _labels(e.verdict, bug)
-                    and bug.get("match", "") in verdict.message
-                    and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
-                return {**bug, "entry": path.name}
-        return None
-
-    return known
-
-
-def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
-    """Run the entry's case through its backend again (in `worker`, a attnfuzz.engine.isolate.Worker for that backend, when
-    given); UNSUPPORTED (with why) when the backend is unavailable, or when the entry hung and no worker is given
-    (in-process, nothing could stop it). A CPU entry recorded under another vector ISA than this process runs is
-    replayed under that ISA, in a fresh interpreter (replay_under_isa)."""
-    device = device or entry.device
-    isa = entry.recorded_isa(device)
-    if isa is not None and isa != host_isa():
-        return replay_under_isa(entry, device, isa, worker)
-    return _replay_here(entry, device, worker)
-
-
-def _replay_here(entry: Entry, device: str, worker=None) -> Verdict:
-    from attnfuzz.backends import get
-    from attnfuzz.engine.harness import run_case
-    from attnfuzz.oracles.verdict import HANG, UNSUPPORTED
-    backend = get(entry.backend, device)
-    if worker is not None and not backend.own_processes:
-        return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
-    why = backend.available()
-    if why is not None:
-        return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
-    if entry.verdict.status == HANG and not backend.own_processes:
-        return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
-                                          f"where a case that does not answer is timed out")
-    return run_case(backend, entry.case, device=device)
-
-
-_CHILD_MARK = "attnfuzz-replay-verdict: "
-_UNRUNNABLE: set[str] = set()   # ISAs a fresh interpreter here did not run: asked once per process
-
-
-def replay_under_isa(entry: Entry, device: str, isa: str, worker=None) -> Verdict:
-    """Replay an entry under the vector ISA it was recorded on. torch picks its CPU kernels' ISA once, when it loads
-    (ATEN_CPU_CAPABILITY), and inductor's C++ follows the same variable, so this runs in a fresh interpreter with
-    ATEN_CPU_CAPABILITY set (with a worker inside it when `worker` is given). Where this CPU cannot run that ISA,
-    the entry is replayed here instead, and a known bug that does not fail here is UNSUPPORTED ("recorded on ISA X,
-    host runs Y"), not fixed: a kernel that is right under Y says nothing of X."""
-    from attnfuzz.oracles.verdict import UNSUPPORTED
-    verdict = None if isa in _UNRUNNABLE else _child_replay(entry, device, isa, worker)
-    if verdict is not None:
-        return verdict
-    _UNRUNNABLE.add(isa)
-    here = _replay_here(entry, device, worker)
-    if entry.known_bug and not here.failed:
-        return Verdict(UNSUPPORTED, None, f"recorded on ISA {isa}, host runs {host_isa()} and cannot run {isa}: "
-                                          f"the known bug does not fail here ({here.label}), which says nothing "
-                                          f"of {isa}; replay it on a {isa} CPU")
-    return here
-
-
-def _child_replay(entry: Entry, device: str, isa: str, worker) -> Verdict | None:
-    """The entry's verdict from a fresh interpreter under ATEN_CPU_CAPABILITY=isa; None when torch there does not run
-    that ISA (this CPU lacks it)."""
-    import subprocess
-    import sys
-
-    import torch
-
-    from attnfuzz.engine import poison
-    from attnfuzz.engine.isolate import _death
-    from attnfuzz.oracles.verdict import CRASH
-    request = {"entry": entry.to_dict(), "device": device, "isa": isa, "threads": torch.get_num_threads(),
-               "poison": poison.enabled(),
-               "isolate_timeout": None if worker is None else getattr(worker, "timeout_s", 300.0)}
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa.lower()}
-    done = subprocess.run([sys.executable, "-c", "from attnfuzz.store.corpus import replay_child; replay_child()"],
-                          input=json.dumps(request), capture_output=True, text=True, env=env)
-    answers = [line[len(_CHILD_MARK):] for line in done.stdout.splitlines() if line.startswith(_CHILD_MARK)]
-    if not answers:
-        name = _death(done.returncode)
-        return Verdict(CRASH, name, f"{entry.backend}: the process replaying this entry under "
-                                    f"ATEN_CPU_CAPABILITY={isa.lower()} died ({name}): {done.stderr[-400:].strip()}")
-    answer = json.loads(answers[-1])
-    if answer is None:
-        return None
-    verdict = Verdict.from_dict(answer)
-    where = (f"replayed in a fresh process under ATEN_CPU_CAPABILITY={isa.lower()}, the ISA it was recorded on "
-             f"(this process runs {host_isa()})")
-    return dataclasses.replace(verdict, checks=tuple(verdict.checks) + (where,))
-
-
-def replay_child() -> None:
-    """The fresh interpreter of _child_replay: reads the request on stdin, prints the verdict (null when torch here
-    does not run the asked ISA) on a marked line."""
-    import sys
-
-    import torch
-
-    from attnfuzz.engine import poison
-    request = json.loads(sys.stdin.read())
-    torch.set_num_threads(request["threads"])
-    if request["poison"]:
-        poison.enable()
-    if host_isa() != request["isa"]:
-        print(_CHILD_MARK + "null", flush=True)
-        return
-    entry = Entry.from_dict(request["entry"], "replay request")
-    worker = None
-    if request["isolate_timeout"] is not None:
-        from attnfuzz.engine.isolate import Worker
-        worker = Worker(entry.backend, request["device"], timeout_s=request["isolate_timeout"])
-    try:
-        verdict = _replay_here(entry, request["device"], worker)
-    finally:
-        if worker is not None:
-            worker.close()
-    print(_CHILD_MARK + json.dumps(verdict.to_dict()), flush=True)

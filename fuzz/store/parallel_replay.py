@@ -25,6 +25,7 @@ from pathlib import Path
 from attnfuzz.engine.isolate import Worker
 from attnfuzz.oracles.verdict import HANG, Verdict
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import replay as replay_io
 
 HANG_TIMEOUT_S = 20.0
 
@@ -96,7 +97,7 @@ class ParallelReplay:
         limit = self.limit_for(entry)
         start = time.perf_counter()
         try:
-            verdict = corpus_io.replay(entry, device, worker=self._worker(entry.backend, device, limit))
+            verdict = replay_io.replay(entry, device, worker=self._worker(entry.backend, device, limit))
         except ValueError as e:  # a backend name this attnfuzz does not know
             from attnfuzz.oracles.verdict import UNSUPPORTED
             verdict = Verdict(UNSUPPORTED, None, str(e))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
+from attnfuzz.store.known import known_bugs_of
 from attnfuzz.engine import options
 from attnfuzz.oracles import verdict as V
 from attnfuzz.engine.reshrink import candidates, shrink  # noqa: F401  (candidates: the steps, for tests)
@@ -68,7 +69,7 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
               "nothing to shrink", file=sys.stderr)
         return 1
     bug = entry.known_bug
-    fits = corpus_io.known_bugs_of([(args.entry, entry)]) if bug else (lambda *_: True)
+    fits = known_bugs_of([(args.entry, entry)]) if bug else (lambda *_: True)
     labels = {first.label, *(bug or {}).get("labels", ())}   # a known bug's other labels are the same failure
 
     def fails(case: Case) -> V.Verdict | None:

@@ -1,0 +1,70 @@
+"""The compile-aware search of a backend that says which cases share a compiled kernel (Backend.compile_key).
+
+Its cases come from strategies/compiled.py's compile_aware over the kernel configurations the backend met in this
+process; its findings, pinned to a compiled configuration, are shrunk further with engine/reshrink.py. (Compiling
+the plainest configurations before a run's workers fan out is engine/warm.py's.)
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+from hypothesis import strategies as st
+
+from attnfuzz.engine import reshrink
+from attnfuzz.backends.base import Backend
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
+from attnfuzz.strategies.space import Space
+
+FINISH_RUNS = 120   # runs the greedy shrink may spend on one finding of a compile-aware search
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def declares_compile_key(backend: Backend) -> bool:
+    """Whether the backend says which cases share a compiled kernel (Backend.compile_key overridden)."""
+    return getattr(type(backend), "compile_key", Backend.compile_key) is not Backend.compile_key
+
+
+def is_compile_aware(backend: Backend, space: Space) -> bool:
+    """Whether a search of `backend` in `space` is compile-aware: the backend declares a compile key and the space
+    gives compiled configurations a share of the draws."""
+    return declares_compile_key(backend) and space.compiled_share > 0
+
+
+def compiled_configs(backend: Backend) -> CompiledConfigs:
+    """The kernel configurations `backend` met in this process, in order: one list per backend object, shared by
+    every search of it (a campaign's repeated runs, a replay before a fuzz run)."""
+    if backend not in _COMPILED:
+        _COMPILED[backend] = CompiledConfigs()
+    return _COMPILED[backend]
+
+
+def compile_aware_cases(backend: Backend, cases: st.SearchStrategy[Case], space: Space) -> st.SearchStrategy[Case]:
+    """`cases` drawn, at the space's compiled_share, inside the configurations `backend` compiled already."""
+    return compile_aware(cases, compiled_configs(backend), backend.compile_key,
+                         lambda case: backend.unsupported(case) is None, space.compiled_share, space.max_work)
+
+
+def finish_shrinking(finding, run: Callable[[Case], V.Verdict]):
+    """A compile-aware search's finding (attnfuzz.engine.harness.Finding) shrunk further outside Hypothesis: a draw
+    pinned to a compiled configuration keeps that configuration's dtype, head dims and switches however Hypothesis
+    shrinks it, so the greedy shrinker walks them toward plain, each step kept while the case fails with the same
+    label (so the shrunk finding is of the same type). A hang is not re-run (each run would cost the whole timeout),
+    nor what is FLAKY."""
+    if finding.verdict.status in (V.HANG, V.FLAKY):
+        return finding
+
+    def fails(case: Case) -> V.Verdict | None:
+        verdict = run(case)
+        return verdict if verdict.label == finding.verdict.label else None
+
+    case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS)
+    if verdict is None:
+        return finding
+    shrunk = type(finding)(finding.backend, case, verdict)
+    shrunk.attached = finding.attached
+    return shrunk

@@ -1,0 +1,96 @@
+"""Known bugs: which failures a corpus entry's known_bug record answers for, and the verdicts it marks KNOWN.
+
+A record, {"link": ..., "note": ..., "match": ..., "when": {...}, "labels": [...]}, is an expected failure until the
+bug is fixed: while fuzzing, a failure of the entry's backend and verdict label (or one of `labels`: a bug whose
+output is garbage reads 0, NaN or wrong values from run to run) whose message contains `match` and whose case has
+the values in `when` (each optional) counts as this known bug, and the search goes on past it. `when` names Case
+fields or the TRAITS below, which say what field equality cannot ("some sequence has no query").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from attnfuzz.oracles import verdict as V
+from attnfuzz.strategies.case import Case
+
+# Derived facts about a case that a known bug's `when` may name beside the Case fields.
+TRAITS = {
+    "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
+    "empty_kv_sequence": lambda c: 0 in c.lens_kv,      # ... no key token
+    "split_head_dims": lambda c: c.d_qk != c.d_v,
+    "gqa": lambda c: c.h != c.hk,
+    "sq_longer": lambda c: c.sq > c.skv,
+    "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
+    # an unbounded window side spelled as the legacy -1 sentinel, whatever else the spelling says ("seqused+neg")
+    "negative_bound": lambda c: "neg" in c.spelling.split("+"),
+    # more than one sequence passed as varlen: packed (thd), with lengths, or as TE's padding mask type
+    "padded_batch": lambda c: c.b > 1 and (c.layout == "thd" or c.padded or c.spelling == "padding"),
+    # the key length a kernel call runs over (thd: the packed total) modulo 16: where a loop over 8- or 16-wide
+    # vectors (AVX2, AVX-512) leaves a tail
+    "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
+    "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
+    # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
+    "offset_storage": lambda c: "offset" in c.storage,
+}
+
+
+def when_fields(case: Case) -> dict:
+    """What a known bug's `when` is matched against: the case's fields and its TRAITS."""
+    return {**case.to_dict(), **{name: trait(case) for name, trait in TRAITS.items()}}
+
+
+def record_problem(record, case: Case) -> str | None:
+    """What makes an entry's known_bug record unreadable, naming the field; None for a sound record, or null."""
+    if record is None:
+        return None
+    if not (isinstance(record, dict) and record.get("link")):
+        return "field 'known_bug' must be null or an object with a 'link'"
+    if not isinstance(record.get("when", {}), dict):
+        return "field 'known_bug.when' must be an object of case fields and values"
+    labels = record.get("labels", [])
+    if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
+        return "field 'known_bug.labels' must be a list of verdict labels"
+    unknown = sorted(set(record.get("when", {})) - set(when_fields(case)))
+    if unknown:
+        return f"field 'known_bug.when' names {unknown}, which are neither Case fields nor traits ({', '.join(TRAITS)})"
+    return None
+
+
+def _labels(saved: V.Verdict, bug: dict | None = None) -> tuple[str, ...]:
+    """The labels a saved verdict's known bug answers to: its own, for a FLAKY entry the label it flaked with (a case
+    fails as CRASH:EXIT_1, say; FLAKY is only what re-running the finding concluded), and the bug's other `labels`."""
+    own = (saved.label, saved.diagnosis) if saved.status == V.FLAKY else (saved.label,)
+    return own + tuple((bug or {}).get("labels", ()))
+
+
+def known_bugs_of(entries: list[tuple]):
+    """The harness's `known` predicate (attnfuzz.engine.harness.KnownBugs) over (path, corpus Entry) pairs: the
+    known_bug record that a (backend, case, verdict) failure matches, with the file name of its entry under "entry";
+    entries without a known_bug take nothing."""
+    entries = [(p, e) for p, e in entries if e.known_bug]
+
+    def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
+        fields = when_fields(case)
+        for path, e in entries:
+            bug = e.known_bug
+            if (e.backend == backend and verdict.label in _labels(e.verdict, bug)
+                    and bug.get("match", "") in verdict.message
+                    and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
+                return {**bug, "entry": path.name}
+        return None
+
+    return known
+
+
+def mark_known(known: Callable[[str, Case, V.Verdict], dict | None] | None, backend: str, case: Case,
+               verdict: V.Verdict) -> V.Verdict:
+    """The verdict as KNOWN, with the known bug's link among its checks, when it is a failure that `known`
+    recognises; else unchanged. (attnfuzz.engine.harness.fuzz_property marks KNOWN inline, without the link:
+    Hypothesis derives a derandomized run's seed from that function's source, and the ci streams the negative
+    controls were shrunk on would change with it.)"""
+    hit = known(backend, case, verdict) if verdict.failed and known is not None else None
+    if hit is not None:
+        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (V.known_bug_check(hit["link"]),))
+    return verdict

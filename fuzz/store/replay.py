@@ -1,0 +1,115 @@
+"""Replay: a corpus entry's case through its backend again, in this process, in a worker, or in a fresh interpreter
+under the vector ISA a CPU entry was recorded on (the entry's environment, cpu_capability)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from attnfuzz.store.corpus import Entry, host_isa
+from attnfuzz.oracles.verdict import CRASH, HANG, UNSUPPORTED, Verdict
+
+
+def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
+    """Run the entry's case through its backend again (in `worker`, a attnfuzz.engine.isolate.Worker for that backend, when
+    given); UNSUPPORTED (with why) when the backend is unavailable, or when the entry hung and no worker is given
+    (in-process, nothing could stop it). A CPU entry recorded under another vector ISA than this process runs is
+    replayed under that ISA, in a fresh interpreter (replay_under_isa)."""
+    device = device or entry.device
+    isa = entry.recorded_isa(device)
+    if isa is not None and isa != host_isa():
+        return replay_under_isa(entry, device, isa, worker)
+    return _replay_here(entry, device, worker)
+
+
+def _replay_here(entry: Entry, device: str, worker=None) -> Verdict:
+    from attnfuzz.backends import get
+    from attnfuzz.engine.harness import run_case
+    backend = get(entry.backend, device)
+    if worker is not None and not backend.own_processes:
+        return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
+    why = backend.available()
+    if why is not None:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend} is not available here: {why}")
+    if entry.verdict.status == HANG and not backend.own_processes:
+        return Verdict(UNSUPPORTED, None, f"{entry.backend}: this entry hung its backend; replay it with --isolate, "
+                                          f"where a case that does not answer is timed out")
+    return run_case(backend, entry.case, device=device)
+
+
+_CHILD_MARK = "attnfuzz-replay-verdict: "
+_UNRUNNABLE: set[str] = set()   # ISAs a fresh interpreter here did not run: asked once per process
+
+
+def replay_under_isa(entry: Entry, device: str, isa: str, worker=None) -> Verdict:
+    """Replay an entry under the vector ISA it was recorded on. torch picks its CPU kernels' ISA once, when it loads
+    (ATEN_CPU_CAPABILITY), and inductor's C++ follows the same variable, so this runs in a fresh interpreter with
+    ATEN_CPU_CAPABILITY set (with a worker inside it when `worker` is given). Where this CPU cannot run that ISA,
+    the entry is replayed here instead, and a known bug that does not fail here is UNSUPPORTED ("recorded on ISA X,
+    host runs Y"), not fixed: a kernel that is right under Y says nothing of X."""
+    verdict = None if isa in _UNRUNNABLE else _child_replay(entry, device, isa, worker)
+    if verdict is not None:
+        return verdict
+    _UNRUNNABLE.add(isa)
+    here = _replay_here(entry, device, worker)
+    if entry.known_bug and not here.failed:
+        return Verdict(UNSUPPORTED, None, f"recorded on ISA {isa}, host runs {host_isa()} and cannot run {isa}: "
+                                          f"the known bug does not fail here ({here.label}), which says nothing "
+                                          f"of {isa}; replay it on a {isa} CPU")
+    return here
+
+
+def _child_replay(entry: Entry, device: str, isa: str, worker) -> Verdict | None:
+    """The entry's verdict from a fresh interpreter under ATEN_CPU_CAPABILITY=isa; None when torch there does not run
+    that ISA (this CPU lacks it)."""
+    import torch
+
+    from attnfuzz.engine import poison
+    from attnfuzz.engine.isolate import _death
+    request = {"entry": entry.to_dict(), "device": device, "isa": isa, "threads": torch.get_num_threads(),
+               "poison": poison.enabled(),
+               "isolate_timeout": None if worker is None else getattr(worker, "timeout_s", 300.0)}
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa.lower()}
+    done = subprocess.run([sys.executable, "-c", "from attnfuzz.store.replay import replay_child; replay_child()"],
+                          input=json.dumps(request), capture_output=True, text=True, env=env)
+    answers = [line[len(_CHILD_MARK):] for line in done.stdout.splitlines() if line.startswith(_CHILD_MARK)]
+    if not answers:
+        name = _death(done.returncode)
+        return Verdict(CRASH, name, f"{entry.backend}: the process replaying this entry under "
+                                    f"ATEN_CPU_CAPABILITY={isa.lower()} died ({name}): {done.stderr[-400:].strip()}")
+    answer = json.loads(answers[-1])
+    if answer is None:
+        return None
+    verdict = Verdict.from_dict(answer)
+    where = (f"replayed in a fresh process under ATEN_CPU_CAPABILITY={isa.lower()}, the ISA it was recorded on "
+             f"(this process runs {host_isa()})")
+    return dataclasses.replace(verdict, checks=tuple(verdict.checks) + (where,))
+
+
+def replay_child() -> None:
+    """The fresh interpreter of _child_replay: reads the request on stdin, prints the verdict (null when torch here
+    does not run the asked ISA) on a marked line."""
+    import torch
+
+    from attnfuzz.engine import poison
+    request = json.loads(sys.stdin.read())
+    torch.set_num_threads(request["threads"])
+    if request["poison"]:
+        poison.enable()
+    if host_isa() != request["isa"]:
+        print(_CHILD_MARK + "null", flush=True)
+        return
+    entry = Entry.from_dict(request["entry"], "replay request")
+    worker = None
+    if request["isolate_timeout"] is not None:
+        from attnfuzz.engine.isolate import Worker
+        worker = Worker(entry.backend, request["device"], timeout_s=request["isolate_timeout"])
+    try:
+        verdict = _replay_here(entry, request["device"], worker)
+    finally:
+        if worker is not None:
+            worker.close()
+    print(_CHILD_MARK + json.dumps(verdict.to_dict()), flush=True)

@@ -161,10 +161,14 @@ def compared_on_drawn_cases(backend, last_call, examples: int) -> list[Case]:
     def check(case):
         assume(backend.unsupported(case) is None)  # refused cases do not count toward `examples`
         t = materialize(case)
-        want = backend.run(case, t).out
+        result = backend.run(case, t)
+        want = result.out
         by_run = comparable(last_call())
         got = written(backend, case)(t.q, t.k, t.v)
         rows = torch.arange(case.sq)[None] < torch.tensor(case.lens_q)[:, None]
+        if isinstance(got, tuple):  # (out, lse): the LSE the script checks is run()'s too
+            got, lse = got
+            assert torch.equal(lse.transpose(1, 2)[rows], result.lse.transpose(1, 2)[rows]), case
         assert torch.equal(got[rows], want[rows]), case
         assert comparable(last_call()) == by_run, case
         compared.append(case)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +22,15 @@ from attnfuzz.engine.harness import cases_for
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.oracles.verdict import Output
+from attnfuzz.store.corpus import known_bugs
+from attnfuzz.store.known import mark_known
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
 from attnfuzz.strategies.space import Space
+
+# torch's own bugs that the shipped corpus records (flex-eager with BACKEND="FLASH" returns a base-2 LSE on torch
+# 2.13): KNOWN here, as in a user's run. These tests check the adapter, not that the host's torch is right.
+SHIPPED = known_bugs(Path(__file__).resolve().parents[1] / "corpus")
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 GQA = dict(h=4, hk=2)
@@ -67,9 +74,10 @@ def test_eager_every_feature_and_spelling_passes():
         for spelling in backend.spellings(case) if every_spelling else ("",):
             spelled = case.replace(spelling=spelling)
             _, output, _, verdict = graded(backend, spelled)
+            verdict = mark_known(SHIPPED, backend.name, spelled, verdict)
             spellings.update(spelling.split("+"))
             assert output.lse is not None and output.ran.startswith("flex_attention eager"), output.ran
-            if verdict.status == V.PASS:
+            if verdict.status in (V.PASS, V.KNOWN):
                 passed += 1
             else:
                 failures.append(f"{verdict.label} {verdict.message[:300]}\n  {spelled!r}")
@@ -90,14 +98,14 @@ def test_eager_random_cases_never_fail():
         if backend.unsupported(case) is not None:
             seen["UNSUPPORTED"] += 1
             return
-        verdict = graded(backend, case)[3]
+        verdict = mark_known(SHIPPED, backend.name, case, graded(backend, case)[3])
         seen[verdict.label] += 1
-        if verdict.status != V.PASS:
+        if verdict.status not in (V.PASS, V.KNOWN):
             failures.append(f"{verdict.label} {verdict.message[:300]}\n  {case!r}")
 
     check()
     assert not failures, "\n".join(failures[:5])
-    assert seen["PASS"] >= 24, seen
+    assert seen["PASS"] + seen["KNOWN:LSE"] >= 24 and seen["PASS"] >= 18, seen
 
 
 def test_lse_is_natural_log_and_really_graded():

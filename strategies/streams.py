@@ -7,6 +7,13 @@ file after others, a CLI run and a pytest session, one user's conftest and anoth
 same seed then drew other cases, and shrank to other minima (a control that found two bugs alone found one after
 the rest of the suite was imported). attnfuzz's strategies weigh their own choices (strategies/cases.py), so the
 search runs with that pool empty; Hypothesis's own global constants (0, 1, powers of two, ...) stay.
+
+Nor on how fast the machine runs: once a bug is found, Hypothesis goes on looking for others for a number of calls
+(at most 1000 past the first bug, or twice the calls up to the latest), but stops early once the first bug is more
+than 10 seconds old (ConjectureRunner.should_generate_more, by time.monotonic). On a loaded machine that cut a stream
+short: the same seed drew other cases, and a control that finds two bugs found one. The search runs with the engine's
+monotonic clock stopped, so the call counts alone decide (its perf_counter, which times phases and the 300 s shrink
+limit, runs as ever).
 """
 
 from __future__ import annotations
@@ -14,10 +21,45 @@ from __future__ import annotations
 import contextlib
 
 
+class _StoppedMonotonic:
+    """The time module, but for a monotonic clock that stands still."""
+
+    def __init__(self, clock):
+        self._clock = clock
+
+    def __getattr__(self, name):
+        return getattr(self._clock, name)
+
+    @staticmethod
+    def monotonic() -> float:
+        return 0.0
+
+
 @contextlib.contextmanager
 def seed_only_streams():
-    """Hypothesis's pool of local-module constants empty while the block runs (restored after); a no-op on a
-    Hypothesis without that pool."""
+    """Hypothesis's pool of local-module constants empty and its engine's monotonic clock stopped while the block
+    runs (both restored after); each a no-op on a Hypothesis without it."""
+    with _empty_constant_pool(), _stopped_engine_clock():
+        yield
+
+
+@contextlib.contextmanager
+def _stopped_engine_clock():
+    try:
+        from hypothesis.internal.conjecture import engine
+        clock = engine.time
+    except (ImportError, AttributeError):
+        yield
+        return
+    engine.time = _StoppedMonotonic(clock)
+    try:
+        yield
+    finally:
+        engine.time = clock
+
+
+@contextlib.contextmanager
+def _empty_constant_pool():
     try:
         from hypothesis.internal.conjecture import providers
         original, cache = providers._get_local_constants, providers.CONSTANTS_CACHE

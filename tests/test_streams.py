@@ -56,3 +56,56 @@ def test_the_pool_is_restored_after_the_search():
     with seed_only_streams():
         assert len(providers._get_local_constants().integers) == 0
     assert providers._get_local_constants is original
+
+
+def _bugs_found(monkeypatch, search) -> set[str]:
+    """The kinds of bug a derandomized search finds of two: A (n % 7 == 3, n < 500) and B (n > 500, only once A
+    was seen). From A on, the machine is slow: the monotonic clock jumps 60 s at every call."""
+    import time
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    real, jumped, seen_a = time.monotonic, [0.0], []
+    monkeypatch.setattr(time, "monotonic", lambda: real() + jumped[0])
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(st.integers(0, 1000))
+    def prop(n):
+        if seen_a:
+            jumped[0] += 60.0
+        if n % 7 == 3 and n < 500:
+            seen_a.append(n)
+            raise ValueError("A")
+        if seen_a and n > 500:
+            raise KeyError("B")
+
+    try:
+        with search():
+            prop()
+    except BaseExceptionGroup as group:  # noqa: F821 (Python 3.11+)
+        return {type(e).__name__ for e in group.exceptions}
+    except (ValueError, KeyError) as e:
+        return {type(e).__name__}
+    return set()
+
+
+def test_a_slow_machine_does_not_cut_the_search_for_more_bugs(monkeypatch):
+    """Hypothesis stops looking for more bugs once the first is 10 s old by its clock: under seed_only_streams the
+    call counts alone decide, so both bugs are found; the control, the same search on Hypothesis's own clock, stops
+    at the first."""
+    import contextlib
+
+    from attnfuzz.strategies.streams import seed_only_streams
+    assert _bugs_found(monkeypatch, seed_only_streams) == {"ValueError", "KeyError"}
+    assert _bugs_found(monkeypatch, contextlib.nullcontext) == {"ValueError"}
+
+
+def test_the_engine_clock_is_restored_after_the_search():
+    import time
+
+    from hypothesis.internal.conjecture import engine
+
+    from attnfuzz.strategies.streams import seed_only_streams
+    with seed_only_streams():
+        assert engine.time.monotonic() == 0.0 and engine.time.perf_counter() > 0
+    assert engine.time is time

@@ -2,7 +2,7 @@
 lse: diff_max=1.125e-07 baseline_max=0.000e+00 k=4 floor=1.000e-07 (ratio 1.12) worst at [0, 0, 3]:
 got=2.58978 expected=2.58978
 
-Run with: python3 ring-alltoall-FAIL-LSE-667d9c9fcd86.py   (exits 1 while the bug is there)
+Run with: python3 ring-alltoall-FAIL-LSE-667d9c9fcd86.py   (exits 1 while the bug is there, 2 when attnfuzz or the kernel cannot be imported here)
 """
 import sys
 
@@ -12,79 +12,37 @@ BACKEND = 'ring-alltoall'
 DEVICE = 'cpu'
 CASE = {'b': 1, 'sq': 4, 'skv': 4, 'h': 1, 'hk': 1, 'd_qk': 16, 'd_v': 16, 'dtype': 'float64', 'seqlens_q': None, 'seqlens_kv': None, 'causal': True, 'window': [None, None], 'alignment': 'top_left', 'mask_density': None, 'scale': None, 'softcap': None, 'alibi_slopes': None, 'softmax': 'vanilla', 'layout': 'bshd', 'memory': 'contiguous', 'mean': [0.0, 0.0, 0.0], 'std': [1.0, 1.0, 1.0], 'seed': 0, 'grads': False, 'spelling': ''}
 VALID_ROWS = [4]  # graded query rows per sequence (rows past them are padding)
-BOUND = 1.0000000272497538e-07  # k * naive same-dtype error + rounding floor, as the fuzzer graded it
+ROW_BOUNDS = torch.tensor([1.000000059199265e-07, 1.0000000355802497e-07, 1.0000000299360478e-07, 1.000000044897873e-07], dtype=torch.float64).reshape((1, 4, 1)).to(torch.float64)  # per output row (batch, query, head): k * naive same-dtype error + rounding floor
+BOUND = 1.000000059199265e-07  # the largest, for the summary line
+LSE_BOUNDS = torch.tensor([1.0000000221200794e-07, 1.0000000166497388e-07, 1.0000000160856803e-07, 1.0000000283908844e-07], dtype=torch.float64).reshape((1, 1, 4)).to(torch.float64)  # per LSE row (batch, head, query): the grader's bound (inf: not graded)
 
 
-# sharding helpers, verbatim from attnfuzz (fuzz/backends/cp/shard.py)
-
-def _need(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
+KERNEL_PATH = None  # the folder on sys.path that the fuzzing run imported the kernel's module from
 
 
-def head_tail(n: int, world: int) -> list[torch.Tensor]:
-    """Rank r holds chunks r and 2W-1-r of 2W equal chunks; n must be a multiple of 2W."""
-    _need(world >= 1 and n % (2 * world) == 0,
-          f"head_tail sharding: length n={n} must be a multiple of 2*world={2 * world}")
-    c = n // (2 * world)
-    return [torch.cat([torch.arange(r * c, (r + 1) * c), torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)])
-            for r in range(world)]
-
-
-def unshard(pieces: list[torch.Tensor], parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """Inverse of shard: put every rank's piece back at its positions along `dim`."""
-    _need(len(pieces) == len(parts), f"unshard: got {len(pieces)} pieces for {len(parts)} ranks")
-    for r, (p, idx) in enumerate(zip(pieces, parts)):
-        _need(p.shape[dim] == idx.numel(), f"unshard: rank {r} returned {p.shape[dim]} positions along dim {dim}, "
-                                           f"its shard holds {idx.numel()}")
-    order = torch.cat(list(parts)).to(pieces[0].device)
-    gathered = torch.cat(pieces, dim=dim)
-    out = torch.empty_like(gathered)
-    out.index_copy_(dim, order, gathered)
-    return out
-
-
-WORLD = 2  # ranks, one process each
-Q_PARTS, KV_PARTS = head_tail(4, WORLD), head_tail(4, WORLD)  # rank r holds positions Q_PARTS[r]: chunks r and 2W-1-r of 2W (torch's load balancing)
-
-
-def run_rank(rank, tmp, q, k, v):
-    """One rank: join the process group, run torch's ring attention (KV rotated by alltoall) on this rank's
-    shard, save its output rows."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)  # the ranks share the machine's cores
-    device = torch.device('cpu')
-    dist.init_process_group('gloo', init_method=f'file://{tmp}/rendezvous', rank=rank, world_size=WORLD)
-    q = q.index_select(1, Q_PARTS[rank]).to(device)
-    k, v = (x.index_select(1, KV_PARTS[rank]).to(device) for x in (k, v))
+def _adapter():
+    """BACKEND's adapter, through attnfuzz; exits 2 (1 means the bug is there) when it cannot be made here."""
+    import os
+    if KERNEL_PATH and os.path.isdir(KERNEL_PATH) and KERNEL_PATH not in sys.path:
+        sys.path.insert(0, KERNEL_PATH)  # import the kernel's module the way the run did, from any folder
     try:
-        from torch.distributed.tensor.experimental._context_parallel import _attention as ring
-    except ImportError:  # where older torch releases kept it
-        from torch.distributed.tensor.experimental import _attention as ring
-
-    ring._cp_options.rotate_method = ring._RotateMethod.ALL_TO_ALL
-    ring._cp_options.enable_load_balance = True
-    q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # [b, heads, s_local, d]
-    out = ring._templated_ring_attention(
-        dist.group.WORLD, 2, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, q, k, v,
-        is_causal=True, dropout_p=0.0, scale=0.25)[0]
-    out = out.transpose(1, 2)
-    torch.save(out.detach().cpu(), f'{tmp}/out{rank}.pt')
-    dist.destroy_process_group()
+        from attnfuzz.backends import get
+        from attnfuzz.strategies import Case, materialize
+        return get(BACKEND, DEVICE), Case, materialize
+    except (ImportError, ValueError) as e:  # attnfuzz, or the kernel's module, is not importable here
+        where = f" (the run imported it from {KERNEL_PATH})" if KERNEL_PATH else ""
+        print(f"{BACKEND}: cannot run this repro here{where}: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def attention(q, k, v):
-    """Spawn WORLD ranks (gloo on the CPU), let each run torch's ring attention (KV rotated by alltoall) on
-    its shard, gather their output rows and put them back in sequence order."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(run_rank, args=(tmp, q.detach().cpu(), k.detach().cpu(), v.detach().cpu()), nprocs=WORLD)
-        pieces = [torch.load(f'{tmp}/out{rank}.pt') for rank in range(WORLD)]
-    return unshard(pieces, Q_PARTS, dim=1).to(q.device)
+    """No standalone spelling for this backend or case: call it through attnfuzz's adapter."""
+    backend, Case, materialize = _adapter()
+    case = Case.from_dict(CASE)
+    t = materialize(case, DEVICE)
+    t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
+    result = backend.run(case, t)
+    return result.out if result.lse is None else (result.out, result.lse)
 
 
 def main():
@@ -94,26 +52,52 @@ def main():
     EXPECTED = torch.tensor([0.0534191942795709, 0.013427502769270348, -1.5406177939388193, -0.4819087554044004, 0.7623209434576803, 0.21679229361763427, -0.4789120616253859, -0.2578760451372613, 0.2631423185835337, -0.4053288789025133, -0.0727123537950913, -0.13985617336865128, 0.785995459350369, -2.0568571650881626, -0.6711099455038106, -0.40096823326862124, 0.08429010744619866, -0.4970152652070377, -0.8765587998817139, -0.1750316715744551, -0.83372229463343, -1.0428371022166552, 0.13977784929496456, -1.047216238406244, -0.25709455523549823, -0.9506985446371368, -0.3188377307659839, -0.3806846062087515, 1.0226539995902595, -0.5977844283668218, -0.30913814692114283, -1.5263237159068337, 0.2618833647334148, -0.5898304347960586, -0.6481448448997732, -0.3354634968850263, -0.22986043807031703, 0.17230605298649465, -0.9324525290241261, -0.5417334027424155, 0.09466399914380999, -0.44155306293301316, 0.0850247753949949, 0.04834132917633999, 0.3947878104655723, -1.3406165165124375, -0.385649675031112, -0.6949025716263102, 0.043276310588361414, -0.5592633234427482, -0.3567430829767806, -0.13033679836256587, 0.1681827125599836, 0.4519549205539832, -0.5611311596098423, -0.25393544644027655, 0.3829228664112139, -0.006191448179569237, -0.10235303593103551, 0.09934177075139927, 0.7303395831706414, -1.6039435925579772, -0.44457135734430075, -0.6065308487057828], dtype=torch.float64).reshape((1, 4, 1, 16)).to(torch.float64)
 
     raw = attention(q, k, v)
+    lse = raw[1] if isinstance(raw, tuple) and len(raw) > 1 and isinstance(raw[1], torch.Tensor) else None
     raw = raw[0] if isinstance(raw, tuple) else raw
     out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
     err = (got - want).abs().max().item() if got.numel() else 0.0
+    over = ((out - EXPECTED.to("cpu", torch.float64)).abs().amax(-1) / ROW_BOUNDS.to(torch.float64))[rows]
+    over = over.nan_to_num(nan=float("inf")).max().item() if over.numel() else 0.0
     problems = []
     if not torch.isfinite(got).all():
         problems.append("non-finite output")
     if got.numel() and (got == 0).all() and (want != 0).any():
         problems.append("all-zero output")
-    if not err <= BOUND:
-        problems.append(f"max |out - float64| = {err:.4g} > bound {BOUND:.4g}")
-    print(f"{BACKEND}: max |out - float64| = {err:.4g}, bound {BOUND:.4g}")
+    if not over <= 1:
+        problems.append(f"max |out - float64| = {err:.4g}: a row's error > bound ({over:.4g} x its own)")
+    print(f"{BACKEND}: max |out - float64| = {err:.4g}; worst row at {over:.4g} x its bound (largest {BOUND:.4g})")
+    if lse is not None:
+        EXPECTED_LSE = torch.tensor([0.41983506250721464, 0.4862236102358556, 1.1492342853972657, 2.5897809334175013], dtype=torch.float64).reshape((1, 1, 4)).to(torch.float64)
+        problems += check_lse(lse, EXPECTED_LSE)
     if False:
         problems += check_grads(raw, q, k, v, DOUT, EXPECTED_GRADS)
     if problems:
         print("  " + "\n  ".join(problems))
     return 1 if problems else 0
 
+
+
+
+def check_lse(lse, want):
+    """The LSE against the float64 one: -inf exactly on a row that sees no key, else within its row's bound."""
+    lse, want = lse.detach().to("cpu", torch.float64), want.to("cpu", torch.float64)
+    if lse.shape != want.shape:
+        return [f"lse has shape {tuple(lse.shape)}, expected {tuple(want.shape)} (b, h, sq)"]
+    rows = (torch.arange(want.shape[2])[None, :] < torch.tensor(VALID_ROWS)[:, None])[:, None, :].expand_as(want)
+    empty, graded = rows & torch.isinf(want), rows & torch.isfinite(want)
+    over = ((lse - want).abs() / LSE_BOUNDS)[graded].nan_to_num(nan=float("inf"), posinf=float("inf"))
+    over = over.max().item() if over.numel() else 0.0
+    err = (lse - want)[graded].abs().max().item() if graded.any() else 0.0
+    print(f"{BACKEND}: max |lse - float64| = {err:.4g}; worst row at {over:.4g} x its bound")
+    problems = []
+    if not torch.equal(lse[empty], want[empty]):
+        problems.append("lse of a row that sees no key is not -inf")
+    if not over <= 1:
+        problems.append(f"max |lse - float64| = {err:.4g}: a row's error > bound ({over:.4g} x its own)")
+    return problems
 
 
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file

@@ -45,7 +45,9 @@ naive one can land low.) Gradients that cancel (dQ is exactly 0 with one key) ad
 eps(logits) * L) times a bound on the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij
 carries its logit's rounding, and the sum does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
 dQ and dK also add twice what they inherit from D = rowsum(dO * O) taken from the output rounded to the dtype, as
-FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without).
+FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without):
+against the textbook baseline the worst row's shift on every row; against the fused one each row's own, from the
+output the kernel returned (oracles/grade.py, d_inherited).
 """
 
 from __future__ import annotations

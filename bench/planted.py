@@ -185,7 +185,8 @@ def grads_times(factor: float, one_row: bool, which: str = "qkv"):
             where_v[0, min(r, k.shape[1] - 1), -1] = True
         else:
             where_v = None
-        LAST["active"] = q.requires_grad
+        # dK = scale dS^T Q is exactly 0 where q is (probe values): scaling it changes nothing then
+        LAST["active"] = q.requires_grad and (which != "k" or bool(q.detach().any()))
         q2 = _ScaleGrad.apply(q, factor, where_q) if "q" in which else q
         k2 = _ScaleGrad.apply(k, factor, where_k) if "k" in which else k
         v2 = _ScaleGrad.apply(v, factor, where_v) if "v" in which else v

@@ -185,8 +185,13 @@ def grads_times(factor: float, one_row: bool, which: str = "qkv"):
             where_v[0, min(r, k.shape[1] - 1), -1] = True
         else:
             where_v = None
-        # dK = scale dS^T Q is exactly 0 where q is (probe values): scaling it changes nothing then
-        LAST["active"] = q.requires_grad and (which != "k" or bool(q.detach().any()))
+        LAST["active"] = q.requires_grad
+        if one_row and which == "k":
+            # dK_j = scale sum_i dS_ij Q_i is exactly 0 where no query sees key j (a window past it) or q is 0 (probe
+            # values): scaling it changes nothing then
+            seen = _visible(q, k, causal=kw["causal"], window=kw["window"], bottom_right=kw["bottom_right"],
+                            mask=kw.get("mask"), seqlens_q=kw.get("seqlens_q"), seqlens_kv=kw.get("seqlens_kv"))
+            LAST["active"] &= bool(seen[0, :, :, min(r, k.shape[1] - 1)].any()) and bool(q.detach().any())
         q2 = _ScaleGrad.apply(q, factor, where_q) if "q" in which else q
         k2 = _ScaleGrad.apply(k, factor, where_k) if "k" in which else k
         v2 = _ScaleGrad.apply(v, factor, where_v) if "v" in which else v

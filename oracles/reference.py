@@ -49,6 +49,7 @@ class Reference:
     #                                             (before the softmax scale)
     row_d_size: torch.Tensor | None = None      # [b, sq, h]: R_i = sum_c |dO_ic| (u |O_ic| + u rms_i + 1e-7), the
     #                                             size of D_i's error a rounded output gives (u: the inputs' dtype)
+    key_mass: torch.Tensor | None = None        # [b, skv, hk]: sum_i P_ij over the queries and a GQA group's heads
     key_d_terms: torch.Tensor | None = None     # [b, skv, hk]: max over channels of sum_i P_ij R_i |Q_i| (a GQA
     #                                             group's heads summed): how far dK row j moves when each D_i is off
     #                                             by R_i
@@ -211,7 +212,8 @@ def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tenso
                  out: torch.Tensor, dout: torch.Tensor, rms: torch.Tensor) -> None:
     """Adds one chunk of queries' D terms (rows r0..r1 of sequence n) to `acc`: how far a shift of D_i =
     rowsum(dO_i * O_i) moves dQ row i ("moves", |sum_j P_ij K_j|, max over channels), the size R_i of the shift a
-    rounded output gives ("size") and R_i |Q_i| summed over the queries of each key, per channel ("dk"). p [h, r, j];
+    rounded output gives ("size"), R_i |Q_i| summed over the queries of each key, per channel ("dk"), and each key's
+    P mass ("mass"). p [h, r, j];
     q [r, h, d]; k [j, h or hk, d]; out, dout [r, h, d_v]; rms [r, h] (attend's)."""
     hk, u = case.hk, torch.finfo(torch_dtype(case)).eps / 2
     k = k.repeat_interleave(case.h // hk, dim=1) if k.shape[1] != case.h else k
@@ -226,6 +228,7 @@ def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tenso
     acc["size"][n, r0:r1] = size
     acc["dk"][n, :p.shape[-1]] += torch.einsum("hrj,rhd->jhd", p, size[..., None] * q.abs()).unflatten(
         1, (hk, case.h // hk)).sum(2)
+    acc["mass"][n, :p.shape[-1]] += p.sum(1).T.unflatten(1, (hk, case.h // hk)).sum(2)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -260,7 +263,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                   for name in ("dq", "dk", "dv")} if terms else None
     d_terms = {"moves": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
                "size": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
-               "dk": torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device)} if terms else None
+               "dk": torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device),
+               "mass": torch.zeros(case.b, case.skv, case.hk, dtype=dtype, device=device)} if terms else None
     # A fused kernel that serves GQA computes dK / dV per query head and rounds them to the dtype before summing the
     # group (FlashAttention-2 writes dk_expanded in the dtype, then sums it): the baseline keeps them per head, in
     # fp32 over every chunk of queries, and rounds them once at the end.
@@ -338,4 +342,5 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      row_rms=row_rms,
                      row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None,
                      row_d_moves=d_terms["moves"] if terms else None, row_d_size=d_terms["size"] if terms else None,
+                     key_mass=d_terms["mass"] if terms else None,
                      key_d_terms=d_terms["dk"].amax(-1) if terms and case.d_qk else None)

@@ -170,8 +170,9 @@ def softmax_bf16(q, k, v, **kw):
     return trusted(q, k, v, softmax_dtype=torch.bfloat16, **kw)
 
 
-def grads_times(factor: float, one_row: bool):
-    """Every gradient, or one query row of dQ and one key row of dK and dV, times `factor`."""
+def grads_times(factor: float, one_row: bool, which: str = "qkv"):
+    """Every gradient, or one query row of dQ and one key row of dK and dV, times `factor`; `which` names the
+    gradients touched (q, k, v)."""
     def kernel(q, k, v, **kw):
         where_q = where_k = None
         if one_row:
@@ -185,11 +186,17 @@ def grads_times(factor: float, one_row: bool):
         else:
             where_v = None
         LAST["active"] = q.requires_grad
-        q2 = _ScaleGrad.apply(q, factor, where_q)
-        k2 = _ScaleGrad.apply(k, factor, where_k)
-        v2 = _ScaleGrad.apply(v, factor, where_v)
+        if one_row and which == "k":
+            # dK_j = scale sum_i dS_ij Q_i is exactly 0 where no query sees key j (a window past it) or q is 0 (probe
+            # values): scaling it changes nothing then
+            seen = _visible(q, k, causal=kw["causal"], window=kw["window"], bottom_right=kw["bottom_right"],
+                            mask=kw.get("mask"), seqlens_q=kw.get("seqlens_q"), seqlens_kv=kw.get("seqlens_kv"))
+            LAST["active"] &= bool(seen[0, :, :, min(r, k.shape[1] - 1)].any()) and bool(q.detach().any())
+        q2 = _ScaleGrad.apply(q, factor, where_q) if "q" in which else q
+        k2 = _ScaleGrad.apply(k, factor, where_k) if "k" in which else k
+        v2 = _ScaleGrad.apply(v, factor, where_v) if "v" in which else v
         return trusted(q2, k2, v2, **kw)
-    kernel.__name__ = f"grads_times_{factor:g}_{'row' if one_row else 'all'}"
+    kernel.__name__ = f"grads_times_{factor:g}_{'row' if one_row else 'all'}{'' if which == 'qkv' else '_d' + which}"
     return kernel
 
 
@@ -201,12 +208,15 @@ grads_1p01_all = grads_times(1.01, False)
 grads_1p05_all = grads_times(1.05, False)
 grads_1p01_row = grads_times(1.01, True)
 grads_1p05_row = grads_times(1.05, True)
+grads_1p05_dq_row = grads_times(1.05, True, "q")
+grads_1p05_dk_row = grads_times(1.05, True, "k")
 
 # the benchmark's name -> the module attribute `attnfuzz run --backend bench.planted:ATTRIBUTE` takes
 BUGS = {"leak_key": "leak_key", "drop_key": "drop_key", "row_x1.01": "row_times_1p01", "zero_row": "zero_row",
         "zero_8_rows": "zero_8_rows", "softmax_bf16": "softmax_bf16", "grads_x1.01_all": "grads_1p01_all",
-        "grads_x1.05_all": "grads_1p05_all", "grads_x1.01_row": "grads_1p01_row", "grads_x1.05_row": "grads_1p05_row"}
-GRADIENT_BUGS = tuple(n for n in BUGS if n.startswith("grads"))
+        "grads_x1.05_all": "grads_1p05_all", "grads_x1.01_row": "grads_1p01_row", "grads_x1.05_row": "grads_1p05_row",
+        "dq_x1.05_row": "grads_1p05_dq_row", "dk_x1.05_row": "grads_1p05_dk_row"}
+GRADIENT_BUGS = tuple(n for n in BUGS if n.startswith(("grads", "dq", "dk")))
 for _name in ("correct", *BUGS.values()):
     globals()[_name].supports = lambda case: case.dtype != "float64" or "the benchmark grades fp16 / bf16 / fp32"
     # The trusted backward is autograd through fp32 (fp64) math, rounded once to the dtype at the end: more precise

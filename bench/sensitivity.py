@@ -1,7 +1,8 @@
 """How small a bug the grader sees: planted kernels (bench/planted.py, a trusted CPU kernel with one bug each) graded
 by the project's own `grade` on long rows, in fp16, bf16 and fp32.
 
-    python3 bench/sensitivity.py [--quick] [--cases N] [--lengths 128,1024,4096] [--dtypes ...] [--fuzz N]
+    python3 bench/sensitivity.py [--quick] [--cases N] [--lengths 128,1024,4096] [--dtypes ...] [--bugs ...]
+                                 [--fuzz N]
 
 For each bug, dtype, length S (sq = skv = S, or skv = 5S/4 bottom-right) and input family (random values; probes
 where the case language has them) it prints `FAIL / active`: the cases where the bug changed something, and how many
@@ -89,7 +90,7 @@ def smallest_eps(case: Case, t, oracle: Oracle, out: torch.Tensor) -> float:
     return hi
 
 
-def run_cell(dtype: str, s: int, family: str, cases: int, seed: int, tally, eps_seen) -> None:
+def run_cell(dtype: str, s: int, family: str, cases: int, seed: int, tally, eps_seen, bugs=None) -> None:
     rng = random.Random(f"{seed}-{dtype}-{s}-{family}")
     for _ in range(cases):
         case = draw_case(rng, dtype, s, family, grads=True)
@@ -99,7 +100,9 @@ def run_cell(dtype: str, s: int, family: str, cases: int, seed: int, tally, eps_
         n = case.lens_q[0]
         for name, attribute in planted.BUGS.items():
             backend = load_custom(f"bench.planted:{attribute}")
-            planted.PLANT["row"] = rng.randrange(n) if n else 0
+            planted.PLANT["row"] = rng.randrange(n) if n else 0  # drawn for every bug: --bugs keeps the rows
+            if bugs is not None and name not in bugs:
+                continue
             graded_case = case if name in planted.GRADIENT_BUGS else fwd
             output = backend.run(graded_case, t)
             if not planted.LAST["active"] or n == 0:
@@ -148,6 +151,7 @@ def main() -> None:
     p.add_argument("--lengths", default="128,1024,4096")
     p.add_argument("--dtypes", default="float16,bfloat16,float32")
     p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--bugs", default=None, help="comma-separated bugs to plant (default: all of bench/planted.BUGS)")
     p.add_argument("--fuzz", type=int, default=0, metavar="N", help="also fuzz each planted kernel for N examples")
     p.add_argument("--fuzz-len", type=int, default=1024, help="longest sequence the fuzz runs draw (default 1024)")
     p.add_argument("--seed", type=int, default=0)
@@ -156,14 +160,19 @@ def main() -> None:
     cases = 3 if args.quick else args.cases
     torch.set_num_threads(1)
     quiet_diagnosis()
+    bugs = args.bugs.split(",") if args.bugs else None
+    unknown = sorted(set(bugs or ()) - set(planted.BUGS))
+    if unknown:
+        p.error(f"--bugs: unknown {', '.join(unknown)}; choose from {', '.join(planted.BUGS)}")
     tally, eps_seen = defaultdict(int), defaultdict(list)
     start = time.time()
     for s in lengths:
         for dtype in args.dtypes.split(","):
             for family in args.families.split(","):
-                run_cell(dtype, s, family, max(1, cases // 2) if s >= 4096 else cases, args.seed, tally, eps_seen)
+                run_cell(dtype, s, family, max(1, cases // 2) if s >= 4096 else cases, args.seed, tally, eps_seen,
+                         bugs)
         print(f"# S = {s} done after {time.time() - start:.0f} s", file=sys.stderr)
-    report(tally, eps_seen, lengths, args.dtypes.split(","), args.families.split(","))
+    report(tally, eps_seen, lengths, args.dtypes.split(","), args.families.split(","), bugs)
     if args.fuzz:
         print(f"\n## Found by a fuzz run ({args.fuzz} examples, lengths up to {args.fuzz_len}, seed {args.seed})\n")
         print("| bug | found |\n|---|---|")
@@ -172,13 +181,13 @@ def main() -> None:
     print(f"\n({time.time() - start:.0f} s)")
 
 
-def report(tally, eps_seen, lengths, dtypes, families) -> None:
+def report(tally, eps_seen, lengths, dtypes, families, bugs=None) -> None:
     cols = [(s, f) for s in lengths for f in families]
     head = " | ".join(f"S={s} {f[:5]}" for s, f in cols)
     print("Cells: FAIL / cases where the bug is active (output only; with the LSE graded; gradient bugs: out + "
           "grads, no LSE)\n")
     print(f"| bug | dtype | {head} |\n|---|---|{'---|' * len(cols)}")
-    for name in ("control", "control_grads", *planted.BUGS):
+    for name in ("control", "control_grads", *(bugs or planted.BUGS)):
         for dtype in dtypes:
             cells = []
             for s, f in cols:

@@ -13,7 +13,7 @@ import torch
 
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import Tensors
+from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 CHUNK_BYTES = 64 * 2**20
 
@@ -44,6 +44,15 @@ class Reference:
     row_grad_rms: dict | None = None            # "dq" [b, sq, h], "dk" / "dv" [b, skv, hk]: max over channels of
     #                                             sqrt(sum of the squared terms that a fused backward rounds): dS_ij
     #                                             scale K_j (dq), dS_ij scale Q_i (dk), P_ij dO_i (dv)
+    row_d_moves: torch.Tensor | None = None     # [b, sq, h]: max over channels of |sum_j P_ij K_j| (with a softcap
+    #                                             sum_j P_ij |K_j|), how far dQ row i moves per unit of error in D_i
+    #                                             (before the softmax scale)
+    row_d_size: torch.Tensor | None = None      # [b, sq, h]: R_i = sum_c |dO_ic| (u |O_ic| + u rms_i + 1e-7), the
+    #                                             size of D_i's error a rounded output gives (u: the inputs' dtype)
+    key_mass: torch.Tensor | None = None        # [b, skv, hk]: sum_i P_ij over the queries and a GQA group's heads
+    key_d_terms: torch.Tensor | None = None     # [b, skv, hk]: max over channels of sum_i P_ij R_i |Q_i| (a GQA
+    #                                             group's heads summed): how far dK row j moves when each D_i is off
+    #                                             by R_i
 
 
 class _RoundedWeights(torch.autograd.Function):
@@ -199,6 +208,29 @@ def _add_grad_terms(case: Case, acc: dict, n: int, r0: int, r1: int, scale: floa
     acc["dv"][n, :skv_n] += grouped(torch.einsum("hrj,rhd->jhd", p.square(), dout.square()))
 
 
+def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 out: torch.Tensor, dout: torch.Tensor, rms: torch.Tensor) -> None:
+    """Adds one chunk of queries' D terms (rows r0..r1 of sequence n) to `acc`: how far a shift of D_i =
+    rowsum(dO_i * O_i) moves dQ row i ("moves", |sum_j P_ij K_j|, max over channels), the size R_i of the shift a
+    rounded output gives ("size"), R_i |Q_i| summed over the queries of each key, per channel ("dk"), and each key's
+    P mass ("mass"). p [h, r, j];
+    q [r, h, d]; k [j, h or hk, d]; out, dout [r, h, d_v]; rms [r, h] (attend's)."""
+    hk, u = case.hk, torch.finfo(torch_dtype(case)).eps / 2
+    k = k.repeat_interleave(case.h // hk, dim=1) if k.shape[1] != case.h else k
+    # with a softcap, dS_ij carries tanh' (in (0, 1]) too, so the signed sum bounds it no more: sum_j P_ij |K_j| does
+    acc["moves"][n, r0:r1] = torch.einsum("hrj,jhd->rhd", p, k if case.softcap is None else k.abs()).abs().amax(-1)
+    # R_i: what D_i = sum_c dO_ic O_ic moves by when each O_ic the kernel stored is off by its final rounding, u |O_ic|,
+    # plus u rms_i for P rounded before P V (FlashAttention's forward, torch's CPU flash kernel), plus the output
+    # floor's 1e-7 absolute, so no row's is 0. It only weighs the rows against each other: the grade scales it by the
+    # largest |dD_i| / R_i a kernel shows (oracles/grade.py, d_inherited), so a poor guess loosens dK, never fails it.
+    rms = rms[..., None] if rms is not None else 0.0
+    size = (dout.abs() * (u * (out.abs() + rms) + 1e-7)).sum(-1)                 # [r, h]
+    acc["size"][n, r0:r1] = size
+    acc["dk"][n, :p.shape[-1]] += torch.einsum("hrj,rhd->jhd", p, size[..., None] * q.abs()).unflatten(
+        1, (hk, case.h // hk)).sum(2)
+    acc["mass"][n, :p.shape[-1]] += p.sum(1).T.unflatten(1, (hk, case.h // hk)).sum(2)
+
+
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
@@ -229,6 +261,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     grad_terms = {name: torch.zeros(case.b, *((case.sq, case.h) if name == "dq" else (case.skv, case.hk)),
                                     case.d_v if name == "dv" else case.d_qk, dtype=dtype, device=device)
                   for name in ("dq", "dk", "dv")} if terms else None
+    d_terms = {"moves": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
+               "size": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
+               "dk": torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device),
+               "mass": torch.zeros(case.b, case.skv, case.hk, dtype=dtype, device=device)} if terms else None
     # A fused kernel that serves GQA computes dK / dV per query head and rounds them to the dtype before summing the
     # group (FlashAttention-2 writes dk_expanded in the dtype, then sums it): the baseline keeps them per head, in
     # fp32 over every chunk of queries, and rounds them once at the end.
@@ -279,6 +315,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     g_q, g_k, g_v, g_s = torch.autograd.grad(o_c, (*wrt, s_c), d_c)
                     _add_grad_terms(case, grad_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
                                     g_s, p_c, q_c.detach(), k_c.detach(), d_c)
+                    _add_d_terms(case, d_terms, n, r0, r1, p_c, q_c.detach(), k_c.detach(), o_c.detach(), d_c,
+                                 rms_c)
                 else:
                     g_q, g_k, g_v = torch.autograd.grad(o_c, wrt, d_c)
                 dq[n, r0:r1] = g_q
@@ -302,4 +340,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
                      d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread,
                      row_rms=row_rms,
-                     row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None)
+                     row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None,
+                     row_d_moves=d_terms["moves"] if terms else None, row_d_size=d_terms["size"] if terms else None,
+                     key_mass=d_terms["mass"] if terms else None,
+                     key_d_terms=d_terms["dk"].amax(-1) if terms and case.d_qk else None)

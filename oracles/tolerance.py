@@ -45,7 +45,9 @@ naive one can land low.) Gradients that cancel (dQ is exactly 0 with one key) ad
 eps(logits) * L) times a bound on the terms of the sum (oracles/grade.py, _gradient_terms): each weight P_ij
 carries its logit's rounding, and the sum does not shrink that error when its terms cancel (fp32 dV with logits ~300 failed a correct kernel by 1.7x).
 dQ and dK also add twice what they inherit from D = rowsum(dO * O) taken from the output rounded to the dtype, as
-FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without).
+FlashAttention-style backward passes take it (cuDNN's fp16 dQ with |O| ~ 70 and K of mean 3 was 10x over without):
+against the textbook baseline the worst row's shift on every row; against the fused one each row's own, from the
+output the kernel returned (oracles/grade.py, d_inherited).
 """
 
 from __future__ import annotations
@@ -86,11 +88,13 @@ LOGITS_IN_INPUT_DTYPE = ("te-unfused",)
 # gradient_check), not against the textbook backward in the dtype, whose every product and sum rounds: that one is
 # ~2 % off on a bf16 row, and k = 4 of it let a row off by 5 % pass. `fused` is a bring-your-own kernel that declares
 # it computes so or more precisely (fuzz/backends/custom.py), such as bench/planted.py's fp32 kernels. A family joins
-# once correct kernels of it pass this grading on its device: torch's CPU kernels do (sdpa-math, which upcasts fp16 /
-# bf16 to fp32, and sdpa-flash: no failure in 1,500 drawn cases, the worst gradient at 0.68 of its bound), but the
-# sdpa family is also GPU kernels, and FlashAttention (fa2 / fa3 / fa4) and TE's fused backends (te) run only there,
-# where this grading has not yet run (bench/gpu_check.py). te-unfused computes in the input dtype (baddbmm in bf16,
-# autograd through it) and stays textbook, as do custom, flex, flashinfer and default (context-parallel merges).
+# once correct kernels of it pass this grading on its device: torch's CPU kernels do without ALiBi (sdpa-math, which
+# upcasts fp16 / bf16 to fp32, and sdpa-flash: no failure in 2 x 3,000 drawn cases, bench/grad_calibration.py, the
+# worst gradient at 0.94 of its bound; SDPA's ALiBi is a bias in the input dtype, which this family is not allowed:
+# BIAS_IN_INPUT_DTYPE), but the sdpa family is also GPU kernels, and FlashAttention (fa2 / fa3 / fa4) and TE's fused
+# backends (te) run only there, where this grading has not yet run (bench/gpu_check.py). te-unfused computes in the
+# input dtype (baddbmm in bf16, autograd through it) and stays textbook, as do custom, flex, flashinfer and default
+# (context-parallel merges).
 FUSED_BACKWARD = ("fused",)
 # A softcap's tanh taken with a fast approximation: PTX's tanh.approx.f32, which FlashInfer takes, has a relative
 # error of up to 2^-10.99, so each capped logit may be off by cap * 2^-11 (FlashInfer on an H200: prefill with cap

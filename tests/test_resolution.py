@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnfuzz.oracles import verdict as V
-from attnfuzz.oracles.grade import Oracle, grade
+from attnfuzz.oracles.grade import Oracle, grade, gradient_check
 from attnfuzz.oracles.reference import reference
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
@@ -164,13 +164,14 @@ def test_gradient_rows_are_graded_on_their_own(dtype):
 GRAD_CASE = Case(sq=1024, skv=1024, h=2, hk=1, d_qk=64, d_v=64, causal=True, grads=True, seed=0)
 
 
-@pytest.mark.parametrize("dtype, name", [("bfloat16", "dv"), ("float16", "dq"), ("float16", "dk"),
-                                         ("float16", "dv")])
+@pytest.mark.parametrize("dtype, name", [("bfloat16", "dq"), ("bfloat16", "dk"), ("bfloat16", "dv"),
+                                         ("float16", "dq"), ("float16", "dk"), ("float16", "dv")])
 def test_a_fused_familys_gradient_row_off_by_5_percent_fails(dtype, name):
     """A fused family's gradients are graded against a fused backward (fp32, P and dS rounded to the dtype) with
-    per-row floors: one row of dV x 1.05 fails in bf16 too (dQ and dK keep the worst row's D shift, ~10 % of a bf16
-    row here: oracles/grade.py). Control: FlashAttention's algorithm written out in fp32 (tests/fused_kernels.py, a
-    correct fused kernel: D from the rounded output) passes."""
+    per-row floors: one row of dQ, dK or dV x 1.05 fails in bf16 too (each dQ row allowed its own row's D shift, each
+    dK row those of the queries that see it: oracles/grade.py, d_inherited). Control: FlashAttention's algorithm
+    written out in fp32 (tests/fused_kernels.py, a correct fused kernel: D from the rounded output) passes; and the
+    bf16 dQ / dK row passed the rule before, every row allowed the worst row's D shift (~10 % of a bf16 row here)."""
     case = GRAD_CASE.replace(dtype=dtype)
     t = materialize(case)
     oracle = Oracle.of(case, t, family="fused")
@@ -186,16 +187,21 @@ def test_a_fused_familys_gradient_row_off_by_5_percent_fails(dtype, name):
     assert verdict.worst.index[:3] == (0, 700, 0), verdict
     if dtype == "bfloat16":  # the textbook baseline, which the fused one replaces here, lets the row through
         assert grade(case, t, Output(out, **bad), oracle=oracle, family="custom").status == V.PASS
+    if dtype == "bfloat16" and name != "dv":  # so did the worst row's D shift (gradient_check without the output)
+        assert gradient_check(oracle, name, bad[name], "fused").ok
 
 
-def test_the_planted_gradient_row_bug_is_caught_in_bf16():
+@pytest.mark.parametrize("bug, name", [("grads_1p05_row", None), ("grads_1p05_dq_row", "dq"),
+                                       ("grads_1p05_dk_row", "dk")])
+def test_the_planted_gradient_row_bug_is_caught_in_bf16(bug, name):
     """bench/planted.py's kernels declare the fused family (their backward is fp32 autograd): grads x 1.05 on one row
-    fails in bf16 where the correct kernel passes."""
+    fails in bf16 where the correct kernel passes, and so does a dQ row or a dK row x 1.05 alone, which the rule
+    before (every row allowed the worst row's D shift: gradient_check without the output) let through."""
     from attnfuzz.backends.custom import load_custom
     from bench import planted
     case = GRAD_CASE.replace(dtype="bfloat16")
     t = materialize(case)
-    correct, buggy = load_custom("bench.planted:correct"), load_custom("bench.planted:grads_1p05_row")
+    correct, buggy = load_custom("bench.planted:correct"), load_custom(f"bench.planted:{bug}")
     assert correct.family == buggy.family == "fused"
     oracle = Oracle.of(case, t, family="fused")
     assert grade(case, t, correct.run(case, t), oracle=oracle, family="fused").status == V.PASS   # control
@@ -204,4 +210,8 @@ def test_the_planted_gradient_row_bug_is_caught_in_bf16():
         output = buggy.run(case, t)
     finally:
         planted.PLANT["row"] = None
-    assert grade(case, t, output, oracle=oracle, family="fused").diagnosis == V.GRADIENT
+    verdict = grade(case, t, output, oracle=oracle, family="fused")
+    assert verdict.diagnosis == V.GRADIENT, verdict
+    if name is not None:
+        assert verdict.worst.tensor == name and verdict.worst.index[:2] == (0, 700), verdict
+        assert gradient_check(oracle, name, getattr(output, name), "fused").ok   # the rule before

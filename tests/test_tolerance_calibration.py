@@ -88,8 +88,9 @@ GRAD_SPACE = Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_le
 def test_correct_gradients_pass_the_fused_baseline_on_300_random_cases():
     """fp16 / bf16 gradients graded against the fused baseline (family "fused": oracles/tolerance.py) pass for
     torch's CPU kernels (sdpa-math upcasts to fp32; the CPU flash kernel rounds P and dS like a fused kernel),
-    bench/planted.py's fp32 kernel and FlashAttention's algorithm written out (tests/fused_kernels.py). (1,500 cases:
-    no failure, the worst gradient at 0.68 of its bound, sdpa-flash fp16 dV.)"""
+    bench/planted.py's fp32 kernel and FlashAttention's algorithm written out (tests/fused_kernels.py).
+    (bench/grad_calibration.py, 3,000 cases on each of seeds 0 and 1: no failure; the worst dQ at 0.49 of its bound,
+    dK 0.46, dV 0.94, sdpa-flash fp16.)"""
     from attnfuzz.backends import get
     from attnfuzz.backends.custom import load_custom
     kernels = {"sdpa-math": get("sdpa-math", "cpu"), "sdpa-flash": get("sdpa-flash", "cpu"),
@@ -105,7 +106,10 @@ def test_correct_gradients_pass_the_fused_baseline_on_300_random_cases():
         case = case.replace(grads=True)
         t = materialize(case)
         oracle = Oracle.of(case, t, family="fused")
-        outputs = {name: b.run(case, t) for name, b in kernels.items() if b.unsupported(case) is None}
+        # SDPA takes ALiBi only as a bias in the input dtype, an error its own family is allowed and the fused family
+        # is not (tolerance.BIAS_IN_INPUT_DTYPE): its kernels are graded fused without ALiBi (bench/grad_calibration.py)
+        outputs = {name: b.run(case, t) for name, b in kernels.items() if b.unsupported(case) is None
+                   and not (name.startswith("sdpa") and case.alibi_slopes is not None)}
         if case.softcap is None and case.alibi_slopes is None and case.d_qk == case.d_v:
             out, *grads = flash_algorithm_backward(case, t)
             outputs["flash-algorithm"] = Output(out, **dict(zip(("dq", "dk", "dv"), (g.to(t.q.dtype) for g in grads))))

@@ -1,0 +1,109 @@
+"""False alarms of the fused gradient grading: correct kernels' fp16 / bf16 gradients graded as the "fused" family
+(oracles/tolerance.py, FUSED_BACKWARD) on many random cases.
+
+    python3 bench/grad_calibration.py [--cases 3000] [--max-len 96] [--seed 0] [--dtypes float16,bfloat16]
+
+The kernels: torch's CPU sdpa-math (upcasts to fp32, D exact) and sdpa-flash (P and dS rounded to the dtype, D taken
+from its own rounded output), bench/planted.py's fp32 kernel and FlashAttention-2's algorithm written out
+(tests/fused_kernels.py: D from the rounded output). Cases come from the case strategy (a plain layout, the vanilla
+softmax, gradients on) with a random source seeded by --seed, so two seeds give two samples. Prints, per kernel,
+dtype and gradient, the cases graded, the failures and the largest error / bound; then the worst check and its case
+for each cell above --show (0.8), and the first failures. Exit 1 when a correct kernel failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.planted and tests.fused_kernels, from the repository root
+
+import torch  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+from attnfuzz.backends import get  # noqa: E402
+from attnfuzz.backends.custom import load_custom  # noqa: E402
+from attnfuzz.oracles.grade import Oracle, gradient_check  # noqa: E402
+from attnfuzz.oracles.verdict import Output  # noqa: E402
+from attnfuzz.strategies.cases import attention_cases  # noqa: E402
+from attnfuzz.strategies.materialize import materialize  # noqa: E402
+from attnfuzz.strategies.space import Space  # noqa: E402
+from tests.fused_kernels import flash_algorithm_backward  # noqa: E402
+
+FAMILY = "fused"
+
+
+def outputs(case, t, kernels) -> dict:
+    """Each kernel's Output on the case (those that support it). SDPA takes ALiBi only as a bias in the input dtype,
+    an error of its API that its own family is allowed (tolerance.BIAS_IN_INPUT_DTYPE) and the fused family is not:
+    its kernels run here without ALiBi (sdpa-math bf16 with slopes up to 0.4: dQ 1.65x over the fused bound)."""
+    got = {name: b.run(case, t) for name, b in kernels.items() if b.unsupported(case) is None
+           and not (name.startswith("sdpa") and case.alibi_slopes is not None)}
+    if case.softcap is None and case.alibi_slopes is None and case.d_qk == case.d_v:
+        out, *grads = flash_algorithm_backward(case, t)
+        got["flash-algorithm"] = Output(out, **dict(zip(("dq", "dk", "dv"), (g.to(t.q.dtype) for g in grads))))
+    return got
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", type=int, default=3000)
+    p.add_argument("--max-len", type=int, default=96)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtypes", default="float16,bfloat16")
+    p.add_argument("--show", type=float, default=0.8, help="print the worst case of each cell above this ratio")
+    args = p.parse_args()
+    dtypes = tuple(args.dtypes.split(","))
+    bad = sorted(set(dtypes) - {"float16", "bfloat16"})
+    if bad:
+        p.error(f"--dtypes: {', '.join(bad)} has no fused baseline (fp32 / fp64 gradients round nothing before the "
+                f"end); choose float16 and / or bfloat16")
+    torch.set_num_threads(1)
+    kernels = {"sdpa-math": get("sdpa-math", "cpu"), "sdpa-flash": get("sdpa-flash", "cpu"),
+               "planted": load_custom("bench.planted:correct")}
+    space = Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_len=args.max_len, dtypes=dtypes)
+    graded, failed, worst, worst_case = Counter(), Counter(), defaultdict(float), {}
+    failures: list[str] = []
+    start = time.time()
+
+    @seed(args.seed)
+    @settings(max_examples=args.cases, database=None, deadline=None, derandomize=False, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(case=attention_cases(space))
+    def run(case):
+        if case.paged:
+            return
+        case = case.replace(grads=True)
+        t = materialize(case)
+        oracle = Oracle.of(case, t, family=FAMILY)
+        for name, output in outputs(case, t, kernels).items():
+            for grad in ("dq", "dk", "dv"):
+                c = gradient_check(oracle, grad, getattr(output, grad), FAMILY, output.out)
+                key = (name, case.dtype, grad)
+                graded[key] += 1
+                if c.ratio >= worst[key]:
+                    worst[key], worst_case[key] = c.ratio, f"{c.describe()} {case!r}"
+                if not c.ok:
+                    failed[key] += 1
+                    failures.append(f"{name} {c.describe()} {case!r}")
+
+    run()
+    print(f"{sum(graded.values()) // 3} kernel runs graded in {time.time() - start:.0f} s (seed {args.seed}, "
+          f"max_len {args.max_len})\n")
+    print("| kernel | dtype | gradient | graded | FAIL | worst error / bound |\n|---|---|---|---|---|---|")
+    for key in sorted(graded):
+        print(f"| {' | '.join(key)} | {graded[key]} | {failed[key]} | {worst[key]:.2f} |")
+    for key in sorted(graded):
+        if worst[key] > args.show:
+            print(f"worst {' '.join(key)}: {worst_case[key]}")
+    for line in failures[:10]:
+        print(line)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

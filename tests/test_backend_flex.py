@@ -135,12 +135,14 @@ def test_refusals_name_their_reason(name, case, expected):
 
 def test_spellings_follow_the_case():
     backend = get("flex-eager", "cpu")
-    assert backend.spellings(Case()) == ("",)
-    assert backend.spellings(Case(causal=True)) == ("", "score_mask")
-    assert backend.spellings(Case(**GQA)) == ("", "repeat_kv")
-    assert set(backend.spellings(Case(window=(1, 1), **GQA))) == {"", "repeat_kv", "score_mask",
-                                                                   "score_mask+repeat_kv"}
-    assert backend.spellings(Case(alibi_slopes=(0.5,))) == ("",)      # ALiBi is a score mod, not a mask
+
+    def shaped(case):  # the mask and heads spellings, without the BACKEND knobs eager adds to each
+        return tuple(s for s in backend.spellings(case) if not set(s.split("+")) & {"triton", "decode", "flash"})
+    assert backend.spellings(Case()) == ("", "triton", "decode", "flash")
+    assert shaped(Case(causal=True)) == ("", "score_mask")
+    assert shaped(Case(**GQA)) == ("", "repeat_kv")
+    assert set(shaped(Case(window=(1, 1), **GQA))) == {"", "repeat_kv", "score_mask", "score_mask+repeat_kv"}
+    assert shaped(Case(alibi_slopes=(0.5,))) == ("",)      # ALiBi is a score mod, not a mask
 
 
 def test_mods_carry_their_parameters_in_their_names():

@@ -234,14 +234,16 @@ def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tenso
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
-              rounding: torch.dtype | None = None) -> Reference:
+              rounding: torch.dtype | None = None, d_terms: bool = True) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
     low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
     `terms=False` skips dv_terms and d_rounding (an extra backward pass) and the sizes of the logits' terms
     (logit_size is then the largest |logit|), which only the oracle's own reference feeds to the tolerance: the naive
     baselines and the diagnoses' alternatives do not need them. `rounding` (with `dtype` float32) is the backward
     pass of a fused kernel: fp32 everywhere, P and dS rounded to `rounding` before the products that take them, dK /
-    dV rounded per query head before a GQA group's sum, every gradient rounded once to `rounding` at the end."""
+    dV rounded per query head before a GQA group's sum, every gradient rounded once to `rounding` at the end.
+    `d_terms=False` skips the D terms (row_d_moves, row_d_size, key_mass, key_d_terms), which only grading against
+    the fused baseline reads."""
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -264,7 +266,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     d_terms = {"moves": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
                "size": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
                "dk": torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device),
-               "mass": torch.zeros(case.b, case.skv, case.hk, dtype=dtype, device=device)} if terms else None
+               "mass": torch.zeros(case.b, case.skv, case.hk, dtype=dtype, device=device)} if terms and d_terms else None
     # A fused kernel that serves GQA computes dK / dV per query head and rounds them to the dtype before summing the
     # group (FlashAttention-2 writes dk_expanded in the dtype, then sums it): the baseline keeps them per head, in
     # fp32 over every chunk of queries, and rounds them once at the end.
@@ -315,8 +317,9 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     g_q, g_k, g_v, g_s = torch.autograd.grad(o_c, (*wrt, s_c), d_c)
                     _add_grad_terms(case, grad_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
                                     g_s, p_c, q_c.detach(), k_c.detach(), d_c)
-                    _add_d_terms(case, d_terms, n, r0, r1, p_c, q_c.detach(), k_c.detach(), o_c.detach(), d_c,
-                                 rms_c)
+                    if d_terms is not None:
+                        _add_d_terms(case, d_terms, n, r0, r1, p_c, q_c.detach(), k_c.detach(), o_c.detach(), d_c,
+                                     rms_c)
                 else:
                     g_q, g_k, g_v = torch.autograd.grad(o_c, wrt, d_c)
                 dq[n, r0:r1] = g_q
@@ -341,6 +344,6 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread,
                      row_rms=row_rms,
                      row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None,
-                     row_d_moves=d_terms["moves"] if terms else None, row_d_size=d_terms["size"] if terms else None,
-                     key_mass=d_terms["mass"] if terms else None,
-                     key_d_terms=d_terms["dk"].amax(-1) if terms and case.d_qk else None)
+                     **({} if d_terms is None else dict(
+                         row_d_moves=d_terms["moves"], row_d_size=d_terms["size"], key_mass=d_terms["mass"],
+                         key_d_terms=d_terms["dk"].amax(-1) if case.d_qk else None)))

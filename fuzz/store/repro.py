@@ -143,8 +143,9 @@ def script(entry) -> str:
     case, device = entry.case, "cpu"
     t = materialize(case, device)
     oracle = Oracle.of(case, t)
-    c = check_out(oracle, oracle.ref.out, oracle.ref.out, get_family(entry))
-    lse_bounds = lse_check(oracle, oracle.ref.lse, get_family(entry)).row_bounds  # None: no row to grade
+    family = get_family(entry)
+    c = check_out(oracle, oracle.ref.out, oracle.ref.out, family)
+    lse_bounds = lse_check(oracle, oracle.ref.lse, family).row_bounds  # None: no row to grade
     lse_bounds = torch.full_like(oracle.ref.lse, float("inf")) if lse_bounds is None else lse_bounds
     small = sum(x.numel() for x in (t.q, t.k, t.v, oracle.ref.out)) <= INLINE
     if small:

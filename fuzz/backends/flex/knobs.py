@@ -70,8 +70,9 @@ def knob_refusal(name: str, case: Case, parts, *, device_type: str, arch: int | 
     if name == "prescale" and (case.softcap is not None or case.alibi_slopes is not None):
         return ("prescale (PRESCALE_QK): the score_mod would see scale * log2(e) * q.k; softcap and ALiBi do not "
                 "commute with that factor, so the answer changes by design")
-    if name == "rows_safe" and empty_rows(case):
-        return (f"rows_safe (ROWS_GUARANTEED_SAFE): {empty_rows(case)} row(s) that flex computes see no key "
+    empty = empty_rows(case) if name == "rows_safe" else 0
+    if empty:
+        return (f"rows_safe (ROWS_GUARANTEED_SAFE): {empty} row(s) that flex computes see no key "
                 f"(padding rows, an empty sequence, a band or mask that hides every key): the promise would be false")
     if name == "decode":
         rows = sum(case.lens_q) if case.layout == "thd" else case.sq
@@ -111,6 +112,7 @@ def eager_refusal(name: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
 def flash_installed() -> bool:
     """torch's own rule for BACKEND='FLASH' (flash_attn.cute importable); False on a torch without FLASH."""
     try:

@@ -3,6 +3,14 @@ JIT compilation with an empty FA4 cache), timed until its first case is logged, 
 (a backend's first drawn cases may be ones it refuses: UNSUPPORTED is a verdict, not a grade).
 
     python3 bench/first_verdict.py --device cuda sdpa-math sdpa-flash fa4 te-fused flex-compiled
+
+--until saved: time to the first finding instead (a FAIL, CRASH or HANG verdict logged: the case's number and the
+seconds), and to its corpus entry saved (found, shrunk and written), for the run as a user starts it (`--isolate`),
+knowing the known bugs of no corpus, or those of a copy of `--corpus-from` less the entries named by `--drop` (globs;
+the copy stands in for the shipped corpus through $ATTNFUZZ_SHIPPED_CORPUS):
+
+    python3 bench/first_verdict.py --device cuda --until saved te-flash
+    python3 bench/first_verdict.py --device cuda --until saved --corpus-from corpus --drop 'fa4-FAIL-ALL_ZERO-*' fa4
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,13 +55,68 @@ def first_verdict(backend: str, device: str, timeout: float) -> tuple[float | No
             proc.wait()
 
 
+def entries(corpus: Path) -> set[str]:
+    return {p.name for p in corpus.glob("*.json") if not p.name.startswith(".")}
+
+
+def first_finding(backend: str, device: str, timeout: float, corpus_from: Path | None, drop: list[str]) -> str:
+    """One line: when the first finding was logged (case number, seconds from spawning the process), when its corpus
+    entry was saved, and the graded cases per second of the run until then."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log, known, corpus = Path(tmp) / "cases.jsonl", Path(tmp) / "known", Path(tmp) / "findings"
+        known.mkdir()
+        if corpus_from is not None:
+            for entry in corpus_from.glob("*.json"):
+                if not any(entry.match(pattern) or entry.stem == pattern for pattern in drop):
+                    shutil.copy(entry, known)
+        env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(Path(tmp) / "fa4-cache"),
+               "ATTNFUZZ_SHIPPED_CORPUS": str(known)}
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", backend, "--device", device,
+                                 "--isolate", "--corpus", str(corpus), "--log", str(log)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        found = saved = None
+
+        def look() -> None:
+            nonlocal found, saved
+            rows = [json.loads(line) for line in (log.read_text().splitlines() if log.exists() else [])
+                    if line.endswith("}")]
+            hits = [i for i, row in enumerate(rows) if row["label"].startswith(("FAIL", "CRASH", "HANG"))]
+            if hits and found is None:
+                found = (hits[0] + 1, rows[hits[0]]["label"], time.perf_counter() - start)
+            if saved is None and corpus.exists() and entries(corpus):   # dot files are the in-flight record, not entries
+                saved = time.perf_counter() - start
+
+        try:
+            while time.perf_counter() - start < timeout and saved is None and proc.poll() is None:
+                look()
+                time.sleep(0.05)
+            look()
+        finally:
+            proc.kill()
+            proc.wait()
+        wall = time.perf_counter() - start
+        rows = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")] if log.exists() else []
+        graded = sum(not row["label"].startswith(("UNSUPPORTED", "CRASH", "HANG")) for row in rows)
+        shown_found = (f"case {found[0]} ({found[1]}) at {found[2]:.1f}s" if found else f"none in {wall:.0f}s")
+        shown_saved = f"{saved:.1f}s" if saved is not None else f"not within {wall:.0f}s"
+        return (f"{backend}: first finding {shown_found}; saved at {shown_saved}; {len(rows)} cases logged, "
+                f"{graded} graded = {graded / wall:.2f} graded cases/s over the run")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("backends", nargs="+")
     p.add_argument("--device", default="cpu")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--until", choices=("verdict", "saved"), default="verdict")
+    p.add_argument("--corpus-from", type=Path, help="--until saved: start from a copy of this corpus")
+    p.add_argument("--drop", action="append", default=[], help="--until saved: leave these entries out of the copy")
     args = p.parse_args()
     for backend in args.backends:
+        if args.until == "saved":
+            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop), flush=True)
+            continue
         seconds, label, graded = first_verdict(backend, args.device, args.timeout)
         shown = f"{seconds:.1f}s" if seconds is not None else "-"
         shown_graded = f"{graded:.1f}s" if graded is not None else "none in the timeout"

@@ -27,8 +27,8 @@ machine moves less), how many cases the check ran on, and the share of the time 
 runs with it (timed around it, case by case, under the same load as the rest: the steadiest of the three figures on
 a shared machine).
 
-On the CPU it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same kernel against a float64
-reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
+For sdpa-math (and sdpa-flash on CUDA) it then runs bench/bare_loop.py (a hand-written Hypothesis test of the same
+kernel against a float64 reference, no attnfuzz) in the same process for as many examples, and prints attnfuzz's rate as a ratio of the bare
 loop's: the fuzzer's overhead, measured under the same load; `--repeats N` alternates the two N times and prints the
 median of the N ratios, by wall time and by the process's CPU time (on a shared machine a single wall-time ratio
 moves by tens of percent; the CPU-time ratio much less).
@@ -192,6 +192,9 @@ def lanes(args) -> None:
           f"{graded / wall:.1f} graded cases/s in aggregate")
 
 
+BARE_KERNEL = {"sdpa-math": "math", "sdpa-flash": "flash"}   # the backends bench/bare_loop.py has a twin of
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="sdpa-math")
@@ -206,7 +209,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2,
                    help="with --batch-check or --space storage: measured runs of each, alternating")
     p.add_argument("--repeats", type=int, default=1,
-                   help="CPU sdpa-math: alternate the fuzz loop and the bare loop this many times; the median ratio")
+                   help="sdpa-math, sdpa-flash: alternate the fuzz loop and the bare loop this many times; the median ratio")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -235,11 +238,11 @@ def main() -> None:
         print(f"small-case rate with storage / without: {rate['on']:.1f} / {rate['off']:.1f} = "
               f"{rate['on'] / rate['off']:.3f} ({drawn} cases with a storage other than plain)")
         return
-    bare = not args.json and args.device == "cpu" and args.backend == "sdpa-math"
+    bare = not args.json and BARE_KERNEL.get(args.backend)
     if bare:
         sys.path.insert(0, str(Path(__file__).parent))
         import bare_loop
-        bare_loop.run(20)  # warm-up
+        bare_loop.run(20, device=args.device, kernel=bare)  # warm-up
     ratios = []
     for _ in range(args.repeats if bare else 1):  # interleaved with the bare loop, so machine load hits both alike
         result = measure(args.backend, args.device, args.examples, args.go, space_named(args.space, args.device),
@@ -247,7 +250,7 @@ def main() -> None:
         print(json.dumps(result) if args.json else describe(result))
         if bare:
             cpu = time.process_time()
-            n, seconds = bare_loop.run(args.examples, args.seed)
+            n, seconds = bare_loop.run(args.examples, args.seed, args.device, bare)
             cpu = time.process_time() - cpu
             ours = result["examples"] / result["seconds"]
             ratios.append((ours / (n / seconds), (result["examples"] / result["cpu_seconds"]) / (n / cpu)))

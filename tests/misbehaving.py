@@ -53,6 +53,20 @@ def raises(q, k, v, *, causal, window, bottom_right, scale):
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
+_BROKEN = {"device": False}
+
+
+def breaks_the_process_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """A sticky device error: a causal case raises (as a misaligned or illegal address does on CUDA), and every
+    later call in the same process dies (exit code 1), as the next CUDA call of a process whose context is lost."""
+    if _BROKEN["device"]:
+        os._exit(1)
+    if causal:
+        _BROKEN["device"] = True
+        raise RuntimeError("CUDA error: misaligned address")
+    return _plain(q, k, v, scale)
+
+
 segfault_when_causal.supports = lambda case: case.window == (None, None) or "a plain kernel: no windows"
 slow_first.supports = segfault_when_causal.supports
 

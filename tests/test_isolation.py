@@ -80,6 +80,17 @@ def test_segfault_is_a_crash_and_the_next_case_still_passes():
     assert after.status == V.PASS, after
 
 
+def test_a_case_after_a_raised_device_error_runs_in_a_fresh_worker():
+    # a raised CUDA error can leave the process's context unusable: the next case must not inherit it (on an H200,
+    # cases after sdpa-efficient's misaligned-address errors died with exit code 1 and were saved as FLAKY crashes)
+    with Worker("tests.misbehaving:breaks_the_process_when_causal", timeout_s=20) as worker:
+        crash = worker.run(PLAIN.replace(causal=True))
+        after = worker.run(PLAIN)
+    assert crash.status == V.CRASH and "misaligned address" in crash.message, crash
+    assert after.status == V.PASS, after
+    assert worker.restarts == 1
+
+
 def test_a_segfault_is_shrunk_each_attempt_in_a_fresh_worker():
     spec = "tests.misbehaving:segfault_when_causal"
     with Worker(spec, timeout_s=20) as worker:

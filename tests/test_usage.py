@@ -141,3 +141,14 @@ def test_a_run_from_another_folder_reports_no_shipped_bug_as_new(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--backend", "sdpa-flash", "--seed", "1", "--max-examples", "300"]) == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_shipped_corpus_can_be_replaced_by_another_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNFUZZ_SHIPPED_CORPUS", raising=False)
+    shipped = corpus_io.shipped_dir()
+    path, entry = next((p, e) for p, e in corpus_io.load_all(shipped)[0] if e.known_bug)
+    assert corpus_io.known_bugs(corpus_io.shipped_dir())(entry.backend, entry.case, entry.verdict)
+    (tmp_path / "curated").mkdir()
+    monkeypatch.setenv("ATTNFUZZ_SHIPPED_CORPUS", str(tmp_path / "curated"))
+    assert corpus_io.shipped_dir() == tmp_path / "curated"
+    assert corpus_io.known_bugs(corpus_io.shipped_dir())(entry.backend, entry.case, entry.verdict) is None, path.name

@@ -187,6 +187,15 @@ class Worker:
         return verdict
 
     def run(self, case: Case) -> V.Verdict:
+        verdict = self._run(case)
+        if verdict.status == V.CRASH and self._process is not None:
+            # the backend raised: a CUDA error it raised (a misaligned or illegal address) can leave the process's
+            # context unusable, and the next case would die of it; it gets a fresh worker instead
+            self.restarts += 1
+            self._stop()
+        return verdict
+
+    def _run(self, case: Case) -> V.Verdict:
         limit = self.limit_s
         adapted = "" if limit == self.timeout_s else (
             f" (the limit after {self.hangs} HANG(s): {self.hang_factor:g} x the slowest answer, "

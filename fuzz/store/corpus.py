@@ -210,7 +210,11 @@ def load_all(directory: Path) -> tuple[list[tuple[Path, Entry]], list[CorpusErro
 
 
 def shipped_dir() -> Path:
-    """The corpus that ships with attnfuzz: the repository's corpus/ folder, installed as attnfuzz.shipped_corpus."""
+    """The corpus that ships with attnfuzz: the repository's corpus/ folder, installed as attnfuzz.shipped_corpus;
+    $ATTNFUZZ_SHIPPED_CORPUS names another folder in its place (a team's curated corpus, or an empty one to time how
+    a run finds a bug the shipped corpus already knows)."""
+    if os.environ.get("ATTNFUZZ_SHIPPED_CORPUS"):
+        return Path(os.environ["ATTNFUZZ_SHIPPED_CORPUS"])
     from importlib.resources import files
     return Path(str(files("attnfuzz.shipped_corpus")))
 

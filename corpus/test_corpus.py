@@ -13,6 +13,7 @@ import pytest
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.cli import changed_label, replay_outcome
+from attnfuzz.store.known import predates
 
 
 def test_entry(corpus_entry, attnfuzz_replay) -> None:
@@ -22,7 +23,11 @@ def test_entry(corpus_entry, attnfuzz_replay) -> None:
     if outcome == "skip":
         pytest.skip(verdict.message)
     if outcome == "unreproduced":
-        pytest.skip(f"flaky known bug {entry.known_bug['link']} did not come back this run")
+        how = " (output it never writes: --attnfuzz-poison-memory shows it every time)" * bool(
+            entry.known_bug.get("unwritten"))
+        pytest.skip(f"flaky known bug {entry.known_bug['link']} did not come back this run{how}")
+    if outcome == "predates":
+        pytest.skip(predates(entry.known_bug))
     if outcome == "xfail":
         pytest.xfail(f"known bug {entry.known_bug['link']}: {verdict.label}{changed_label(entry, verdict)}")
     if outcome == "xpass":

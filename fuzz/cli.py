@@ -17,7 +17,7 @@ from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
-from attnfuzz.store.known import TRAITS, when_fields
+from attnfuzz.store.known import TRAITS, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import Tally, fuzz
@@ -193,14 +193,18 @@ def cmd_run(args) -> int:
 
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly),
-    'unreproduced' (a known FLAKY bug that did not come back this time: no evidence either way) or 'fail' (a
-    regression)."""
+    'unreproduced' (a known FLAKY bug, or one of unwritten output replayed without --poison-memory, that did not come
+    back this time: no evidence either way), 'predates' (it
+    passes on a release older than the bug: store/known.py's `since`) or 'fail' (a regression)."""
     if verdict.status == V.UNSUPPORTED:
         return "skip"
     if entry.known_bug:
         if verdict.failed:
             return "xfail"
-        return "unreproduced" if entry.verdict.status == V.FLAKY else "xpass"
+        if predates(entry.known_bug):
+            return "predates"
+        unwritten = entry.known_bug.get("unwritten") and not poison.enabled()
+        return "unreproduced" if entry.verdict.status == V.FLAKY or unwritten else "xpass"
     return "fail" if verdict.failed else "pass"
 
 
@@ -239,7 +243,8 @@ def cmd_replay(args) -> int:
         outcome = replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "saved": entry.verdict.label,
-                     "changed": changed_label(entry, verdict) if outcome == "xfail" else "", "message": verdict.message,
+                     "changed": changed_label(entry, verdict) if outcome == "xfail" else "",
+                     "message": predates(entry.known_bug) if outcome == "predates" else verdict.message,
                      "known_bug": entry.known_bug})
     if args.isolate:
         workers.close()

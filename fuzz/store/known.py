@@ -4,12 +4,18 @@ A record, {"link": ..., "note": ..., "match": ..., "when": {...}, "labels": [...
 bug is fixed: while fuzzing, a failure of the entry's backend and verdict label (or one of `labels`: a bug whose
 output is garbage reads 0, NaN or wrong values from run to run) whose message contains `match` and whose case has
 the values in `when` (each optional) counts as this known bug, and the search goes on past it. `when` names Case
-fields or the TRAITS below, which say what field equality cannot ("some sequence has no query").
+fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). `since`, as
+{"torch": "2.13"}, says which release of a package brought the bug: where an older one is installed, an entry that
+passes is not affected there (its replay is skipped, saying so) rather than fixed. `unwritten: true` says the bug
+is output the kernel never writes: it fails where that memory held garbage and passes where it held zeros, so a replay
+that passes without --poison-memory (attnfuzz.engine.poison) is no evidence of a fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from importlib import metadata
 from typing import Callable
 
 from attnfuzz.oracles import verdict as V
@@ -54,9 +60,33 @@ def record_problem(record, case: Case) -> str | None:
     labels = record.get("labels", [])
     if not (isinstance(labels, list) and all(isinstance(label, str) for label in labels)):
         return "field 'known_bug.labels' must be a list of verdict labels"
+    since = record.get("since", {})
+    if not (isinstance(since, dict) and all(isinstance(v, str) and _release(v) for v in since.values())):
+        return "field 'known_bug.since' must be an object of package names and versions, as {\"torch\": \"2.13\"}"
+    if not isinstance(record.get("unwritten", False), bool):
+        return "field 'known_bug.unwritten' must be true or false"
     unknown = sorted(set(record.get("when", {})) - set(when_fields(case)))
     if unknown:
         return f"field 'known_bug.when' names {unknown}, which are neither Case fields nor traits ({', '.join(TRAITS)})"
+    return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading release numbers of a version: '2.11.0+cu130' -> (2, 11, 0)."""
+    found = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(x) for x in found.group(0).split(".")) if found else ()
+
+
+def predates(record: dict) -> str | None:
+    """Where an installed package is older than the release its known bug came with (`since`): which, and its
+    version; else None (also when the package is not installed: nothing says the bug is absent)."""
+    for package, first in record.get("since", {}).items():
+        try:
+            here = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+        if _release(here) < _release(first):
+            return f"{package} {here} predates this known bug (since {package} {first})"
     return None
 
 

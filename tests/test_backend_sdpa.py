@@ -155,6 +155,26 @@ def test_a_kernel_refusal_at_call_time_is_unsupported_not_a_crash():
         get("sdpa-flash", "cpu").run(case, materialize(case))
 
 
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_the_efficient_kernels_own_alignment_check_is_a_refusal_and_a_fault_stays_a_crash(where, monkeypatch):
+    """On an H200, SDPA's memory-efficient kernel answers a tensor one element into its buffer with its own check,
+    "p.key_ptr is not correctly aligned" (forward) or "p.value_ptr ..." (backward): a refusal with that reason. A
+    misaligned-address fault (the kernel did not check) stays a crash."""
+    import torch.nn.functional as F
+    case = Case(sq=4, skv=4, d_qk=8, d_v=8, grads=where == "backward")
+    backend = get("sdpa-math", "cpu")
+    target = (F, "scaled_dot_product_attention") if where == "forward" else (torch.autograd, "grad")
+    for message, refused in (("p.key_ptr is not correctly aligned", True), ("CUDA error: misaligned address", False)):
+        def fails(*args, message=message, **kwargs):
+            raise RuntimeError(message)
+        monkeypatch.setattr(*target, fails)
+        expected = Unsupported if refused else RuntimeError
+        with pytest.raises(expected, match=message) as caught:
+            backend.run(case, materialize(case))
+        assert isinstance(caught.value, Unsupported) == refused
+        monkeypatch.undo()
+
+
 def test_spellings_follow_the_case():
     flash = get("sdpa-flash", "cpu")
     assert flash.spellings(Case(sq=8, skv=12, causal=True)) == ("", "causal_upper_left", "bool_mask", "float_mask")

@@ -218,3 +218,14 @@ def test_an_isolated_replay_asks_the_worker_whether_the_backend_is_available(mon
     with Worker("fa4", "cpu", timeout_s=60) as worker:
         verdict = replay_io.replay(entry, "cpu", worker=worker)
     assert verdict.status == V.UNSUPPORTED and "fa4 is not available here" in verdict.message, verdict
+
+
+@pytest.mark.parametrize("text", [
+    "CUDA error: an illegal memory access was encountered",
+    "cudaErrorIllegalAddress (error code: 700)",
+    "CUDA Error Code: 700 (at <unknown>:0)",   # FA4's launcher on an H200: the code alone
+])
+def test_an_illegal_address_is_named_however_it_is_wrapped(text):
+    from attnfuzz.engine.harness import crash_diagnosis
+    assert crash_diagnosis(RuntimeError(text)) == V.CUDA_ILLEGAL_ADDRESS
+    assert crash_diagnosis(ValueError("head dim 7 is not supported")) == "ValueError"

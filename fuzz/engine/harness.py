@@ -182,8 +182,10 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
 
 
 # CUDA errors reach Python wrapped in whatever touched the device next (AcceleratorError, CUDADialectError from FA4's
-# CuTe runtime, InternalTorchDynamoError inside torch.compile): named by the error, one crash is one label.
-CUDA_ERRORS = {V.CUDA_ILLEGAL_ADDRESS: ("an illegal memory access was encountered", "cudaErrorIllegalAddress")}
+# CuTe runtime, InternalTorchDynamoError inside torch.compile, a RuntimeError naming only the code from FA4's
+# launcher): named by the error, one crash is one label.
+CUDA_ERRORS = {V.CUDA_ILLEGAL_ADDRESS: ("an illegal memory access was encountered", "cudaErrorIllegalAddress",
+                                        "CUDA Error Code: 700")}
 
 
 def crash_diagnosis(error: Exception) -> str:

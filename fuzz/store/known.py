@@ -39,6 +39,7 @@ TRAITS = {
     "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
     # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
     "offset_storage": lambda c: "offset" in c.storage,
+    "alibi": lambda c: c.alibi_slopes is not None,
     # flex_attention's kernel option BACKEND="FLASH" in the spelling (fuzz/backends/flex/knobs.py)
     "flex_flash_backend": lambda c: "flash" in c.spelling.split("+"),
 }

@@ -51,6 +51,14 @@ LSE_OPS = {
 }
 
 
+def _refuse_misaligned(kernel: str, error: RuntimeError) -> None:
+    """The memory-efficient kernel's own check of its pointers ("p.query_ptr is not correctly aligned") is a refusal
+    (Unsupported): torch's dispatcher does not look at pointers, so the kernel says it. Other errors pass."""
+    if "is not correctly aligned" in str(error):
+        raise Unsupported(f"{kernel} refused at call time: {str(error).splitlines()[0]} (the kernel's own check of "
+                          f"a tensor's pointer; torch's dispatcher does not check alignment)") from None
+
+
 @dataclass(frozen=True)
 class Spelling:
     """How one case is written for SDPA: the mask spelling and the GQA spelling ("" when h == hk)."""
@@ -220,11 +228,16 @@ class SdpaBackend(Backend):
             except RuntimeError as e:
                 if "No available kernel" in str(e) or "No viable backend" in str(e):
                     raise Unsupported(f"{self.kernel} refused at call time: {_torch_reason(caught, e)}") from None
+                _refuse_misaligned(self.kernel, e)
                 raise
         result = Output(out=out.detach().transpose(1, 2), ran=self.kernel)
         if case.grads:
             dout = tensors.dout.transpose(1, 2)
-            grads = torch.autograd.grad(out, leaves, dout)
+            try:
+                grads = torch.autograd.grad(out, leaves, dout)
+            except RuntimeError as e:
+                _refuse_misaligned(self.kernel, e)
+                raise
             result.dq, result.dk, result.dv = (_logical(case, g, s) for g, s in zip(grads, (case.sq, case.skv, case.skv)))
         with torch.no_grad():
             result.lse, note = self._lse(case, tensors, spelling, qh, kh, vh)

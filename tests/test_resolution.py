@@ -215,3 +215,20 @@ def test_the_planted_gradient_row_bug_is_caught_in_bf16(bug, name):
     if name is not None:
         assert verdict.worst.tensor == name and verdict.worst.index[:2] == (0, 700), verdict
         assert gradient_check(oracle, name, getattr(output, name), "fused").ok   # the rule before
+
+
+def test_probe_reads_no_padding_row_even_when_every_row_is_padding():
+    """On an H200, sdpa-cudnn's rows past seqlens_q = [0, 0] held 0.5 (the kernel may write anything there), and the
+    probe check, finding no graded row, read that padding row anyway: a false FAIL:MASK_LEAK. Control: the same
+    value on a graded row still fails."""
+    case = Case(b=2, sq=1, skv=2, h=1, hk=1, d_qk=8, d_v=8, seqlens_q=(0, 0), seqlens_kv=(2, 2), values="probe",
+                dtype="float16")
+    t = materialize(case)
+    out, lse = _fused(case, t)
+    out[:, :, :, 0] = 0.5
+    assert grade(case, t, Output(out, lse=lse + 1.0), oracle=Oracle.of(case, t)).status == V.PASS
+    graded = case.replace(seqlens_q=(1, 0))
+    t = materialize(graded)
+    out, _ = _fused(graded, t)
+    out[0, 0, 0, 0] += 0.5
+    assert grade(graded, t, Output(out), oracle=Oracle.of(graded, t)).failed

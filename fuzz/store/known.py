@@ -40,6 +40,7 @@ TRAITS = {
     # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
     "offset_storage": lambda c: "offset" in c.storage,
     "alibi": lambda c: c.alibi_slopes is not None,
+    "softmax_sink": lambda c: c.softmax != "vanilla",  # off_by_one or learnable: a sink term in the denominator
     # flex_attention's kernel option BACKEND="FLASH" in the spelling (fuzz/backends/flex/knobs.py)
     "flex_flash_backend": lambda c: "flash" in c.spelling.split("+"),
 }

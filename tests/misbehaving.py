@@ -67,6 +67,12 @@ def breaks_the_process_when_causal(q, k, v, *, causal, window, bottom_right, sca
     return _plain(q, k, v, scale)
 
 
+def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
+    if causal:
+        raise ValueError("causal is not implemented")
+    return _plain(q, k, v, scale)
+
+
 segfault_when_causal.supports = lambda case: case.window == (None, None) or "a plain kernel: no windows"
 slow_first.supports = segfault_when_causal.supports
 

@@ -91,6 +91,16 @@ def test_a_case_after_a_raised_device_error_runs_in_a_fresh_worker():
     assert worker.restarts == 1
 
 
+def test_an_error_of_the_backends_own_keeps_the_worker():
+    # a compile error or a failed check leaves the CUDA context as it was: forking a fresh worker (and re-importing
+    # a kernel library, re-loading its JIT cache) for each would slow a stream with many known crashes
+    with Worker("tests.misbehaving:refuses_causal_loudly", timeout_s=20) as worker:
+        crash = worker.run(PLAIN.replace(causal=True))
+        after = worker.run(PLAIN)
+    assert crash.status == V.CRASH and crash.diagnosis == "ValueError", crash
+    assert after.status == V.PASS and worker.restarts == 0, (after, worker.restarts)
+
+
 def test_a_segfault_is_shrunk_each_attempt_in_a_fresh_worker():
     spec = "tests.misbehaving:segfault_when_causal"
     with Worker(spec, timeout_s=20) as worker:

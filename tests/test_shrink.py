@@ -124,3 +124,23 @@ def test_cli_refuses_a_backend_that_cannot_run_here(tmp_path, capsys):
     assert main(["shrink", str(path), "--device", "cpu"]) == 2
     assert "fa4 is not available on cpu" in capsys.readouterr().err
     assert list(tmp_path.glob("*.json")) == [path]
+
+
+def test_a_failure_far_past_its_bound_is_not_traded_for_one_barely_past_it(tmp_path):
+    """On an H200 an FA4 row 788x past its bound shrank, step by step, to a case 1.2x past it that failed 3 runs of 4:
+    another effect. A step is kept only while its FAIL stays at least 2x its bound (or as far as the first case);
+    the control without that rule walks down to the marginal case."""
+    from types import SimpleNamespace
+    from attnfuzz.tools.shrink import _shrink_entry
+
+    def run(case):   # far off while sq >= 8, barely off below
+        return V.Verdict(V.FAIL, V.TOLERANCE, "rows off", ratio=788.0 if case.sq >= 8 else 1.2)
+
+    path = _save(tmp_path, "sdpa-math", BIG, "FAIL:TOLERANCE")
+    args = SimpleNamespace(entry=path, max_runs=400)
+    assert _shrink_entry(args, corpus_io.load(path), run, "cpu", "") == 0
+    [new] = [p for p in tmp_path.glob("*.json") if p != path]
+    shrunk = corpus_io.load(new)
+    assert shrunk.case.sq == 8 and shrunk.verdict.ratio == 788.0, shrunk.case
+    marginal, _, _ = shrink(BIG, lambda case: run(case))    # the rule left out: it slides to sq = 1
+    assert marginal.sq == 1

@@ -53,14 +53,15 @@ def finish_shrinking(finding, run: Callable[[Case], V.Verdict]):
     """A compile-aware search's finding (attnfuzz.engine.harness.Finding) shrunk further outside Hypothesis: a draw
     pinned to a compiled configuration keeps that configuration's dtype, head dims and switches however Hypothesis
     shrinks it, so the greedy shrinker walks them toward plain, each step kept while the case fails with the same
-    label (so the shrunk finding is of the same type). A hang is not re-run (each run would cost the whole timeout),
-    nor what is FLAKY."""
+    label and as clearly (reshrink.as_clear), so the shrunk finding is of the same type. A hang is not re-run (each
+    run would cost the whole timeout), nor what is FLAKY."""
     if finding.verdict.status in (V.HANG, V.FLAKY):
         return finding
 
     def fails(case: Case) -> V.Verdict | None:
         verdict = run(case)
-        return verdict if verdict.label == finding.verdict.label else None
+        return verdict if verdict.label == finding.verdict.label and reshrink.as_clear(verdict, finding.verdict) \
+            else None
 
     case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS)
     if verdict is None:

@@ -91,6 +91,18 @@ def candidates(case: Case) -> Iterator[Case]:
         yield _valid(case, d_v=d)
 
 
+CLEAR = 2.0   # how far past its bound a FAIL a shrink keeps must stay (or as far as the failure it started from)
+
+
+def as_clear(verdict: V.Verdict, first: V.Verdict) -> bool:
+    """Whether a shrink step's verdict is as clear a failure as the one the shrink started from, up to CLEAR times
+    the bound: a FAIL far past its bound (788x, on an H200) is not traded for one barely past it (1.2x, and flaky),
+    which may be another effect, or rounding. Crashes, hangs and non-finite output have no such measure."""
+    if verdict.status != V.FAIL or first.status != V.FAIL:
+        return True
+    return verdict.ratio >= min(first.ratio, CLEAR)
+
+
 def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: int = 400,
            on_step: Callable[[Case, V.Verdict], None] | None = None) -> tuple[Case, V.Verdict | None, int]:
     """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over

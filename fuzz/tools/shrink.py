@@ -5,7 +5,8 @@ process died on it (CRASH:PROCESS_DIED), one saved from a campaign log, or one f
 such a case toward the plainest one that still fails the same way: it tries simpler cases one field at a time (the
 switches off, then fewer sequences, shorter lengths, fewer heads, no shared pages, smaller pages, smaller head dims) and keeps each change under which
 the backend still fails with the same label (or, for a known bug, one of its `labels`; and still fits its `match`
-and `when`), until no change keeps it. The case it ends on is run three more times, as the fuzzer confirms a
+and `when`; a FAIL at least twice its bound, or as far past it as the case it started from: reshrink.as_clear),
+until no change keeps it. The case it ends on is run three more times, as the fuzzer confirms a
 finding: one that does not fail the same way every time is saved FLAKY (a known FLAKY bug that passes a replay is
 unreproduced, not fixed). Each run goes through the backend's isolated worker when asked, so a crash or a hang costs
 one run.
@@ -21,7 +22,7 @@ from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import known_bugs_of
 from attnfuzz.engine import options
 from attnfuzz.oracles import verdict as V
-from attnfuzz.engine.reshrink import candidates, shrink  # noqa: F401  (candidates: the steps, for tests)
+from attnfuzz.engine.reshrink import as_clear, candidates, shrink  # noqa: F401  (candidates: the steps, for tests)
 from attnfuzz.strategies.case import Case
 
 
@@ -74,7 +75,7 @@ def _shrink_entry(args, entry: corpus_io.Entry, run, device: str, version: str) 
 
     def fails(case: Case) -> V.Verdict | None:
         verdict = run(case)
-        same = verdict.label in labels and fits(entry.backend, case, verdict)
+        same = verdict.label in labels and fits(entry.backend, case, verdict) and as_clear(verdict, first)
         return verdict if same else None
 
     steps = lambda case, verdict: print(f"  still {verdict.label}: {case!r}", file=sys.stderr)  # noqa: E731

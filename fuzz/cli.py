@@ -194,8 +194,8 @@ def cmd_run(args) -> int:
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly),
     'unreproduced' (a known FLAKY bug, or one of unwritten output replayed without --poison-memory, that did not come
-    back this time: no evidence either way), 'predates' (it
-    passes on a release older than the bug: store/known.py's `since`) or 'fail' (a regression)."""
+    back this time: no evidence either way), 'predates' (it passes on a release older than the bug: store/known.py's
+    `since`) or 'fail' (a regression)."""
     if verdict.status == V.UNSUPPORTED:
         return "skip"
     if entry.known_bug:

@@ -40,7 +40,10 @@ def test_planted_bug_is_found_named_and_shrunk(name):
     assert f"FAIL:{diagnosis}" in labels, f"{name}: found {labels} in {tally.to_dict()}"
     case = next(f.case for f in findings if f.verdict.diagnosis == diagnosis)
     assert case.b <= (2 if name == "broken-batch" else 1), case
-    assert case.h == (4 if name == "broken-gqa" else 1), case
+    # NaN on rows that see no key: under a random mask whether the row is empty depends on the draw, which moves
+    # with the head count; one head was reached only through a batch of padding rows alone, which a probe check
+    # read as a failure (it reads no such row now), so a few heads may stay
+    assert case.h == (4 if name == "broken-gqa" else 1) or (name == "broken-nan-rows" and case.h <= 4), case
     assert minimal(case), f"{name}: not shrunk far enough: {case!r}"
 
 

@@ -1,0 +1,31 @@
+"""bench/first_verdict.py --until saved: when a run's first finding is logged and saved, against a planted kernel,
+with no known bugs and with the planted bug known (through a stand-in for the shipped corpus)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from first_verdict import first_finding  # noqa: E402
+
+from attnfuzz.cli import main  # noqa: E402
+
+
+def test_the_first_finding_is_timed_until_its_entry_is_saved(monkeypatch, tmp_path):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])   # the planted kernel imports from the checkout
+    line = first_finding("tests.misbehaving:zero_when_causal", "cpu", 120, None, [])
+    assert "first finding case " in line and "(FAIL:ALL_ZERO)" in line and "saved at " in line, line
+    assert "not within" not in line, line
+    # the same bug known in the stand-in shipped corpus: logged as KNOWN, nothing found, nothing saved
+    corpus = tmp_path / "corpus"
+    argv = ["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--seed", "0",
+            "--corpus", str(corpus)]
+    assert main(argv) == 1
+    [entry] = corpus.glob("*.json")
+    assert main(["known", str(entry), "--link", "https://example.org/zero-when-causal"]) == 0
+    line = first_finding("tests.misbehaving:zero_when_causal", "cpu", 30, corpus, [])
+    assert "first finding none" in line and "saved at not within" in line, line
+    dropped = first_finding("tests.misbehaving:zero_when_causal", "cpu", 120, corpus, [entry.stem])
+    assert "(FAIL:ALL_ZERO)" in dropped and "not within" not in dropped, dropped

@@ -47,7 +47,7 @@ class Oracle:
         # may be either)
         fused = family is None or fused_backward(case, family)
         ref = reference(case, tensors, device=device, d_terms=fused)
-        grads = None if family is None or not fused_backward(case, family) else False
+        grads = False if family is not None and fused else None
         naive = reference(case, tensors, dtype=torch_dtype(case), device=device, grads=grads, terms=False)
         if not _finite_where(naive, ref):
             # Overflow in the dtype (extreme logits) would make the bound infinite; fall back to an fp32 baseline.

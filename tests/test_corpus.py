@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -370,45 +369,3 @@ def test_a_cpu_entrys_script_runs_under_the_isa_it_was_recorded_on(tmp_path):
     ok = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert ok.returncode == 0 and "recorded on DEFAULT, which this run is not" in ok.stdout, ok.stdout + ok.stderr
 
-
-def test_a_known_bug_that_passes_on_a_release_before_it_came_is_not_called_fixed(tmp_path):
-    """`since` {"torch": "2.13"}: on an older torch a passing replay is 'predates' (skipped, saying which release is
-    installed), on torch from that release on it is 'xpass' (mark it fixed), and a failure stays an expected one."""
-    from attnfuzz.cli import replay_outcome
-    from attnfuzz.store.known import predates
-    import torch
-    here = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    major, minor = (int(x) for x in here.split("."))
-    entry = corpus_io.load(_under_isa(tmp_path / "known", corpus_io.host_isa(), backend="sdpa-math"))
-    passed = V.Verdict(V.PASS, None, "")
-    failed = V.Verdict(V.FAIL, "ALL_ZERO", "every graded output element is 0")
-    newer = dataclasses.replace(entry, known_bug={**entry.known_bug, "since": {"torch": f"{major}.{minor + 1}"}})
-    assert replay_outcome(newer, passed) == "predates"
-    assert f"torch {torch.__version__} predates this known bug (since torch {major}.{minor + 1})" == predates(
-        newer.known_bug)
-    assert replay_outcome(newer, failed) == "xfail"
-    same = dataclasses.replace(entry, known_bug={**entry.known_bug, "since": {"torch": here}})
-    assert replay_outcome(same, passed) == "xpass" and predates(same.known_bug) is None
-    absent = dataclasses.replace(entry, known_bug={**entry.known_bug, "since": {"no-such-package": "99"}})
-    assert replay_outcome(absent, passed) == "xpass"
-
-
-@pytest.mark.parametrize("since", [["torch", "2.13"], {"torch": 2.13}, {"torch": "latest"}])
-def test_a_known_bug_since_must_name_packages_and_versions(since):
-    from attnfuzz.store.known import record_problem
-    problem = record_problem({"link": "https://example.org/bug", "since": since}, Case(sq=1, skv=1, d_qk=8, d_v=8))
-    assert problem and "known_bug.since" in problem
-
-
-def test_a_known_bug_of_unwritten_output_that_passes_unpoisoned_is_no_evidence_of_a_fix(tmp_path, monkeypatch):
-    """`unwritten: true`: a pass without --poison-memory is 'unreproduced' (the memory held zeros), a pass with it
-    is 'xpass' (the kernel now writes its output)."""
-    from attnfuzz.cli import replay_outcome
-    from attnfuzz.engine import poison
-    entry = corpus_io.load(_under_isa(tmp_path / "known", corpus_io.host_isa(), backend="sdpa-math"))
-    unwritten = dataclasses.replace(entry, known_bug={**entry.known_bug, "unwritten": True})
-    passed = V.Verdict(V.PASS, None, "")
-    monkeypatch.setattr(poison, "enabled", lambda: False)
-    assert replay_outcome(unwritten, passed) == "unreproduced" and replay_outcome(entry, passed) == "xpass"
-    monkeypatch.setattr(poison, "enabled", lambda: True)
-    assert replay_outcome(unwritten, passed) == "xpass"

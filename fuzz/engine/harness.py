@@ -186,6 +186,14 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
 # launcher): named by the error, one crash is one label.
 CUDA_ERRORS = {V.CUDA_ILLEGAL_ADDRESS: ("an illegal memory access was encountered", "cudaErrorIllegalAddress",
                                         "CUDA Error Code: 700")}
+# ... and any CUDA error, however wrapped (torch's AcceleratorError, FA4's CuTe runtime, its launcher)
+CUDA_ERROR_TEXT = ("CUDA error", "cudaError", "CUDA Error Code", "CUDA_ERROR_")
+
+
+def raised_cuda_error(verdict: V.Verdict) -> bool:
+    """Whether a crash the backend raised was a CUDA error, after which the process's CUDA context is unusable (an
+    error of the backend's own, a compile error or a failed check, leaves the process fit for the next case)."""
+    return verdict.diagnosis in CUDA_ERRORS or any(text in verdict.message for text in CUDA_ERROR_TEXT)
 
 
 def crash_diagnosis(error: Exception) -> str:

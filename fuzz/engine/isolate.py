@@ -85,16 +85,6 @@ def _start_fork_server() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-# How a raised CUDA error reads, whatever wrapped it (torch's AcceleratorError, FA4's CuTe runtime, its launcher)
-CUDA_ERROR_TEXT = ("CUDA error", "cudaError", "CUDA Error Code", "CUDA_ERROR_")
-
-
-def _device_lost(verdict: V.Verdict) -> bool:
-    """Whether a crash the backend raised was a CUDA error, after which the process's CUDA context is unusable
-    (an error of its own, a compile error or a failed check, leaves the worker fit for the next case)."""
-    return verdict.diagnosis == V.CUDA_ILLEGAL_ADDRESS or any(text in verdict.message for text in CUDA_ERROR_TEXT)
-
-
 def _death(exitcode: int | None) -> str:
     """SIGSEGV, SIGABRT, ... for a signal; EXIT_<n> for an exit code."""
     if exitcode is not None and exitcode < 0:
@@ -197,8 +187,9 @@ class Worker:
         return verdict
 
     def run(self, case: Case) -> V.Verdict:
+        from attnfuzz.engine.harness import raised_cuda_error
         verdict = self._run(case)
-        if verdict.status == V.CRASH and self._process is not None and _device_lost(verdict):
+        if verdict.status == V.CRASH and self._process is not None and raised_cuda_error(verdict):
             # a CUDA error the backend raised (a misaligned or illegal address) leaves the process's context unusable,
             # and the next case would die of it: it gets a fresh worker instead
             self.restarts += 1

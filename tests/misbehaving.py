@@ -171,8 +171,24 @@ def naps_and_wraps(q, k, v, *, causal, window, bottom_right, scale):
     return _plain(q, k, v, scale, causal, bottom_right)
 
 
+_FAILED = {"once": False}
+
+
+def zero_when_causal_then_naps(q, k, v, *, causal, window, bottom_right, scale):
+    """zero_when_causal, except that once it has given a wrong answer in this process every later call naps as
+    `naps` does, leaving ATTNFUZZ_TEST_NAP's file + ".napping" behind: a run stopped then has a failure graded and
+    its shrink under way."""
+    if _FAILED["once"] and os.environ.get(NAP):
+        Path(os.environ[NAP] + ".napping").touch()
+        _nap()
+    _FAILED["once"] = _FAILED["once"] or causal
+    out = _plain(q, k, v, scale)
+    return out * 0 if causal else out
+
+
 naps.supports = segfault_when_causal.supports
 naps_and_wraps.supports = segfault_when_causal.supports
+zero_when_causal_then_naps.supports = segfault_when_causal.supports
 
 
 def drops_causal(q, k, v, *, causal, window, bottom_right, scale):

@@ -96,6 +96,22 @@ def test_attnfuzz_run_interrupted_mid_case_leaves_no_finding(tmp_path, sig, spec
     assert "Traceback" not in stopped.stdout, stopped.stdout[-3000:]
 
 
+def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path):
+    """A time limit that ends a run while it shrinks loses the shrink, not the failure: the first failing case of
+    each label is saved as found, with the command to shrink it; the case it was running is still not a finding."""
+    corpus = tmp_path / "corpus"
+    stopped = stopped_mid_case(_run_command("tests.misbehaving:zero_when_causal_then_naps", corpus, "--max-examples",
+                                            "50"), tmp_path, signal.SIGTERM, group=True, inflight="nap.napping")
+    assert stopped.returncode == 143, stopped.stdout[-3000:]
+    assert "1 failure(s) graded before the stop saved as found" in stopped.stdout, stopped.stdout[-3000:]
+    assert "attnfuzz shrink" in stopped.stdout, stopped.stdout[-3000:]
+    saved = [p.name for p in corpus.glob("*.json")]
+    assert len(saved) == 1 and "-FAIL-ALL_ZERO-" in saved[0], leftovers(corpus)
+    entry = corpus_io.load(corpus / saved[0])
+    assert entry.case.causal and entry.verdict.label == "FAIL:ALL_ZERO"
+    assert not list(corpus.glob(".inflight-*")), leftovers(corpus)
+
+
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_pytest_fuzz_interrupted_mid_case_leaves_no_finding(tmp_path, sig):
     corpus = tmp_path / "corpus"

@@ -5,11 +5,12 @@
                                 [--repeats N]
 
 --space small (the default): small shapes (b <= 2, s <= 64, h <= 4, d <= 64). default: the device's default Space
-(Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short: that Space
-held to the lengths and head dims drawn before long shapes (max_len 160, d <= 128); compare: short, then default, in
-one process, and the ratio of their small-case rates; storage: the small space without per-tensor storage
-(storages=("plain",)) and with it (the default), alternating `--rounds` times in one process, and the ratio of
-their summed small-case rates (what drawing and laying out the buffers costs). Besides the totals, each run reports its small-case rate
+(Space.for_device, what `attnfuzz run` draws: one case in 10 of a long shape, head dims to 512); short:
+that Space held to the lengths and head dims drawn before long shapes (max_len 160, d <= 128); compare: short and
+default alternating in one process, `--rounds` times each, and the ratio of their summed small-case rates (with
+`--long-one-in N`, the default space draws one long case in N instead); storage: the small space without per-tensor
+storage (storages=("plain",)) and with it (the default), alternating `--rounds` times in one process, and the ratio
+of their summed small-case rates (what drawing and laying out the buffers costs). Besides the totals, each run reports its small-case rate
 (graded cases with sq, skv <= 160 per second of the whole run: what long cases cost the everyday ones) and the share
 of the time spent on long cases (a case's time: from the previous case's verdict to its own).
 
@@ -51,8 +52,9 @@ from attnfuzz.strategies.space import Space
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
 
 
-def space_named(name: str, device: str) -> Space:
-    space = {"small": SMALL, "default": Space.for_device(device),
+def space_named(name: str, device: str, long_one_in: int | None = None) -> Space:
+    default = Space.for_device(device)
+    space = {"small": SMALL, "default": default.replace(long_one_in=long_one_in or default.long_one_in),
              "short": Space.for_device(device).replace(max_len=SMALL_LEN, max_head_dim=128)}[name]
     # on a GPU, plain buffers only: torch's flash and efficient SDPA kernels fault on a tensor one element into its
     # buffer (corpus/sdpa-flash-CRASH-EXIT_1-fac5df0cfa14), which loses the CUDA context of the measured process
@@ -207,9 +209,10 @@ def main() -> None:
     p.add_argument("--batch-check", action="store_true",
                    help="measure the batch-invariance check's cost: the same cases with it off and on")
     p.add_argument("--rounds", type=int, default=2,
-                   help="with --batch-check or --space storage: measured runs of each, alternating")
+                   help="with --batch-check or --space storage / compare: measured runs of each, alternating")
     p.add_argument("--repeats", type=int, default=1,
                    help="sdpa-math, sdpa-flash: alternate the fuzz loop and the bare loop this many times; the median ratio")
+    p.add_argument("--long-one-in", type=int, help="the default space's share of long cases, one in N (Space.long_one_in)")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--go", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -220,11 +223,19 @@ def main() -> None:
     if args.batch_check:
         return batch_cost(args)
     if args.space == "compare":
-        short, default = (measure(args.backend, args.device, args.examples, space=space_named(name, args.device),
-                                  space_name=name, seed=args.seed) for name in ("short", "default"))
-        print(describe(short) + "\n" + describe(default))
-        print(f"small-case rate, default / short space: "
-              f"{(default['small'] / default['seconds']) / (short['small'] / short['seconds']):.2f}")
+        runs = {"short": [], "default": []}
+        for round_ in range(args.rounds):  # ABBA, so drift on a shared machine hits both alike
+            for name in ("short", "default") if round_ % 2 == 0 else ("default", "short"):
+                runs[name].append(measure(args.backend, args.device, args.examples,
+                                          space=space_named(name, args.device, args.long_one_in), space_name=name,
+                                          seed=args.seed + round_))   # a seed a round: other mixes of cases
+                print(describe(runs[name][-1]))
+        rate = {name: sum(r["small"] for r in rs) / sum(r["seconds"] for r in rs) for name, rs in runs.items()}
+        cpu = {name: sum(r["small"] for r in rs) / sum(r["cpu_seconds"] for r in rs) for name, rs in runs.items()}
+        long_share = sum(r["long_s"] for r in runs["default"]) / sum(r["small_s"] + r["long_s"] for r in runs["default"])
+        print(f"small-case rate, default / short space, over {args.rounds} runs of each: "
+              f"{rate['default'] / rate['short']:.2f} (by CPU time {cpu['default'] / cpu['short']:.2f}); long cases "
+              f"took {100 * long_share:.1f}% of the default space's time")
         return
     if args.space == "storage":
         runs: dict[str, list[dict]] = {"off": [], "on": []}

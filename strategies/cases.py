@@ -23,7 +23,6 @@ SCORE_COST = 32        # a score's mask, exp and softmax cost the oracle about a
 #                        its dot products (CPU, float64: 1.2 us a score at d = 3, 60 ns a multiply-add at d = 512)
 SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are cheap enough to draw in thousands
 STORAGE_ONE_IN = 6     # one bshd case without a paged cache in 6 lays q, k, v out in drawn buffers (Case.storage)
-LONG_ONE_IN = 10       # one case in 10 takes its lengths from the ladder, a decode shape or a tall shape
 DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
 DECODE_MAX_QUERIES = 16
 # Long lengths are weighted toward tile residues, where a kernel's last tile is partial: (tile, residue) pairs
@@ -178,14 +177,14 @@ def ladder_length(draw, lo: int, hi: int) -> int:
 
 
 def _lengths(draw, space: Space) -> tuple[int, int]:
-    """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in LONG_ONE_IN, where
-    space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries over
+    """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in space.long_one_in,
+    where space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries over
     DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Keys stop where even one head of the
     narrowest head dims would pass space.max_work (on a CPU, squares up to about 700). Shrinks toward the short
     cases."""
     short = min(space.max_len, SMALL_LEN)
     kinds = _long_kinds(space)
-    if kinds and coin(draw, LONG_ONE_IN):
+    if kinds and coin(draw, space.long_one_in):
         kind = pick(draw, kinds)
         if kind == "decode":
             sq = uniform(draw, 1, DECODE_MAX_QUERIES)

@@ -34,7 +34,7 @@ def _subset(name: str, value, allowed) -> None:
 class Space:
     """Bounds and feature switches for attention_cases(). Defaults are a CPU's (`for_device` gives a GPU's).
 
-    max_len: the longest sequence; past attnfuzz.strategies.cases.SMALL_LEN only the one case in LONG_ONE_IN that
+    max_len: the longest sequence; past attnfuzz.strategies.cases.SMALL_LEN only the one case in `long_one_in` that
     draws a long shape reaches it. max_decode_len: the most keys a decode shape draws (default: max_len). max_work:
     what a case may cost the float64 oracle, in multiply-adds (attnfuzz.strategies.cases.work: b * h * sq * skv *
     (d_qk + d_v + 32); 2**24 is about 0.1 to 0.3 s on one CPU core). head_dims: the head dims a backend takes on
@@ -46,6 +46,7 @@ class Space:
     max_head_dim: int = 512
     max_decode_len: int | None = None
     max_work: int = 2**24
+    long_one_in: int = 10            # one case in this many draws a long shape, where max_len passes SMALL_LEN
     head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
     layouts: tuple[str, ...] = LAYOUTS
@@ -74,7 +75,7 @@ class Space:
     storages: tuple[str, ...] = STORAGES  # per-tensor buffer layouts (Case.storage); ("plain",) turns them off
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work"):
+        for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work", "long_one_in"):
             _positive(name, getattr(self, name))
         if self.max_decode_len is not None:
             _positive("max_decode_len", self.max_decode_len)
@@ -118,9 +119,9 @@ GPU_MAX_LEN = 16384
 GPU_MAX_DECODE_LEN = 131072
 # A GPU case's oracle cost in multiply-adds, at most: the float64 oracle runs about 3.6e11 of them a second on an H200
 # (a forward case of 2^35 took 120 ms; gradients ~2.7x that) and a small case's whole loop takes about 10 ms there,
-# so a long case costs at most about 5 small cases (13 with gradients) and, drawn one time in LONG_ONE_IN
-# (attnfuzz.strategies.cases), long cases hold a bounded share of a run's time (docs/performance.md). 2^34 still
-# reaches every length: a 16k x 16k square with head dims to 32, 128k decode keys with any.
+# so a long case costs at most about 5 small cases (13 with gradients) and, drawn one time in Space.long_one_in,
+# long cases hold a bounded share of a run's time (docs/performance.md). 2^34 still reaches every length: a 16k x 16k
+# square with head dims to 32, 128k decode keys with any.
 GPU_MAX_WORK = 2**34
 
 

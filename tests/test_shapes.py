@@ -110,6 +110,23 @@ def test_a_short_space_draws_no_long_shape():
     short()
 
 
+def test_long_one_in_sets_the_share_of_long_shapes():
+    def long_share(space: Space) -> float:
+        seen = []
+
+        @settings(max_examples=200, deadline=None, derandomize=True, database=None)
+        @given(case=attention_cases(space))
+        def draw(case):
+            seen.append(max(case.sq, case.skv) > SMALL_LEN)
+
+        draw()
+        return sum(seen) / len(seen)
+
+    assert long_share(Space(long_one_in=1)) > 0.5 > 0.25 > long_share(Space())
+    with pytest.raises(ValueError, match="long_one_in"):
+        Space(long_one_in=0)
+
+
 def _refuses_above(limit):
     return lambda case: f"head dim above {limit}" if max(case.d_qk, case.d_v) > limit else None
 

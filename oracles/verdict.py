@@ -9,7 +9,7 @@ import torch
 PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY = "PASS", "FAIL", "UNSUPPORTED", "CRASH", "HANG", "FLAKY"
 KNOWN = "KNOWN"  # a failure matching a known bug of the corpus: reported, not raised, so the search goes on
 # Not a run's verdict: what a stopped-case record (corpus/.stopped/) says of the case a run was stopped on, with
-# nothing to show that the case ended it (attnfuzz.store.corpus.recover_inflight). Never a finding.
+# nothing to show that the case ended it (attnfuzz.store.inflight.recover_inflight). Never a finding.
 STOPPED = "STOPPED"
 STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY, KNOWN)
 FAILED = (FAIL, CRASH, HANG, FLAKY)  # a finding, unless a known bug takes it

@@ -155,13 +155,12 @@ def cmd_run(args) -> int:
         progress = Progress(name, backend_settings.max_examples)
         log = CaseLog(args.log, name)
 
-        graded_failures: dict[str, tuple[Case, Verdict]] = {}   # the first of each label, as found
+        as_found = corpus_io.AsFound(name, args.device, backend.version())
 
         def on_case(case, verdict, seen):
             progress.update(seen)
             log.write(case, verdict)
-            if verdict.failed:
-                graded_failures.setdefault(verdict.label, (case, verdict))
+            as_found.see(case, verdict)
 
         worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
         try:
@@ -170,9 +169,9 @@ def cmd_run(args) -> int:
                                    known=corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus), worker=worker)
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
-                  f"{len(graded_failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
-            for case, verdict in graded_failures.values():   # a stop while shrinking loses only the shrink
-                _save_unshrunk(args.corpus, backend, args.device, case, verdict)
+                  f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
+            for said in as_found.save(args.corpus):   # a stop while shrinking loses only the shrink
+                print(f"[{name}] {said}", file=sys.stderr)
             raise
         finally:
             if worker is not None:
@@ -195,14 +194,6 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     return 1 if found else 0
-
-
-def _save_unshrunk(corpus: Path, backend, device: str, case: Case, verdict: Verdict) -> None:
-    entry = corpus_io.Entry(backend=backend.name, case=case, verdict=verdict, device=device,
-                            backend_version=backend.version())
-    new = not (corpus / entry.filename).exists()
-    path = corpus_io.save(corpus, entry)
-    print(f"[{backend.name}] {corpus_io.describe_saved(entry, path, new=new, shrunk=False)}", file=sys.stderr)
 
 
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:

@@ -3,13 +3,15 @@
 A backend that cannot run here is skipped with the reason; every failure is shrunk by Hypothesis, saved to the
 corpus (JSON + standalone repro script) and reported. The case being run waits on disk (`.inflight-<backend>.json`
 in the corpus), so a session killed by a segfault leaves it behind, with a crash record beside it: the next session
-saves it as CRASH:PROCESS_DIED and fails with it. Ctrl-C or SIGTERM interrupt the session (pytest's exit 2) and leave
-nothing; a case left by a session killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed
-on (attnfuzz.store.inflight.recover_inflight).
+saves it as CRASH:PROCESS_DIED and fails with it. Ctrl-C or SIGTERM interrupt the session (pytest's exit 2); the case
+it was running is no finding, a failure graded before the stop is saved as found, unshrunk. A case left by a session
+killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed on
+(attnfuzz.store.inflight.recover_inflight).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -28,7 +30,7 @@ class StoppedCase(UserWarning):
     """The last session stopped mid-case with nothing to show the case ended it: kept for replay, not a finding."""
 
 
-def test_backend(fuzz_backend: str, attnfuzz) -> None:
+def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
     backend = get(fuzz_backend, attnfuzz.device)
     why = backend.available()
     if why is not None:
@@ -43,12 +45,19 @@ def test_backend(fuzz_backend: str, attnfuzz) -> None:
             warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
     space = Space.for_device(attnfuzz.device, attnfuzz.max_len)
     worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
+    as_found = corpus_io.AsFound(fuzz_backend, attnfuzz.device, backend.version())
     try:
-        with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", and no finding
+        with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", the running case no finding
             tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings,
-                                   seed=attnfuzz.seed, worker=worker,
+                                   seed=attnfuzz.seed, worker=worker, on_case=as_found.see,
                                    known=corpus_io.known_bugs(corpus_io.shipped_dir(), findings_dir),
                                    inflight=inflight_io.inflight_path(findings_dir, backend.name))
+    except interrupt.Interrupted:
+        saved = as_found.save(findings_dir)
+        with pytestconfig.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            for said in saved:  # shown past the capture: an interrupted session prints no captured output
+                print(f"{fuzz_backend}: saved as found before the stop: {said}", file=sys.stderr)
+        raise
     finally:
         if worker is not None:
             worker.close()

@@ -96,14 +96,19 @@ def test_attnfuzz_run_interrupted_mid_case_leaves_no_finding(tmp_path, sig, spec
     assert "Traceback" not in stopped.stdout, stopped.stdout[-3000:]
 
 
-def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path):
+FOUND_THEN_NAPS = "tests.misbehaving:zero_when_causal_then_naps"
+
+
+@pytest.mark.parametrize("front", ["run", "pytest"])
+def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path, front):
     """A time limit that ends a run while it shrinks loses the shrink, not the failure: the first failing case of
     each label is saved as found, with the command to shrink it; the case it was running is still not a finding."""
     corpus = tmp_path / "corpus"
-    stopped = stopped_mid_case(_run_command("tests.misbehaving:zero_when_causal_then_naps", corpus, "--max-examples",
-                                            "50"), tmp_path, signal.SIGTERM, group=True, inflight="nap.napping")
-    assert stopped.returncode == 143, stopped.stdout[-3000:]
-    assert "1 failure(s) graded before the stop saved as found" in stopped.stdout, stopped.stdout[-3000:]
+    command = (_run_command(FOUND_THEN_NAPS, corpus, "--max-examples", "50") if front == "run"
+               else _pytest_command(FOUND_THEN_NAPS, corpus, "--attnfuzz-max-examples", "50"))
+    stopped = stopped_mid_case(command, tmp_path, signal.SIGTERM, group=True, inflight="nap.napping")
+    expected_exit = 143 if front == "run" else pytest.ExitCode.INTERRUPTED
+    assert stopped.returncode == expected_exit, stopped.stdout[-3000:]
     assert "attnfuzz shrink" in stopped.stdout, stopped.stdout[-3000:]
     saved = [p.name for p in corpus.glob("*.json")]
     assert len(saved) == 1 and "-FAIL-ALL_ZERO-" in saved[0], leftovers(corpus)

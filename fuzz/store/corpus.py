@@ -155,6 +155,29 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
     return path
 
 
+class AsFound:
+    """The first failing case of each label a run grades (`see` is an on_case callback), so that a run stopped
+    before its search ends (a time limit while it shrinks, Ctrl-C) still saves what it found: `save` writes them
+    unshrunk and returns what describe_saved says of each."""
+
+    def __init__(self, backend: str, device: str, backend_version: str = ""):
+        self.backend, self.device, self.backend_version = backend, device, backend_version
+        self.failures: dict[str, tuple[Case, Verdict]] = {}
+
+    def see(self, case: Case, verdict: Verdict, *_) -> None:
+        if verdict.failed:
+            self.failures.setdefault(verdict.label, (case, verdict))
+
+    def save(self, directory: Path) -> list[str]:
+        said = []
+        for case, verdict in self.failures.values():
+            entry = Entry(backend=self.backend, case=case, verdict=verdict, device=self.device,
+                          backend_version=self.backend_version)
+            new = not (directory / entry.filename).exists()
+            said.append(describe_saved(entry, save(directory, entry), new=new, shrunk=False))
+        return said
+
+
 def replays_isolated(verdict: Verdict) -> bool:
     """Whether an entry's case should be replayed in a worker: a hang, or a crash that kills or poisons a process."""
     return verdict.status == HANG or (verdict.status == CRASH and (verdict.diagnosis or "").startswith(

@@ -24,14 +24,14 @@ from attnfuzz.backends import get
 from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
-from tests.misbehaving import NAP
+from tests.misbehaving import CASES_UNDER, NAP
 
 ROOT = Path(__file__).resolve().parents[1]
 NAPS, WRAPS = "tests.misbehaving:naps", "tests.misbehaving:naps_and_wraps"
 
 
-def _env(nap: Path) -> dict:
-    return {**os.environ, NAP: str(nap), "PYTHONPATH": str(ROOT)}
+def _env(nap: Path, **more: str) -> dict:
+    return {**os.environ, NAP: str(nap), "PYTHONPATH": str(ROOT), **more}
 
 
 def _run_command(spec: str, corpus: Path, *options: str) -> list[str]:
@@ -52,13 +52,14 @@ def _wait_for(ready, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 def stopped_mid_case(command: list[str], tmp_path: Path, sig: int, *, group: bool,
-                     inflight: str = ".inflight-*.json", settle: float = 1.0) -> subprocess.CompletedProcess:
+                     inflight: str = ".inflight-*.json", settle: float = 1.0,
+                     env: dict | None = None) -> subprocess.CompletedProcess:
     """Start `command` with the napping kernels napping, wait until a case waits on disk, send `sig` (to the whole
     process group when `group`, as a terminal's Ctrl-C does), let later calls run at once, and wait for the end."""
     nap = tmp_path / "nap"
     nap.touch()
-    proc = subprocess.Popen(command, cwd=ROOT, env=_env(nap), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=_env(nap, **(env or {})), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         _wait_for(lambda: list(tmp_path.glob(f"**/{inflight}")), proc)
         time.sleep(settle)  # well inside the case (an isolated worker has started and is napping)
@@ -104,9 +105,11 @@ def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path, front):
     """A time limit that ends a run while it shrinks loses the shrink, not the failure: the first failing case of
     each label is saved as found, with the command to shrink it; the case it was running is still not a finding."""
     corpus = tmp_path / "corpus"
-    command = (_run_command(FOUND_THEN_NAPS, corpus, "--max-examples", "50") if front == "run"
-               else _pytest_command(FOUND_THEN_NAPS, corpus, "--attnfuzz-max-examples", "50"))
-    stopped = stopped_mid_case(command, tmp_path, signal.SIGTERM, group=True, inflight="nap.napping")
+    # the ci profile keeps no example database: a failure saved there by another run would be replayed first
+    command = (_run_command(FOUND_THEN_NAPS, corpus, "--max-examples", "50", "--profile", "ci") if front == "run" else
+               _pytest_command(FOUND_THEN_NAPS, corpus, "--attnfuzz-max-examples", "50", "--attnfuzz-profile", "ci"))
+    stopped = stopped_mid_case(command, tmp_path, signal.SIGTERM, group=True, inflight="nap.napping",
+                               env={CASES_UNDER: str(corpus)})
     expected_exit = 143 if front == "run" else pytest.ExitCode.INTERRUPTED
     assert stopped.returncode == expected_exit, stopped.stdout[-3000:]
     assert "attnfuzz shrink" in stopped.stdout, stopped.stdout[-3000:]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnfuzz.oracles.fold import fold, unfold
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
@@ -234,7 +235,7 @@ def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tenso
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
-              rounding: torch.dtype | None = None, d_terms: bool = True) -> Reference:
+              rounding: torch.dtype | None = None, d_terms: bool = True, fold_batch: bool = True) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
     low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
     `terms=False` skips dv_terms and d_rounding (an extra backward pass) and the sizes of the logits' terms
@@ -243,7 +244,12 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     pass of a fused kernel: fp32 everywhere, P and dS rounded to `rounding` before the products that take them, dK /
     dV rounded per query head before a GQA group's sum, every gradient rounded once to `rounding` at the end.
     `d_terms=False` skips the D terms (row_d_moves, row_d_size, key_mass, key_d_terms), which only grading against
-    the fused baseline reads."""
+    the fused baseline reads. A batch of whole sequences without an explicit mask is computed in one pass, its
+    sequences folded into the heads (oracles/fold.py; `fold_batch=False`: one sequence at a time)."""
+    folded = fold(case, t) if fold_batch and head_map == "div" else None
+    if folded is not None:
+        return unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale, grads=grads,
+                                chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms), case)
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import subprocess
 import sys
@@ -11,9 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
 
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import materialize
+from attnfuzz.strategies.cases import attention_cases
+from attnfuzz.strategies.materialize import draw, materialize, torch_dtype
+from attnfuzz.strategies.space import Space
+from attnfuzz.oracles.fold import fold
 from attnfuzz.oracles.reference import reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,3 +209,41 @@ def test_oracle_calls_no_attention_backend():
                                  "from attnfuzz.backends import get"])
 def test_independence_check_fires(bad):
     assert independence_violations(bad), bad
+
+
+FOLD_SPACE = Space(max_len=48, max_work=2**18)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(case=attention_cases(FOLD_SPACE))
+def test_a_folded_batch_gives_what_one_sequence_at_a_time_gives(case):
+    """The batch folded into the heads (oracles/fold.py) is the same reference, field by field: the float64 one to
+    1e-12, the dtype's and the fp32 baselines to their own rounding (a GEMM over more heads may block differently)."""
+    t = draw(case, "cpu")
+    fused = None if case.dtype == "float32" else torch_dtype(case)
+    baselines = [dict(), dict(dtype=torch_dtype(case), terms=False, grads=False),
+                 dict(dtype=torch.float32, terms=False, rounding=fused)]
+    for options in baselines:
+        folded, apart = reference(case, t, **options), reference(case, t, fold_batch=False, **options)
+        exact = options.get("dtype", torch.float64) == torch.float64
+        for field in dataclasses.fields(folded):
+            a, b = getattr(folded, field.name), getattr(apart, field.name)
+            for name, x in (a.items() if isinstance(a, dict) else [("", a)]):
+                y = b[name] if name else b
+                if isinstance(x, torch.Tensor):
+                    assert x.shape == y.shape and x.dtype == y.dtype, (field.name, name)
+                    assert torch.allclose(x.double(), y.double(), rtol=1e-12 if exact else 1e-4,
+                                          atol=0 if exact else 1e-6, equal_nan=True), (field.name, name, case)
+                else:
+                    assert x == y or math.isclose(x, y, rel_tol=1e-12), (field.name, x, y)
+
+
+def test_only_a_batch_of_whole_unmasked_sequences_is_folded():
+    whole = Case(b=3, sq=5, skv=7, h=4, hk=2, d_qk=8, d_v=8, alibi_slopes=(0.5, 0.25, 0.125, 0.0625))
+    one, tensors = fold(whole, materialize(whole))
+    assert (one.b, one.h, one.hk, len(one.alibi_slopes)) == (1, 12, 6, 12) and tensors.q.shape == (1, 5, 12, 8)
+    assert fold(whole.replace(b=1, alibi_slopes=(0.5, 0.25, 0.125, 0.0625)), materialize(whole.replace(b=1))) is None
+    padded = whole.replace(seqlens_q=(5, 2, 5), seqlens_kv=(7, 7, 7))
+    assert fold(padded, materialize(padded)) is None
+    masked = whole.replace(mask_density=0.5)
+    assert fold(masked, materialize(masked)) is None

@@ -11,6 +11,7 @@ killed from outside (SIGKILL) is kept under .stopped/ and warned about, not fail
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 
@@ -54,7 +55,8 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
                                    inflight=inflight_io.inflight_path(findings_dir, backend.name))
     except interrupt.Interrupted:
         saved = as_found.save(findings_dir)
-        with pytestconfig.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")   # None under -p no:capture
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             for said in saved:  # shown past the capture: an interrupted session prints no captured output
                 print(f"{fuzz_backend}: saved as found before the stop: {said}", file=sys.stderr)
         raise

@@ -148,6 +148,11 @@ def describe(r: dict) -> str:
             + "".join(f"\n  {f}" for f in r["findings"]))
 
 
+def summed_rates(runs: dict[str, list[dict]], count: str, seconds: str = "seconds") -> dict[str, float]:
+    """Per mode, the runs' summed `count` over their summed `seconds` (wall, or "cpu_seconds")."""
+    return {mode: sum(r[count] for r in rs) / sum(r[seconds] for r in rs) for mode, rs in runs.items()}
+
+
 def batch_cost(args) -> None:
     """The same cases with the batch check off and on, alternately: the rate of each and their ratio."""
     from attnfuzz.engine import batch
@@ -163,8 +168,7 @@ def batch_cost(args) -> None:
                                           seed=args.seed))
             finally:
                 batch.checked = checked
-    rate = {mode: sum(r["graded"] for r in rs) / sum(r["seconds"] for r in rs) for mode, rs in runs.items()}
-    cpu = {mode: sum(r["graded"] for r in rs) / sum(r["cpu_seconds"] for r in rs) for mode, rs in runs.items()}
+    rate, cpu = summed_rates(runs, "graded"), summed_rates(runs, "graded", "cpu_seconds")
     on = runs["on"][-1]
     share = sum(r["batch_s"] for r in runs["on"]) / sum(r["seconds"] for r in runs["on"])
     print(f"{args.backend} on the {args.space} space, {args.examples} examples x {args.rounds} rounds each: "
@@ -230,8 +234,7 @@ def main() -> None:
                                           space=space_named(name, args.device, args.long_one_in), space_name=name,
                                           seed=args.seed + round_))   # a seed a round: other mixes of cases
                 print(describe(runs[name][-1]))
-        rate = {name: sum(r["small"] for r in rs) / sum(r["seconds"] for r in rs) for name, rs in runs.items()}
-        cpu = {name: sum(r["small"] for r in rs) / sum(r["cpu_seconds"] for r in rs) for name, rs in runs.items()}
+        rate, cpu = summed_rates(runs, "small"), summed_rates(runs, "small", "cpu_seconds")
         long_share = sum(r["long_s"] for r in runs["default"]) / sum(r["small_s"] + r["long_s"] for r in runs["default"])
         print(f"small-case rate, default / short space, over {args.rounds} runs of each: "
               f"{rate['default'] / rate['short']:.2f} (by CPU time {cpu['default'] / cpu['short']:.2f}); long cases "
@@ -244,7 +247,7 @@ def main() -> None:
                 runs[name].append(measure(args.backend, args.device, args.examples, space=space,
                                           space_name=f"small, storage {name}", seed=args.seed))
                 print(describe(runs[name][-1]))
-        rate = {name: sum(r["small"] for r in rs) / sum(r["seconds"] for r in rs) for name, rs in runs.items()}
+        rate = summed_rates(runs, "small")
         drawn = sum(r["storage_cases"] for r in runs["on"])
         print(f"small-case rate with storage / without: {rate['on']:.1f} / {rate['off']:.1f} = "
               f"{rate['on'] / rate['off']:.3f} ({drawn} cases with a storage other than plain)")

@@ -44,6 +44,28 @@ def test_a_hang_is_confirmed_in_a_fresh_worker_before_it_is_called_one():
     assert took >= 3, f"the case had 1 s, then 2 s: {took:.1f} s in all"
 
 
+@pytest.mark.parametrize("spare", [True, False])
+def test_after_a_replacement_the_next_worker_starts_while_the_case_before_runs(spare):
+    """Shrinking a crash replaces the worker at every step: once one has been replaced, a spare pays the backend's
+    start-up (here 3 s of import) during the step before, and the next crash step does not wait for it."""
+    startup = 3.0
+    causal = PLAIN.replace(causal=True)
+    with Worker("tests.slow_start:segfault_when_causal", timeout_s=60, spare=spare,
+                env={"ATTNFUZZ_TEST_STARTUP_S": str(startup)}) as worker:
+        assert worker.run(causal).status == V.CRASH
+        assert worker.run(causal.replace(seed=1)).status == V.CRASH  # a replacement: the spare starts behind it
+        time.sleep(startup + 1)  # what a shrink step's kernel and grading take
+        start = time.perf_counter()
+        third = worker.run(causal.replace(seed=2))
+        took = time.perf_counter() - start
+        assert worker.run(PLAIN).status == V.PASS, "the worker after the spare serves cases too"
+    assert (third.status, third.diagnosis) == (V.CRASH, "SIGSEGV"), third
+    if spare:
+        assert took < startup / 2, f"the spare was ready: {took:.1f} s"
+    else:
+        assert took >= startup, f"without a spare every replacement waits for the start-up: {took:.1f} s"
+
+
 def test_a_case_slow_only_the_first_time_gets_its_real_verdict(tmp_path, monkeypatch):
     """A JIT compile that outlasts the limit once: the retry in a fresh worker answers, so it is not a HANG."""
     monkeypatch.chdir(tmp_path)  # the kernel's marker lives in the working directory, which each worker takes

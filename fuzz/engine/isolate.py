@@ -8,7 +8,9 @@ When it does not answer within the timeout it is killed, and a fresh worker runs
 not a hung one. If that attempt answers, its verdict stands, with a line among its checks saying the first attempt
 timed out and how long the second took; if it is silent too, the case is a HANG (TIMEOUT). So a HANG costs
 timeout x (1 + confirm_factor). Either way a fresh worker serves the next case, so Hypothesis can shrink a crash like
-any other failure, each attempt in a clean process.
+any other failure, each attempt in a clean process. Once a worker has been replaced, a spare one is kept starting
+behind the one at work: shrinking a crash replaces the worker at every step, and a backend whose start-up takes
+seconds (TE, FA4's CUTLASS DSL: imports and a CUDA context) then pays it while the step before runs, not after it.
 
 Once a HANG is confirmed, the worker's later cases get an adaptive limit instead of the timeout: max(HANG_FLOOR_S,
 HANG_FACTOR x the slowest answer seen so far), never above the timeout, with the same confirmation at confirm_factor
@@ -101,11 +103,12 @@ class Worker:
     more in a fresh worker with `timeout_s * confirm_factor` before it is a HANG; confirm_factor None, 0 or 1 turns
     that off. `restarts` counts the workers replaced, `hangs` the HANGs confirmed, `slowest_s` the slowest answer;
     after a HANG, `limit_s` is the adaptive limit (module docstring; hang_factor None keeps the timeout). `env`:
-    variables set in the worker before the backend is built. Use as a context manager, or call close()."""
+    variables set in the worker before the backend is built. `spare` (default on): once a worker has been replaced,
+    keep the next one starting (module docstring). Use as a context manager, or call close()."""
 
     def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1,
                  confirm_factor: float | None = 2.0, hang_floor_s: float = HANG_FLOOR_S,
-                 hang_factor: float | None = HANG_FACTOR, env: dict[str, str] | None = None):
+                 hang_factor: float | None = HANG_FACTOR, env: dict[str, str] | None = None, spare: bool = True):
         self.spec, self.device, self.timeout_s, self.threads = spec, device, timeout_s, threads
         self.confirm_factor = confirm_factor
         self.hang_floor_s, self.hang_factor = hang_floor_s, hang_factor
@@ -117,19 +120,30 @@ class Worker:
         self._conn = None
         self._unavailable: str | None = None
         self.restarts = 0
+        self.spare = spare
+        self._spare: tuple | None = None  # (process, pipe) of the spare worker, once one is kept
+
+    def _spawn(self) -> tuple:
+        """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=_serve, daemon=True,
+                                        args=(child, self.spec, self.device, self.threads, poison.enabled(), self.env))
+        _start_fork_server()
+        process.start()
+        child.close()
+        return process, parent
 
     def _start(self) -> None:
-        parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, daemon=True,
-                                              args=(child, self.spec, self.device, self.threads, poison.enabled(),
-                                                    self.env))
-        _start_fork_server()
-        self._process.start()
-        child.close()
-        self._conn = parent
+        """The next worker: the spare when one is alive (its start-up overlapped the cases before), else a new one;
+        then, once a worker has been replaced, a new spare behind it."""
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare[0].is_alive():
+            spare[0].join(timeout=10)
+            spare = None
+        self._process, self._conn = spare or self._spawn()
         # start-up (importing the backend) is not the case's time
         try:
-            hello = parent.recv() if parent.poll(STARTUP_S) else None
+            hello = self._conn.recv() if self._conn.poll(STARTUP_S) else None
             ready = isinstance(hello, tuple) and hello[0] == "ready"
         except (EOFError, ConnectionResetError):
             ready = False
@@ -139,6 +153,8 @@ class Worker:
             self._stop()
             raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
                                f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
+        if self.spare and self.restarts:
+            self._spare = self._spawn()
 
     def _stop(self) -> None:
         started = self._process is not None and self._process.pid is not None  # a start may have been interrupted
@@ -234,6 +250,12 @@ class Worker:
             except (BrokenPipeError, OSError):
                 pass
         self._stop()
+        if self._spare is not None:
+            process, conn = self._spare
+            self._spare = None
+            conn.close()
+            process.kill()
+            process.join(timeout=10)
 
     def __enter__(self) -> Worker:
         return self

@@ -7,7 +7,8 @@ JIT compilation with an empty FA4 cache), timed until its first case is logged, 
 --until saved: time to the first finding instead (a FAIL, CRASH or HANG verdict logged: the case's number and the
 seconds), and to its corpus entry saved (found, shrunk and written), for the run as a user starts it (`--isolate`),
 knowing the known bugs of no corpus, or those of a copy of `--corpus-from` less the entries named by `--drop` (globs;
-the copy stands in for the shipped corpus through $ATTNFUZZ_SHIPPED_CORPUS):
+the copy stands in for the shipped corpus through $ATTNFUZZ_SHIPPED_CORPUS); `--keep DIR` keeps each run's case log
+(every case's label and seconds: a timeline of the search and the shrink) and its stderr:
 
     python3 bench/first_verdict.py --device cuda --until saved te-flash
     python3 bench/first_verdict.py --device cuda --until saved --corpus-from corpus --drop 'fa4-FAIL-ALL_ZERO-*' fa4
@@ -59,9 +60,12 @@ def entries(corpus: Path) -> set[str]:
     return {p.name for p in corpus.glob("*.json") if not p.name.startswith(".")}
 
 
-def first_finding(backend: str, device: str, timeout: float, corpus_from: Path | None, drop: list[str]) -> str:
+def first_finding(backend: str, device: str, timeout: float, corpus_from: Path | None, drop: list[str],
+                  keep: Path | None = None) -> str:
     """One line: when the first finding was logged (case number, seconds from spawning the process), when its corpus
-    entry was saved, and the graded cases per second of the run until then."""
+    entry was saved, the graded cases per second of the run until then, and the cases run after the finding (its
+    shrink and confirmation) with their mean seconds. `keep`: a folder that receives the run's case log and stderr
+    (<backend>.jsonl, <backend>.err) for a case-by-case timeline."""
     with tempfile.TemporaryDirectory() as tmp:
         log, known, corpus = Path(tmp) / "cases.jsonl", Path(tmp) / "known", Path(tmp) / "findings"
         known.mkdir()
@@ -72,9 +76,10 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
         env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(Path(tmp) / "fa4-cache"),
                "ATTNFUZZ_SHIPPED_CORPUS": str(known)}
         start = time.perf_counter()
+        stderr = (Path(tmp) / "stderr").open("w")
         proc = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", backend, "--device", device,
                                  "--isolate", "--corpus", str(corpus), "--log", str(log)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=stderr)
         found = saved = None
 
         def look() -> None:
@@ -95,13 +100,23 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
         finally:
             proc.kill()
             proc.wait()
+            stderr.close()
         wall = time.perf_counter() - start
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            name = backend.replace(":", "-").replace("/", "-")
+            for source, suffix in ((log, "jsonl"), (Path(tmp) / "stderr", "err")):
+                if source.exists():
+                    shutil.copy(source, keep / f"{name}.{suffix}")
         rows = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")] if log.exists() else []
         graded = sum(not row["label"].startswith(("UNSUPPORTED", "CRASH", "HANG")) for row in rows)
         shown_found = (f"case {found[0]} ({found[1]}) at {found[2]:.1f}s" if found else f"none in {wall:.0f}s")
         shown_saved = f"{saved:.1f}s" if saved is not None else f"not within {wall:.0f}s"
+        after = rows[found[0]:] if found else []
+        shown_after = (f"; after the finding {len(after)} cases, {sum(r['seconds'] for r in after) / len(after):.2f}s "
+                       f"each on average" if after else "")
         return (f"{backend}: first finding {shown_found}; saved at {shown_saved}; {len(rows)} cases logged, "
-                f"{graded} graded = {graded / wall:.2f} graded cases/s over the run")
+                f"{graded} graded = {graded / wall:.2f} graded cases/s over the run{shown_after}")
 
 
 def main() -> None:
@@ -112,10 +127,12 @@ def main() -> None:
     p.add_argument("--until", choices=("verdict", "saved"), default="verdict")
     p.add_argument("--corpus-from", type=Path, help="--until saved: start from a copy of this corpus")
     p.add_argument("--drop", action="append", default=[], help="--until saved: leave these entries out of the copy")
+    p.add_argument("--keep", type=Path, help="--until saved: a folder for each run's case log and stderr")
     args = p.parse_args()
     for backend in args.backends:
         if args.until == "saved":
-            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop), flush=True)
+            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop, args.keep),
+                  flush=True)
             continue
         seconds, label, graded = first_verdict(backend, args.device, args.timeout)
         shown = f"{seconds:.1f}s" if seconds is not None else "-"

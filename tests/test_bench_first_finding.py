@@ -15,9 +15,12 @@ from attnfuzz.cli import main  # noqa: E402
 
 def test_the_first_finding_is_timed_until_its_entry_is_saved(monkeypatch, tmp_path):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])   # the planted kernel imports from the checkout
-    line = first_finding("tests.misbehaving:zero_when_causal", "cpu", 120, None, [])
+    line = first_finding("tests.misbehaving:zero_when_causal", "cpu", 120, None, [], keep=tmp_path / "kept")
     assert "first finding case " in line and "(FAIL:ALL_ZERO)" in line and "saved at " in line, line
-    assert "not within" not in line, line
+    assert "not within" not in line and "; after the finding " in line, line
+    kept = (tmp_path / "kept" / "tests.misbehaving-zero_when_causal.jsonl").read_text().splitlines()
+    assert any('"label": "FAIL:ALL_ZERO"' in row for row in kept), "the kept log holds the run's cases"
+    assert (tmp_path / "kept" / "tests.misbehaving-zero_when_causal.err").exists()
     # the same bug known in the stand-in shipped corpus: logged as KNOWN, nothing found, nothing saved
     corpus = tmp_path / "corpus"
     argv = ["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--seed", "0",

@@ -9,7 +9,7 @@ import pytest
 
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import fuzz
-from attnfuzz.engine.isolate import Worker
+from attnfuzz.engine.isolate import MAX_SPARES, Worker
 from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -44,26 +44,27 @@ def test_a_hang_is_confirmed_in_a_fresh_worker_before_it_is_called_one():
     assert took >= 3, f"the case had 1 s, then 2 s: {took:.1f} s in all"
 
 
-@pytest.mark.parametrize("spare", [True, False])
-def test_after_a_replacement_the_next_worker_starts_while_the_case_before_runs(spare):
-    """Shrinking a crash replaces the worker at every step: once one has been replaced, a spare pays the backend's
-    start-up (here 3 s of import) during the step before, and the next crash step does not wait for it."""
+@pytest.mark.parametrize("spares", [MAX_SPARES, 0])
+def test_after_a_replacement_later_workers_start_while_the_cases_before_run(spares):
+    """Shrinking a crash replaces the worker at every step: once one has been replaced, spares pay the backend's
+    start-up (here 3 s of import) during the steps before, and later crash steps do not wait for it, even when they
+    come faster than one start-up (as many spares as a start-up lasts in cases)."""
     startup = 3.0
     causal = PLAIN.replace(causal=True)
-    with Worker("tests.slow_start:segfault_when_causal", timeout_s=60, spare=spare,
+    with Worker("tests.slow_start:segfault_when_causal", timeout_s=60, spares=spares,
                 env={"ATTNFUZZ_TEST_STARTUP_S": str(startup)}) as worker:
         assert worker.run(causal).status == V.CRASH
-        assert worker.run(causal.replace(seed=1)).status == V.CRASH  # a replacement: the spare starts behind it
+        assert worker.run(causal.replace(seed=1)).status == V.CRASH  # a replacement: the spares start behind it
         time.sleep(startup + 1)  # what a shrink step's kernel and grading take
         start = time.perf_counter()
-        third = worker.run(causal.replace(seed=2))
+        crashes = [worker.run(causal.replace(seed=seed)) for seed in range(2, 5)]
         took = time.perf_counter() - start
-        assert worker.run(PLAIN).status == V.PASS, "the worker after the spare serves cases too"
-    assert (third.status, third.diagnosis) == (V.CRASH, "SIGSEGV"), third
-    if spare:
-        assert took < startup / 2, f"the spare was ready: {took:.1f} s"
+        assert worker.run(PLAIN).status == V.PASS, "the worker after the spares serves cases too"
+    assert all((v.status, v.diagnosis) == (V.CRASH, "SIGSEGV") for v in crashes), crashes
+    if spares:
+        assert took < startup, f"three crash steps back to back, each on a ready spare: {took:.1f} s"
     else:
-        assert took >= startup, f"without a spare every replacement waits for the start-up: {took:.1f} s"
+        assert took >= 3 * startup, f"without spares every replacement waits for the start-up: {took:.1f} s"
 
 
 def test_a_case_slow_only_the_first_time_gets_its_real_verdict(tmp_path, monkeypatch):

@@ -8,9 +8,12 @@ When it does not answer within the timeout it is killed, and a fresh worker runs
 not a hung one. If that attempt answers, its verdict stands, with a line among its checks saying the first attempt
 timed out and how long the second took; if it is silent too, the case is a HANG (TIMEOUT). So a HANG costs
 timeout x (1 + confirm_factor). Either way a fresh worker serves the next case, so Hypothesis can shrink a crash like
-any other failure, each attempt in a clean process. Once a worker has been replaced, a spare one is kept starting
+any other failure, each attempt in a clean process. Once a worker has been replaced, spare workers are kept starting
 behind the one at work: shrinking a crash replaces the worker at every step, and a backend whose start-up takes
-seconds (TE, FA4's CUTLASS DSL: imports and a CUDA context) then pays it while the step before runs, not after it.
+seconds (TE: importing it takes about 10 s on an H200 host and initialises CUDA, so the fork server cannot import it
+for them) then pays it while the steps before run, not after each. As many spares start as the last fresh start-up
+lasts in cases (start-up / the last case's seconds, a case counted as at least 1 s, rounded up), at most MAX_SPARES:
+one for a backend that starts in a blink, several when each crash step takes a second or two and each start a dozen.
 
 Once a HANG is confirmed, the worker's later cases get an adaptive limit instead of the timeout: max(HANG_FLOOR_S,
 HANG_FACTOR x the slowest answer seen so far), never above the timeout, with the same confirmation at confirm_factor
@@ -22,6 +25,7 @@ compile it includes) to be called a HANG.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import os
 import signal
@@ -38,6 +42,7 @@ STARTUP_S = 300
 PRELOAD = ["torch", "attnfuzz.engine.harness", "attnfuzz.backends"]
 HANG_FLOOR_S = 2.0   # the least a case gets once a hang is confirmed
 HANG_FACTOR = 10.0   # ... else this many times the slowest answer seen
+MAX_SPARES = 4       # workers kept starting behind the one at work, once one has been replaced (each holds a process)
 
 
 def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict | None = None) -> None:
@@ -103,12 +108,13 @@ class Worker:
     more in a fresh worker with `timeout_s * confirm_factor` before it is a HANG; confirm_factor None, 0 or 1 turns
     that off. `restarts` counts the workers replaced, `hangs` the HANGs confirmed, `slowest_s` the slowest answer;
     after a HANG, `limit_s` is the adaptive limit (module docstring; hang_factor None keeps the timeout). `env`:
-    variables set in the worker before the backend is built. `spare` (default on): once a worker has been replaced,
-    keep the next one starting (module docstring). Use as a context manager, or call close()."""
+    variables set in the worker before the backend is built. `spares`: the most workers kept starting once one has
+    been replaced (module docstring; 0 turns them off). Use as a context manager, or call close()."""
 
     def __init__(self, spec: str, device: str = "cpu", timeout_s: float = 120.0, threads: int = 1,
                  confirm_factor: float | None = 2.0, hang_floor_s: float = HANG_FLOOR_S,
-                 hang_factor: float | None = HANG_FACTOR, env: dict[str, str] | None = None, spare: bool = True):
+                 hang_factor: float | None = HANG_FACTOR, env: dict[str, str] | None = None,
+                 spares: int = MAX_SPARES):
         self.spec, self.device, self.timeout_s, self.threads = spec, device, timeout_s, threads
         self.confirm_factor = confirm_factor
         self.hang_floor_s, self.hang_factor = hang_floor_s, hang_factor
@@ -120,8 +126,10 @@ class Worker:
         self._conn = None
         self._unavailable: str | None = None
         self.restarts = 0
-        self.spare = spare
-        self._spare: tuple | None = None  # (process, pipe) of the spare worker, once one is kept
+        self.spares = spares
+        self._spares: list[tuple] = []  # (process, pipe) of each spare worker, oldest first
+        self.startup_s = 0.0   # how long the last freshly spawned worker took to be ready
+        self.case_s = 0.0      # the last case's seconds from hand-over to answer (or death)
 
     def _spawn(self) -> tuple:
         """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
@@ -134,12 +142,15 @@ class Worker:
         return process, parent
 
     def _start(self) -> None:
-        """The next worker: the spare when one is alive (its start-up overlapped the cases before), else a new one;
-        then, once a worker has been replaced, a new spare behind it."""
-        spare, self._spare = self._spare, None
-        if spare is not None and not spare[0].is_alive():
-            spare[0].join(timeout=10)
-            spare = None
+        """The next worker: the oldest spare alive (its start-up overlapped the cases before), else a new one; then,
+        once a worker has been replaced, spares topped up behind it."""
+        spare = None
+        while self._spares and spare is None:
+            spare = self._spares.pop(0)
+            if not spare[0].is_alive():
+                spare[0].join(timeout=10)
+                spare = None
+        spawned = time.perf_counter()
         self._process, self._conn = spare or self._spawn()
         # start-up (importing the backend) is not the case's time
         try:
@@ -153,8 +164,11 @@ class Worker:
             self._stop()
             raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
                                f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
-        if self.spare and self.restarts:
-            self._spare = self._spawn()
+        if spare is None:
+            self.startup_s = time.perf_counter() - spawned
+        if self.restarts:
+            wanted = min(self.spares, math.ceil(self.startup_s / max(self.case_s, 1.0)))
+            self._spares += [self._spawn() for _ in range(wanted - len(self._spares))]
 
     def _stop(self) -> None:
         started = self._process is not None and self._process.pid is not None  # a start may have been interrupted
@@ -173,7 +187,9 @@ class Worker:
         try:
             self._conn.send(case)  # Case and Verdict are frozen dataclasses: pickled as they are
             if self._conn.poll(timeout_s):
-                return self._conn.recv(), time.perf_counter() - start
+                verdict = self._conn.recv()
+                self.case_s = time.perf_counter() - start
+                return verdict, self.case_s
         except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe closed: the worker died
             process = self._process
             self.restarts += 1
@@ -183,11 +199,13 @@ class Worker:
             if process.exitcode is not None and -process.exitcode in interrupt.STOPS:
                 # stopped from outside (a job's SIGTERM to every process of the run, a kill): not the case's doing
                 raise interrupt.Interrupted(-process.exitcode, where=f" (sent to the {self.spec} worker)")
+            self.case_s = time.perf_counter() - start
             return (V.Verdict(V.CRASH, name, f"{self.spec}: the worker process died ({name}) while running this case"),
-                    time.perf_counter() - start)
+                    self.case_s)
         self.restarts += 1  # silent: a hang, or a case slower than the limit
         self._stop()
-        return None, time.perf_counter() - start
+        self.case_s = time.perf_counter() - start
+        return None, self.case_s
 
     @property
     def limit_s(self) -> float:
@@ -250,11 +268,11 @@ class Worker:
             except (BrokenPipeError, OSError):
                 pass
         self._stop()
-        if self._spare is not None:
-            process, conn = self._spare
-            self._spare = None
+        spares, self._spares = self._spares, []
+        for process, conn in spares:
             conn.close()
             process.kill()
+        for process, _ in spares:
             process.join(timeout=10)
 
     def __enter__(self) -> Worker:

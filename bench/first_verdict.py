@@ -73,12 +73,18 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
             for entry in corpus_from.glob("*.json"):
                 if not any(entry.match(pattern) or entry.stem == pattern for pattern in drop):
                     shutil.copy(entry, known)
+        # run from an empty folder, as a new user does: Hypothesis keeps its example database in ./.hypothesis, and a
+        # failure an earlier run saved there is replayed first (found and saved at case 1); modules named
+        # package.module:function still import from this folder
+        cwd = Path(tmp) / "cwd"
+        cwd.mkdir()
         env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(Path(tmp) / "fa4-cache"),
-               "ATTNFUZZ_SHIPPED_CORPUS": str(known)}
+               "ATTNFUZZ_SHIPPED_CORPUS": str(known),
+               "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
         start = time.perf_counter()
         stderr = (Path(tmp) / "stderr").open("w")
         proc = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", backend, "--device", device,
-                                 "--isolate", "--corpus", str(corpus), "--log", str(log)], env=env,
+                                 "--isolate", "--corpus", str(corpus), "--log", str(log)], env=env, cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
         found = saved = None
 

@@ -14,8 +14,12 @@ from attnfuzz.cli import main  # noqa: E402
 
 
 def test_the_first_finding_is_timed_until_its_entry_is_saved(monkeypatch, tmp_path):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])   # the planted kernel imports from the checkout
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))  # the planted kernel's checkout
     line = first_finding("tests.misbehaving:zero_when_causal", "cpu", 120, None, [], keep=tmp_path / "kept")
+    assert not (here / ".hypothesis").exists(), "the run kept no example database here to replay next time"
     assert "first finding case " in line and "(FAIL:ALL_ZERO)" in line and "saved at " in line, line
     assert "not within" not in line and "; after the finding " in line, line
     kept = (tmp_path / "kept" / "tests.misbehaving-zero_when_causal.jsonl").read_text().splitlines()

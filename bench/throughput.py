@@ -78,6 +78,9 @@ def measure(backend_name: str, device: str, examples: int, go: Path | None = Non
     from attnfuzz.oracles import grade as grade_module
 
     backend = get(backend_name, device)
+    # paid once per process, on the first case spelled with torch's causal-bias masks: importing them imports
+    # torch._dynamo (about 1 s on a 2-core CPU), which would otherwise land in whichever measured run meets one first
+    import torch.nn.attention.bias  # noqa: F401
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     spent = {"backend": 0.0, "oracle": 0.0, "inputs": 0.0, "batch": 0.0}
 

@@ -4,8 +4,8 @@ A backend that cannot run here is skipped with the reason; every failure is shru
 corpus (JSON + standalone repro script) and reported. The case being run waits on disk (`.inflight-<backend>.json`
 in the corpus), so a session killed by a segfault leaves it behind, with a crash record beside it: the next session
 saves it as CRASH:PROCESS_DIED and fails with it. Ctrl-C or SIGTERM interrupt the session (pytest's exit 2); the case
-it was running is no finding, a failure graded before the stop is saved as found, unshrunk. A case left by a session
-killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed on
+it was running is no finding, a failure graded before the stop is saved as far as its shrink had got. A case left by a
+session killed from outside (SIGKILL) is kept under .stopped/ and warned about, not failed on
 (attnfuzz.store.inflight.recover_inflight).
 """
 

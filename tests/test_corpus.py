@@ -371,3 +371,20 @@ def test_a_cpu_entrys_script_runs_under_the_isa_it_was_recorded_on(tmp_path):
     ok = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert ok.returncode == 0 and "recorded on DEFAULT, which this run is not" in ok.stdout, ok.stdout + ok.stderr
 
+
+
+def test_a_stopped_run_keeps_the_smallest_failing_case_of_each_label(tmp_path):
+    """A time limit mid-shrink saves each label's failure as far as the shrink had taken it: the smallest failing case
+    graded (by the oracle's work), not the first, which is the largest a shrink starts from."""
+    zero = V.Verdict(V.FAIL, V.ALL_ZERO, "all zero")
+    nan = V.Verdict(V.FAIL, V.NONFINITE, "nan")
+    as_found = corpus_io.AsFound("sdpa-math", "cpu")
+    first = Case(b=3, sq=40, skv=50, h=4, hk=2, d_qk=64, d_v=64, causal=True)
+    shrunk = first.replace(b=1, sq=2, skv=3, h=1, hk=1)
+    for case, verdict in [(first, zero), (first.replace(b=2), zero), (shrunk, zero), (first.replace(sq=30), zero),
+                          (shrunk.replace(seed=1), zero), (first, nan), (Case(sq=1, skv=1), V.Verdict(V.PASS, None, ""))]:
+        as_found.see(case, verdict)
+    assert as_found.failures == {"FAIL:ALL_ZERO": (shrunk, zero), "FAIL:NONFINITE": (first, nan)}
+    said = as_found.save(tmp_path)
+    assert len(said) == 2 and all("attnfuzz shrink" in s for s in said), said
+    assert {corpus_io.load(p).case for p in tmp_path.glob("*.json")} == {shrunk, first}

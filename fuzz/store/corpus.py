@@ -19,6 +19,7 @@ from pathlib import Path
 from attnfuzz.store.known import known_bugs_of, record_problem
 from attnfuzz.oracles.verdict import CRASH, HANG, Verdict
 from attnfuzz.strategies.case import SCHEMA, Case
+from attnfuzz.strategies.cases import work
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
 
@@ -156,17 +157,19 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
 
 
 class AsFound:
-    """The first failing case of each label a run grades (`see` is an on_case callback), so that a run stopped
-    before its search ends (a time limit while it shrinks, Ctrl-C) still saves what it found: `save` writes them
-    unshrunk and returns what describe_saved says of each."""
+    """The smallest failing case of each label a run grades (by the oracle's work, the earliest among equals; `see` is
+    an on_case callback), so that a run stopped before its search ends (a time limit while it shrinks, Ctrl-C) still
+    saves what it found, as far as the shrink had taken it: `save` writes them and returns what describe_saved says
+    of each."""
 
     def __init__(self, backend: str, device: str, backend_version: str = ""):
         self.backend, self.device, self.backend_version = backend, device, backend_version
         self.failures: dict[str, tuple[Case, Verdict]] = {}
 
     def see(self, case: Case, verdict: Verdict, *_) -> None:
-        if verdict.failed:
-            self.failures.setdefault(verdict.label, (case, verdict))
+        kept = self.failures.get(verdict.label)
+        if verdict.failed and (kept is None or work(case) < work(kept[0])):
+            self.failures[verdict.label] = (case, verdict)
 
     def save(self, directory: Path) -> list[str]:
         said = []
@@ -186,7 +189,7 @@ def replays_isolated(verdict: Verdict) -> bool:
 
 def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool = True) -> str:
     """What a user needs of a saved finding, one item a line: its label and message, its case, where its JSON and
-    repro script are, and the commands to replay it (and to shrink it, when nothing has shrunk it yet)."""
+    repro script are, and the commands to replay it (and to shrink it, when its shrink did not end)."""
     isolate = " --isolate" if replays_isolated(entry.verdict) else ""
     script = path.with_suffix(".py")
     lines = [f"{entry.verdict.label}: {entry.verdict.message}", f"    {entry.case!r}",
@@ -195,7 +198,7 @@ def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool =
         lines.append(f"    repro:  {script}")
     lines.append(f"    replay: attnfuzz replay {path}{isolate}" + (f"   or   python3 {script}" if script.exists() else ""))
     if not shrunk:
-        lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (nothing has shrunk this case yet)")
+        lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (no shrink of this case ran to its end)")
     for case, verdict in entry.attached:
         lines.append(f"    also {verdict.label}, the same root cause (every such output of the run matched "
                      f"{entry.verdict.diagnosis} too): {case!r}")

@@ -4,6 +4,8 @@ owns, and the same workspace, plan and run arguments. Needs only torch and flash
 
 from __future__ import annotations
 
+import torch
+
 from attnfuzz.backends import layout
 from attnfuzz.backends import source as src
 from attnfuzz.backends.flashinfer import common as fic
@@ -12,17 +14,14 @@ from attnfuzz.strategies.materialize import materialize
 from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
 
-def paged_pool(k, v, kv_indptr, kv_indices, page_size, num_pages, lens, garbage_k, garbage_v):
-    """The pool [num_pages, page_size, hk, d] holding sequence n's keys in pages kv_indices[kv_indptr[n]:...], in
-    order; every other slot holds the garbage values."""
-    k_cache = k.new_full((num_pages, page_size, *k.shape[2:]), garbage_k)
-    v_cache = v.new_full((num_pages, page_size, *v.shape[2:]), garbage_v)
-    for n, length in enumerate(lens):
-        for p, page in enumerate(kv_indices[int(kv_indptr[n]):int(kv_indptr[n + 1])].tolist()):
-            count = min(page_size, length - p * page_size)
-            k_cache[page, :count] = k[n, p * page_size:p * page_size + count]
-            v_cache[page, :count] = v[n, p * page_size:p * page_size + count]
-    return k_cache, v_cache
+def block_table_of(kv_indptr, kv_indices):
+    """The block table [b, most pages] that kv_indptr / kv_indices flatten (rows padded with page 0): sequence n's
+    pages are kv_indices[kv_indptr[n]:kv_indptr[n + 1]], in order."""
+    rows = [kv_indices[int(kv_indptr[n]):int(kv_indptr[n + 1])] for n in range(len(kv_indptr) - 1)]
+    table = torch.zeros(len(rows), max([len(row) for row in rows] + [1]), dtype=torch.int32)
+    for n, row in enumerate(rows):
+        table[n, :len(row)] = row
+    return table
 
 
 def flashinfer_source(backend, case: Case) -> str | None:
@@ -43,9 +42,10 @@ def flashinfer_source(backend, case: Case) -> str | None:
         named = {"KV_INDPTR": (indptr, "kv_indptr, as the adapter passes it"),
                  "KV_INDICES": (indices, "kv_indices: pool pages in shuffled order, shared prefix pages repeated"),
                  "KV_LAST_PAGE_LEN": (last, "kv_last_page_len")}
-        functions.append(paged_pool)
-        body += [f"k_cache, v_cache = paged_pool(k, v, KV_INDPTR, KV_INDICES, {case.page_size}, "
-                 f"{cache.k_cache.shape[0]}, lens_kv, {GARBAGE_K!r}, {GARBAGE_V!r})",
+        functions += [block_table_of, layout.pool_from_table]
+        body += ["block_table = block_table_of(KV_INDPTR, KV_INDICES)",
+                 f"k_cache, v_cache = pool_from_table(k, v, block_table, lens_kv, {case.page_size}, "
+                 f"{cache.k_cache.shape[0]}, {GARBAGE_K!r}, {GARBAGE_V!r})",
                  "indptr, indices, last = (x.to(q.device) for x in (KV_INDPTR, KV_INDICES, KV_LAST_PAGE_LEN))"]
         if kv_layout == "HND":
             body.append("k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in (k_cache, v_cache))  # HND")

@@ -9,7 +9,7 @@ import pytest
 
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import fuzz
-from attnfuzz.engine.isolate import MAX_SPARES, Worker
+from attnfuzz.engine.isolate import CALM_CASES, MAX_SPARES, Worker
 from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -65,6 +65,24 @@ def test_after_a_replacement_later_workers_start_while_the_cases_before_run(spar
         assert took < startup, f"three crash steps back to back, each on a ready spare: {took:.1f} s"
     else:
         assert took >= 3 * startup, f"without spares every replacement waits for the start-up: {took:.1f} s"
+
+
+def test_spares_stop_once_the_worker_at_work_answers_calm_cases_in_a_row():
+    """A crash's shrink is over once the same worker answers case after case: its spares (a process each, a CUDA
+    context each on a GPU) stop then, and start again at the next replacement."""
+    causal = PLAIN.replace(causal=True)
+    with Worker("tests.slow_start:segfault_when_causal", timeout_s=60, env={"ATTNFUZZ_TEST_STARTUP_S": "1"}) as worker:
+        for seed in range(2):
+            assert worker.run(causal.replace(seed=seed)).status == V.CRASH
+        assert worker.spares_alive >= 1, "a replacement keeps spares starting"
+        for seed in range(CALM_CASES - 1):
+            assert worker.run(PLAIN.replace(seed=seed)).status == V.PASS
+        assert worker.spares_alive >= 1, "one case short of calm, the spares are kept"
+        assert worker.run(PLAIN.replace(seed=99)).status == V.PASS
+        assert worker.spares_alive == 0, "calm: the spares are stopped"
+        assert worker.run(causal.replace(seed=2)).status == V.CRASH
+        assert worker.run(PLAIN).status == V.PASS
+        assert worker.spares_alive >= 1, "the next replacement starts them again"
 
 
 def test_a_case_slow_only_the_first_time_gets_its_real_verdict(tmp_path, monkeypatch):

@@ -13,7 +13,9 @@ behind the one at work: shrinking a crash replaces the worker at every step, and
 seconds (TE: importing it takes about 10 s on an H200 host and initialises CUDA, so the fork server cannot import it
 for them) then pays it while the steps before run, not after each. As many spares start as the last fresh start-up
 lasts in cases (start-up / the last case's seconds, a case counted as at least 1 s, rounded up), at most MAX_SPARES:
-one for a backend that starts in a blink, several when each crash step takes a second or two and each start a dozen.
+one for a backend that starts in a blink, several when each crash step takes a second or two and each start a dozen. They are stopped once CALM_CASES
+cases in a row have been answered without a replacement (the crash's shrink is over), so a long campaign over many
+backends does not keep a process (and on a GPU a CUDA context) per spare for its whole run.
 
 Once a HANG is confirmed, the worker's later cases get an adaptive limit instead of the timeout: max(HANG_FLOOR_S,
 HANG_FACTOR x the slowest answer seen so far), never above the timeout, with the same confirmation at confirm_factor
@@ -43,6 +45,7 @@ PRELOAD = ["torch", "attnfuzz.engine.harness", "attnfuzz.backends"]
 HANG_FLOOR_S = 2.0   # the least a case gets once a hang is confirmed
 HANG_FACTOR = 10.0   # ... else this many times the slowest answer seen
 MAX_SPARES = 4       # workers kept starting behind the one at work, once one has been replaced (each holds a process)
+CALM_CASES = 20      # ... until this many cases in a row are answered by the same worker
 
 
 def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict | None = None) -> None:
@@ -130,6 +133,7 @@ class Worker:
         self._spares: list[tuple] = []  # (process, pipe) of each spare worker, oldest first
         self.startup_s = 0.0   # how long the last freshly spawned worker took to be ready
         self.case_s = 0.0      # the last case's seconds from hand-over to answer (or death)
+        self._calm = 0         # cases answered in a row by the worker at work
 
     def _spawn(self) -> tuple:
         """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
@@ -164,6 +168,7 @@ class Worker:
             self._stop()
             raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
                                f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
+        self._calm = 0
         if spare is None:
             self.startup_s = time.perf_counter() - spawned
         if self.restarts:
@@ -189,6 +194,9 @@ class Worker:
             if self._conn.poll(timeout_s):
                 verdict = self._conn.recv()
                 self.case_s = time.perf_counter() - start
+                self._calm += 1
+                if self._calm >= CALM_CASES:
+                    self._stop_spares()
                 return verdict, self.case_s
         except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe closed: the worker died
             process = self._process
@@ -268,6 +276,13 @@ class Worker:
             except (BrokenPipeError, OSError):
                 pass
         self._stop()
+        self._stop_spares()
+
+    @property
+    def spares_alive(self) -> int:
+        return sum(process.is_alive() for process, _ in self._spares)
+
+    def _stop_spares(self) -> None:
         spares, self._spares = self._spares, []
         for process, conn in spares:
             conn.close()

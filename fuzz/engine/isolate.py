@@ -280,6 +280,7 @@ class Worker:
 
     @property
     def spares_alive(self) -> int:
+        """How many spare workers are alive (started or ready)."""
         return sum(process.is_alive() for process, _ in self._spares)
 
     def _stop_spares(self) -> None:

@@ -102,8 +102,9 @@ FOUND_THEN_NAPS = "tests.misbehaving:zero_when_causal_then_naps"
 
 @pytest.mark.parametrize("front", ["run", "pytest"])
 def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path, front):
-    """A time limit that ends a run while it shrinks loses the shrink, not the failure: the first failing case of
-    each label is saved as found, with the command to shrink it; the case it was running is still not a finding."""
+    """A time limit that ends a run while it shrinks loses the rest of the shrink, not the failure: the smallest
+    failing case of each label is saved as found, with the command to shrink it; the case it was running is still
+    not a finding."""
     corpus = tmp_path / "corpus"
     # the ci profile keeps no example database: a failure saved there by another run would be replayed first
     command = (_run_command(FOUND_THEN_NAPS, corpus, "--max-examples", "50", "--profile", "ci") if front == "run" else

@@ -11,6 +11,7 @@ the copy stands in for the shipped corpus through $ATTNFUZZ_SHIPPED_CORPUS); `--
 (every case's label and seconds: a timeline of the search and the shrink) and its stderr:
 
     python3 bench/first_verdict.py --device cuda --until saved te-flash
+    python3 bench/first_verdict.py --device cuda --until saved --first-bug te-flash
     python3 bench/first_verdict.py --device cuda --until saved --corpus-from corpus --drop 'fa4-FAIL-ALL_ZERO-*' fa4
 """
 
@@ -61,11 +62,11 @@ def entries(corpus: Path) -> set[str]:
 
 
 def first_finding(backend: str, device: str, timeout: float, corpus_from: Path | None, drop: list[str],
-                  keep: Path | None = None) -> str:
+                  keep: Path | None = None, options: tuple[str, ...] = ()) -> str:
     """One line: when the first finding was logged (case number, seconds from spawning the process), when its corpus
     entry was saved, the graded cases per second of the run until then, and the cases run after the finding (its
     shrink and confirmation) with their mean seconds. `keep`: a folder that receives the run's case log and stderr
-    (<backend>.jsonl, <backend>.err) for a case-by-case timeline."""
+    (<backend>.jsonl, <backend>.err) for a case-by-case timeline. `options`: more options of `attnfuzz run`."""
     with tempfile.TemporaryDirectory() as tmp:
         log, known, corpus = Path(tmp) / "cases.jsonl", Path(tmp) / "known", Path(tmp) / "findings"
         known.mkdir()
@@ -84,7 +85,7 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
         start = time.perf_counter()
         stderr = (Path(tmp) / "stderr").open("w")
         proc = subprocess.Popen([sys.executable, "-m", "attnfuzz", "run", "--backend", backend, "--device", device,
-                                 "--isolate", "--corpus", str(corpus), "--log", str(log)], env=env, cwd=cwd,
+                                 "--isolate", "--corpus", str(corpus), "--log", str(log), *options], env=env, cwd=cwd,
                                 stdout=subprocess.DEVNULL, stderr=stderr)
         found = saved = None
 
@@ -134,11 +135,12 @@ def main() -> None:
     p.add_argument("--corpus-from", type=Path, help="--until saved: start from a copy of this corpus")
     p.add_argument("--drop", action="append", default=[], help="--until saved: leave these entries out of the copy")
     p.add_argument("--keep", type=Path, help="--until saved: a folder for each run's case log and stderr")
+    p.add_argument("--first-bug", action="store_true", help="--until saved: run with --first-bug")
     args = p.parse_args()
     for backend in args.backends:
         if args.until == "saved":
-            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop, args.keep),
-                  flush=True)
+            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop, args.keep,
+                                ("--first-bug",) * args.first_bug), flush=True)
             continue
         seconds, label, graded = first_verdict(backend, args.device, args.timeout)
         shown = f"{seconds:.1f}s" if seconds is not None else "-"

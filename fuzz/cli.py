@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
     options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
-                "isolate", "case-timeout", "poison-memory",
+                "first-bug", "isolate", "case-timeout", "poison-memory",
                 backend={"help": "registry name or package.module:function (repeatable; default: "
                                  f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
@@ -131,7 +131,7 @@ def cmd_run(args) -> int:
     _check_device(args.device)
     import torch
     torch.set_num_threads(args.threads)
-    settings = profile(args.profile, max_examples=args.max_examples)
+    settings = profile(args.profile, max_examples=args.max_examples, report_multiple_bugs=not args.first_bug)
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space.for_device(args.device, args.max_len)
     summary, found = {}, 0
@@ -170,7 +170,7 @@ def cmd_run(args) -> int:
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
                   f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
-            for said in as_found.save(args.corpus):   # a stop while shrinking loses only the shrink
+            for _, said in as_found.save(args.corpus):   # a stop while shrinking loses only the shrink
                 print(f"[{name}] {said}", file=sys.stderr)
             raise
         finally:
@@ -184,6 +184,9 @@ def cmd_run(args) -> int:
             new = not (args.corpus / entry.filename).exists()
             saved.append(corpus_io.save(args.corpus, entry))
             print(f"[{name}] {corpus_io.describe_saved(entry, saved[-1], new=new)}", file=sys.stderr)
+        for path, said in as_found.besides(findings).save(args.corpus):  # met on the way to what --first-bug shrank
+            saved.append(path)
+            print(f"[{name}] met before the shrunk finding, saved as found: {said}", file=sys.stderr)
         found += len(saved)
         summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
         print(f"[{name}] {tally.examples} examples in {tally.seconds:.1f}s; "

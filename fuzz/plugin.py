@@ -18,8 +18,8 @@ from attnfuzz.engine import options as opts
 
 _OPTIONS = pytest.StashKey["Options"]()
 _REPLAY_TIMES = pytest.StashKey[dict]()  # corpus entry name -> (seconds, verdict label, limit or None)
-SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "isolate", "case-timeout",
-          "poison-memory", "corpus", "replay-workers", "replay-hang-timeout")
+SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "first-bug", "isolate",
+          "case-timeout", "poison-memory", "corpus", "replay-workers", "replay-hang-timeout")
 LONG = "long"
 
 
@@ -33,6 +33,7 @@ class Options:
     corpus: Path | None      # as given; fuzz targets save to corpus.findings_dir(corpus), replay reads it or the shipped
     seed: int | None
     threads: int
+    first_bug: bool
     isolate: bool
     case_timeout: float
     poison_memory: bool

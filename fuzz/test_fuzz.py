@@ -36,8 +36,8 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
     why = backend.available()
     if why is not None:
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
-    settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples), backend.cost,
-                           attnfuzz.max_examples)
+    settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples,
+                                   report_multiple_bugs=not attnfuzz.first_bug), backend.cost, attnfuzz.max_examples)
     findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
     findings_dir.mkdir(parents=True, exist_ok=True)
     recovered = inflight_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
@@ -57,7 +57,7 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
         saved = as_found.save(findings_dir)
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")   # None under -p no:capture
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-            for said in saved:  # shown past the capture: an interrupted session prints no captured output
+            for _, said in saved:  # shown past the capture: an interrupted session prints no captured output
                 print(f"{fuzz_backend}: saved as found before the stop: {said}", file=sys.stderr)
         raise
     finally:
@@ -70,6 +70,8 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
                                 backend_version=backend.version(), attached=f.attached)
         new = not (findings_dir / entry.filename).exists()
         lines.append(corpus_io.describe_saved(entry, corpus_io.save(findings_dir, entry), new=new))
+    lines += [f"met before the shrunk finding, saved as found: {said}"  # --first-bug's other failures
+              for _, said in as_found.besides(findings).save(findings_dir)]
     lines += [r.message for r in recovered if r.finding]
     if lines:
         pytest.fail(f"{fuzz_backend}: {len(lines)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),

@@ -109,6 +109,18 @@ def nan_when_long(q, k, v, *, causal, window, bottom_right, scale):
 nan_when_long.supports = segfault_when_causal.supports
 
 
+def nan_when_causal_zero_for_one_query(q, k, v, *, causal, window, bottom_right, scale):
+    """Two bugs on one path: a causal case answers NaN, and all zeros when it has one query, so a shrink of the
+    NaN bug (FAIL:NONFINITE) toward fewer queries passes into the other (FAIL:ALL_ZERO)."""
+    out = _plain(q, k, v, scale)
+    if not causal:
+        return out
+    return out * 0 if q.shape[1] == 1 else out * float("nan")
+
+
+nan_when_causal_zero_for_one_query.supports = segfault_when_causal.supports
+
+
 def versioned(q, k, v, *, causal, window, bottom_right, scale):
     """Two releases of one kernel, picked by ATTNFUZZ_TEST_STACK: "old" gives NaN past 4 queries, "new" fixed that
     and returns zeros under causal. The version-diff test replays the same cases on both."""

@@ -13,7 +13,7 @@ from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import replay as replay_io
 from attnfuzz.store.known import when_fields
 from attnfuzz.cli import main
-from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.harness import Finding, fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -386,5 +386,21 @@ def test_a_stopped_run_keeps_the_smallest_failing_case_of_each_label(tmp_path):
         as_found.see(case, verdict)
     assert as_found.failures == {"FAIL:ALL_ZERO": (shrunk, zero), "FAIL:NONFINITE": (first, nan)}
     said = as_found.save(tmp_path)
-    assert len(said) == 2 and all("attnfuzz shrink" in s for s in said), said
+    assert len(said) == 2 and all("attnfuzz shrink" in s for _, s in said), said
     assert {corpus_io.load(p).case for p in tmp_path.glob("*.json")} == {shrunk, first}
+    assert {p for p, _ in said} == set(tmp_path.glob("*.json"))
+
+
+def test_as_found_besides_keeps_only_the_labels_no_finding_reports():
+    """What a --first-bug run saves unshrunk: a label is reported by a finding of that label, by a FLAKY finding
+    found with it, or as one a finding attached (the same root cause)."""
+    as_found = corpus_io.AsFound("sdpa-math", "cpu")
+    case = Case(sq=3, skv=3, causal=True)
+    labels = {name: V.Verdict(V.FAIL, name, name) for name in (V.ALL_ZERO, V.NONFINITE, V.TOLERANCE, V.GRADIENT)}
+    for verdict in labels.values():
+        as_found.see(case, verdict)
+    flaky = Finding("sdpa-math", case, V.Verdict(V.FLAKY, "FAIL:TOLERANCE", "2 of 4"))
+    zero = Finding("sdpa-math", case, labels[V.ALL_ZERO])
+    zero.attached = [(case, labels[V.NONFINITE])]
+    assert set(as_found.besides([zero, flaky]).failures) == {"FAIL:GRADIENT"}
+    assert set(as_found.besides([]).failures) == set(as_found.failures)

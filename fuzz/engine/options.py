@@ -100,6 +100,10 @@ OPTIONS = {o.name: o for o in (
            "131072 keys for decode shapes); one case in 10 is longer than 160", type=count, metavar="N"),
     Option("threads", "torch CPU threads (default 1: small cases are latency-bound, and intra-op threads cost 8x "
            "under load)", type=count, default=1, metavar="N"),
+    Option("first-bug", "stop the search at the first failure and shrink that one alone (Hypothesis's "
+           "report_multiple_bugs=False: the shrink may move to a smaller case of another label); the other failures "
+           "it met are saved as found, unshrunk. The first shrunk finding is saved sooner where a backend shows "
+           "several bugs", action="store_true"),
     Option("isolate", _ISOLATE, action="store_true"),
     Option("case-timeout", _CASE_TIMEOUT, type=positive, default=300.0, metavar="SECONDS"),
     Option("poison-memory", POISON_HELP, action="store_true"),

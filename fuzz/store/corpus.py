@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnfuzz.store.known import known_bugs_of, record_problem
-from attnfuzz.oracles.verdict import CRASH, HANG, Verdict
+from attnfuzz.oracles.verdict import CRASH, FLAKY, HANG, Verdict
 from attnfuzz.strategies.case import SCHEMA, Case
 from attnfuzz.strategies.cases import work
 
@@ -159,8 +159,7 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
 class AsFound:
     """The smallest failing case of each label a run grades (by the oracle's work, the earliest among equals; `see` is
     an on_case callback), so that a run stopped before its search ends (a time limit while it shrinks, Ctrl-C) still
-    saves what it found, as far as the shrink had taken it: `save` writes them and returns what describe_saved says
-    of each."""
+    saves what it found, as far as the shrink had taken it."""
 
     def __init__(self, backend: str, device: str, backend_version: str = ""):
         self.backend, self.device, self.backend_version = backend, device, backend_version
@@ -171,14 +170,26 @@ class AsFound:
         if verdict.failed and (kept is None or work(case) < work(kept[0])):
             self.failures[verdict.label] = (case, verdict)
 
-    def save(self, directory: Path) -> list[str]:
-        said = []
+    def besides(self, findings) -> AsFound:
+        """Those of its failures whose label no finding reports (a finding's own label, the label a FLAKY one was
+        found with, a label it attached as the same root cause): with --first-bug, the failures the search met on
+        its way to the one it shrank, which the run saves as found so that none is lost."""
+        reported = {label for f in findings for label in (f.verdict.label, f.verdict.diagnosis if
+                    f.verdict.status == FLAKY else None, *(v.label for _, v in f.attached)) if label}
+        rest = AsFound(self.backend, self.device, self.backend_version)
+        rest.failures = {label: kept for label, kept in self.failures.items() if label not in reported}
+        return rest
+
+    def save(self, directory: Path) -> list[tuple[Path, str]]:
+        """Each failure saved: its file and what describe_saved says of it."""
+        saved = []
         for case, verdict in self.failures.values():
             entry = Entry(backend=self.backend, case=case, verdict=verdict, device=self.device,
                           backend_version=self.backend_version)
             new = not (directory / entry.filename).exists()
-            said.append(describe_saved(entry, save(directory, entry), new=new, shrunk=False))
-        return said
+            path = save(directory, entry)
+            saved.append((path, describe_saved(entry, path, new=new, shrunk=False)))
+        return saved
 
 
 def replays_isolated(verdict: Verdict) -> bool:

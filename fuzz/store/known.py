@@ -38,6 +38,8 @@ TRAITS = {
     "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
     "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
     "head_dim_over_128": lambda c: max(c.d_qk, c.d_v) > 128,   # past the 128 columns most kernels tile a head in
+    # a head dim off the 32-column grain FA's sm90 backward allocates its accumulators in (its tiles pad to 16)
+    "head_dim_off_32": lambda c: c.d_qk % 32 != 0 or c.d_v % 32 != 0,
     "paged": lambda c: c.page_size is not None,         # the keys held in a paged KV cache, any page size
     # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
     "offset_storage": lambda c: "offset" in c.storage,

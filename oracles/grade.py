@@ -32,14 +32,16 @@ def fused_backward(case: Case, family: str) -> bool:
 
 @dataclass(frozen=True)
 class Oracle:
-    """The float64 reference and the naive same-dtype baseline of one case, computed once, graded against many.
-    `naive` holds the textbook gradients unless the oracle was made for a family graded against the fused baseline
-    (`of(..., family=...)`); each gradient baseline is computed on first use otherwise."""
+    """The float64 reference of one case, computed once, graded against many outputs, and its baselines, each
+    computed on first use: the naive same-dtype one (with the textbook gradients unless the oracle was made for a
+    family graded against the fused baseline: `of(..., family=...)`), the fp32 LSE and the fused gradients. Grading
+    asks for a baseline only where an error passes the rounding floor (tolerance.check's `floor_first`), which on
+    correct kernels is rare, so most cases never build one."""
 
     case: Case
     tensors: Tensors
     ref: Reference
-    naive: Reference
+    naive_grads: bool | None = None  # the naive baseline's gradients: None as the case asks, False none (fused family)
 
     @classmethod
     def of(cls, case: Case, tensors: Tensors, device=None, family: str | None = None) -> Oracle:
@@ -47,25 +49,29 @@ class Oracle:
         # may be either)
         fused = family is None or fused_backward(case, family)
         ref = reference(case, tensors, device=device, d_terms=fused)
-        grads = False if family is not None and fused else None
-        naive = reference(case, tensors, dtype=torch_dtype(case), device=device, grads=grads, terms=False)
-        if not _finite_where(naive, ref):
-            # Overflow in the dtype (extreme logits) would make the bound infinite; fall back to an fp32 baseline.
-            naive = reference(case, tensors, dtype=torch.float32, device=device, grads=grads, terms=False)
-        oracle = cls(case, tensors, ref, naive)
-        if grads is False:
-            oracle.fused_grads  # noqa: B018 (computed now: its fp32 forward pass is the LSE's baseline too)
-        return oracle
+        return cls(case, tensors, ref, False if family is not None and fused else None)
+
+    @cached_property
+    def naive(self) -> Reference:
+        """The naive baseline: the reference computed in the case's dtype. Where that overflows (extreme logits would
+        make the bound infinite), in fp32."""
+        device = self.ref.out.device
+        naive = reference(self.case, self.tensors, dtype=torch_dtype(self.case), device=device,
+                          grads=self.naive_grads, terms=False)
+        if not _finite_where(naive, self.ref):
+            naive = reference(self.case, self.tensors, dtype=torch.float32, device=device, grads=self.naive_grads,
+                              terms=False)
+        return naive
 
     @cached_property
     def lse_baseline(self) -> torch.Tensor:
         """Kernels keep the LSE in fp32 whatever the input dtype, so its baseline is the reference computed in fp32
         from the same inputs (for fp16/bf16 the naive dtype-precision LSE would allow 100x too much); computed once
-        per case, however many outputs are graded against it (the fused gradient baseline's, when it was computed:
-        its forward pass is that computation)."""
+        per case, however many outputs are graded against it (the fused gradient baseline's, where the case grades
+        gradients against it: its forward pass is that computation)."""
         if self.case.dtype in ("float32", "float64"):
             return self.naive.lse
-        if "fused_grads" in self.__dict__:
+        if self.case.grads and self.naive_grads is False:
             return self.fused_grads.lse
         return reference(self.case, self.tensors, dtype=torch.float32, device=self.ref.lse.device, grads=False,
                          terms=False).lse
@@ -116,15 +122,16 @@ def _finite_where(naive: Reference, ref: Reference) -> bool:
 
 
 def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out",
-              where: torch.Tensor | None = None) -> Check:
+              where: torch.Tensor | None = None, floor_first: bool = False) -> Check:
     """The output graded row by row against `ref_out` (the oracle's, or an alternative's with the oracle's own
-    baseline), on the valid rows or on `where` [b, sq]."""
+    baseline), on the valid rows or on `where` [b, sq]. `floor_first`: the baseline only where an error passes the
+    floor (tolerance.check)."""
     rows = (valid_rows(o.case, ref_out.device) if where is None else where)[:, :, None, None]
     size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
-                 baseline=o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms,
-                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
+                 baseline=lambda: o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms,
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first)
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str) -> V.Verdict:
@@ -180,9 +187,9 @@ def _graded(case: Case, output: V.Output, family: str, o: Oracle) -> V.Verdict:
     rows = valid_rows(case, device)
     graded = out[rows]
     if graded.numel() and not bool(torch.isfinite(graded).all()):
-        c = check_out(o, out, o.ref.out, family)
+        c = check_out(o, out, o.ref.out, family, floor_first=True)
         return fail(V.NONFINITE, f"non-finite output, first at {list(c.index)}: {c.got}", c)
-    checks = [check_out(o, out, o.ref.out, family)]
+    checks = [check_out(o, out, o.ref.out, family, floor_first=True)]
     if not checks[0].ok:
         if graded.numel() and bool((graded == 0).all()):  # zeros that the bound does not excuse (underflow does)
             return fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
@@ -207,14 +214,15 @@ def _graded(case: Case, output: V.Output, family: str, o: Oracle) -> V.Verdict:
     return V.Verdict(V.PASS, None, "", None, ratio, tuple(c.describe() for c in checks))
 
 
-def lse_check(o: Oracle, lse: torch.Tensor, family: str) -> Check:
-    """The LSE's check over the rows that see a key (each row against its own bound: `row_bounds`, inf elsewhere)."""
+def lse_check(o: Oracle, lse: torch.Tensor, family: str, floor_first: bool = False) -> Check:
+    """The LSE's check over the rows that see a key (each row against its own bound: `row_bounds`, inf elsewhere).
+    `floor_first`: the baseline only where an error passes the floor (tolerance.check)."""
     ref = o.ref.lse
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
-    return check("lse", lse, ref, o.lse_baseline, rows & torch.isfinite(ref), family=family, quantity="lse",
-                 dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
-                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap)
+    return check("lse", lse, ref, lambda: o.lse_baseline, rows & torch.isfinite(ref), family=family,
+                 quantity="lse", dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first)
 
 
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:
@@ -228,7 +236,7 @@ def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -
         c = Check("lse", math.inf, 0.0, 1.0, 0.0, idx, lse[idx].item(), ref[idx].item())
         return fail(V.LSE, f"a row with no visible key must have lse {ref[idx].item()}, got {lse[idx].item()} "
                             f"at {list(idx)}", c)
-    c = lse_check(o, lse, family)
+    c = lse_check(o, lse, family, floor_first=True)
     checks.append(c)
     return None if c.ok else fail(V.LSE, c.describe(), c, c.ratio, [x.describe() for x in checks])
 
@@ -277,11 +285,12 @@ def _gradient_terms(o: Oracle) -> dict:
             "dv_underflow": underflow(o.case.sq) / scale * biggest(t.dout) if scale else 0.0}
 
 
-def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: torch.Tensor | None = None) -> Check:
+def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: torch.Tensor | None = None,
+                   floor_first: bool = False) -> Check:
     """dq, dk or dv graded on the rows (dq) or keys (dk, dv) that count, with the terms the gradient sums and the
     error it inherits from D: against the fused baseline row by row, from `out`, the output the kernel returned with
     the gradients (d_inherited); without `out`, and against the textbook baseline, the worst row's shift on every
-    row."""
+    row. `floor_first`: the baseline only where an error passes the floor (tolerance.check)."""
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
     terms, inherited = o.gradient_terms[name]
     terms_floor = terms  # the sum of |terms| the cancellation floor takes: the tensor's largest, or per row (below)
@@ -328,10 +337,10 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: to
         # inf. Non-finite elements are not graded then (sdpa-flash fp16 dK of 58608 came back inf where a
         # far_negative q carries its row's shift, -1024 / scale, in one channel); finite ones are, as ever.
         where = where & torch.isfinite(got)
-    return check(name, got, getattr(o.ref, name), getattr(o.grad_baseline(family), name), where, family=family,
-                 quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size, scale_of_terms=terms_floor,
-                 inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms, softcap=o.case.softcap,
-                 final_eps=final_eps)
+    return check(name, got, getattr(o.ref, name), lambda: getattr(o.grad_baseline(family), name), where,
+                 family=family, quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size,
+                 scale_of_terms=terms_floor, inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms,
+                 softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first)
 
 
 def d_inherited(o: Oracle, name: str, out: torch.Tensor) -> torch.Tensor:
@@ -368,7 +377,7 @@ def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) 
         got = got.to(ref.device)
         if tuple(got.shape) != tuple(ref.shape):
             return fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
-        c = gradient_check(o, name, got, family, output.out)
+        c = gradient_check(o, name, got, family, output.out, floor_first=True)
         checks.append(c)
         if not c.ok:
             return fail(V.GRADIENT, c.describe(), c, c.ratio, [x.describe() for x in checks])

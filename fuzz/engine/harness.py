@@ -57,8 +57,9 @@ def finding_type(label: str) -> type[Finding]:
 
 @dataclass
 class Tally:
-    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio, and how many
-    of the batch-checked cases were batch invariant (attnfuzz.engine.batch)."""
+    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio (error / bound;
+    error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), and how many of the
+    batch-checked cases were batch invariant (attnfuzz.engine.batch)."""
 
     examples: int = 0
     labels: Counter = field(default_factory=Counter)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -372,6 +373,38 @@ def test_a_cpu_entrys_script_runs_under_the_isa_it_was_recorded_on(tmp_path):
     env["ATEN_CPU_CAPABILITY"] = _vectorised().lower()
     ok = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert ok.returncode == 0 and "recorded on DEFAULT, which this run is not" in ok.stdout, ok.stdout + ok.stderr
+    source = script.read_text()   # oneDNN is held to the recorded ISA too, only where ATen runs it
+    assert 'os.environ.setdefault("ONEDNN_MAX_CPU_ISA", \'SSE41\')' in source
+    assert 'if os.environ["ATEN_CPU_CAPABILITY"] == RECORDED_ISA.lower():' in source
+
+
+def test_standing_in_for_an_older_cpu_holds_onednn_to_its_isa_too():
+    """oneDNN picks its ISA from the CPU, not from ATEN_CPU_CAPABILITY: below AVX-512 it is held there as well (a
+    variable the caller set wins), and an AVX-512 stand-in leaves it alone."""
+    assert corpus_io.emulating("AVX2", {"PATH": "/bin"}) == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2",
+                                                              "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert corpus_io.emulating("default", {})["ONEDNN_MAX_CPU_ISA"] == "SSE41"
+    assert corpus_io.emulating("avx2", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
+    assert "ONEDNN_MAX_CPU_ISA" not in corpus_io.emulating("avx512", {})
+
+
+CPUINFO = Path("/proc/cpuinfo")
+
+
+@pytest.mark.skipif(not (CPUINFO.exists() and "amx_bf16" in CPUINFO.read_text()),
+                    reason="needs a CPU with AMX: where oneDNN's own ISA and ATen's part")
+def test_an_avx2_stand_in_on_an_amx_cpu_runs_the_cpu_flash_kernel_in_bf16():
+    """On a CPU with AMX, ATEN_CPU_CAPABILITY=avx2 alone sent torch's CPU flash attention down oneDNN's AMX packing,
+    which ATen's AVX2 kernels refuse ("pack_vnni2 is only supported when avx512 is supported"); held to AVX2 both
+    ways, it runs as on an AVX2-only CPU."""
+    code = ("import torch, torch.nn.functional as F\n"
+            "from torch.nn.attention import SDPBackend, sdpa_kernel\n"
+            "q = torch.randn(1, 1, 64, 8, dtype=torch.bfloat16)\n"
+            "with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):\n"
+            "    print(F.scaled_dot_product_attention(q, q, q).shape, torch.backends.cpu.get_cpu_capability())\n")
+    env = corpus_io.emulating("avx2", {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "AVX2" in done.stdout, done.stderr[-2000:]
 
 
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from attnfuzz.store.corpus import Entry, host_isa
+from attnfuzz.store.corpus import Entry, emulating, host_isa
 from attnfuzz.oracles.verdict import CRASH, HANG, UNSUPPORTED, Verdict
 
 
@@ -72,7 +72,7 @@ def _child_replay(entry: Entry, device: str, isa: str, worker) -> Verdict | None
     request = {"entry": entry.to_dict(), "device": device, "isa": isa, "threads": torch.get_num_threads(),
                "poison": poison.enabled(),
                "isolate_timeout": None if worker is None else getattr(worker, "timeout_s", 300.0)}
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa.lower()}
+    env = emulating(isa, dict(os.environ))
     done = subprocess.run([sys.executable, "-c", "from attnfuzz.store.replay import replay_child; replay_child()"],
                           input=json.dumps(request), capture_output=True, text=True, env=env)
     answers = [line[len(_CHILD_MARK):] for line in done.stdout.splitlines() if line.startswith(_CHILD_MARK)]

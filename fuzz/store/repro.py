@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from attnfuzz.backends.source import literal
+from attnfuzz.store.corpus import ONEDNN_ISA
 from attnfuzz.oracles.grade import Oracle, check_out, gradient_check, lse_check
 from attnfuzz.strategies.case import PLAIN_STORAGE, Case
 from attnfuzz.strategies.materialize import materialize, stored
@@ -243,8 +244,13 @@ def _isa_pin(entry) -> str:
     isa = _isa(entry)
     if isa is None:
         return ""
-    return (f"import os\n\nRECORDED_ISA = {isa!r}  # the CPU vector ISA this entry was found under\n"
-            f"os.environ.setdefault(\"ATEN_CPU_CAPABILITY\", RECORDED_ISA.lower())  # read once, when torch loads\n")
+    pin = (f"import os\n\nRECORDED_ISA = {isa!r}  # the CPU vector ISA this entry was found under\n"
+           f"os.environ.setdefault(\"ATEN_CPU_CAPABILITY\", RECORDED_ISA.lower())  # read once, when torch loads\n")
+    onednn = ONEDNN_ISA.get(isa.lower())
+    if onednn is None:
+        return pin
+    return pin + (f"if os.environ[\"ATEN_CPU_CAPABILITY\"] == RECORDED_ISA.lower():  # oneDNN picks its own ISA: "
+                  f"hold it there too\n    os.environ.setdefault(\"ONEDNN_MAX_CPU_ISA\", {onednn!r})\n")
 
 
 def _isa_report(entry) -> str:

@@ -12,6 +12,7 @@ import pytest
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import replay as replay_io
+from attnfuzz.store.isa import emulating
 from attnfuzz.store.known import when_fields
 from attnfuzz.cli import main
 from attnfuzz.engine.harness import Finding, fuzz
@@ -381,11 +382,11 @@ def test_a_cpu_entrys_script_runs_under_the_isa_it_was_recorded_on(tmp_path):
 def test_standing_in_for_an_older_cpu_holds_onednn_to_its_isa_too():
     """oneDNN picks its ISA from the CPU, not from ATEN_CPU_CAPABILITY: below AVX-512 it is held there as well (a
     variable the caller set wins), and an AVX-512 stand-in leaves it alone."""
-    assert corpus_io.emulating("AVX2", {"PATH": "/bin"}) == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2",
+    assert emulating("AVX2", {"PATH": "/bin"}) == {"PATH": "/bin", "ATEN_CPU_CAPABILITY": "avx2",
                                                               "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    assert corpus_io.emulating("default", {})["ONEDNN_MAX_CPU_ISA"] == "SSE41"
-    assert corpus_io.emulating("avx2", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
-    assert "ONEDNN_MAX_CPU_ISA" not in corpus_io.emulating("avx512", {})
+    assert emulating("default", {})["ONEDNN_MAX_CPU_ISA"] == "SSE41"
+    assert emulating("avx2", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
+    assert "ONEDNN_MAX_CPU_ISA" not in emulating("avx512", {})
 
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -402,7 +403,7 @@ def test_an_avx2_stand_in_on_an_amx_cpu_runs_the_cpu_flash_kernel_in_bf16():
             "q = torch.randn(1, 1, 64, 8, dtype=torch.bfloat16)\n"
             "with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):\n"
             "    print(F.scaled_dot_product_attention(q, q, q).shape, torch.backends.cpu.get_cpu_capability())\n")
-    env = corpus_io.emulating("avx2", {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"})
+    env = emulating("avx2", {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"})
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0 and "AVX2" in done.stdout, done.stderr[-2000:]
 

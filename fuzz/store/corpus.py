@@ -120,22 +120,6 @@ def environment(device: str) -> dict:
     return env
 
 
-# oneDNN picks its ISA from the CPU, not from ATEN_CPU_CAPABILITY. On a CPU with AMX, torch's CPU flash attention
-# packs bf16 blocks for AMX (oneDNN's choice, pytorch/pytorch#138783) and then refuses to, running ATen's AVX2 kernels
-# ("pack_vnni2 is only supported when avx512 is supported"): an AVX2-only CPU never goes there. So where ATen runs
-# below AVX-512 to stand in for an older CPU, oneDNN is held to the same ISA.
-ONEDNN_ISA = {"default": "SSE41", "avx2": "AVX2"}
-
-
-def emulating(isa: str, env: dict[str, str]) -> dict[str, str]:
-    """`env` with torch's CPU kernels held to `isa` (ATEN_CPU_CAPABILITY's spelling: avx2, avx512, default) as on a
-    CPU that has no more, for a fresh process: ATEN_CPU_CAPABILITY, and ONEDNN_MAX_CPU_ISA unless `env` sets it."""
-    held = {**env, "ATEN_CPU_CAPABILITY": isa.lower()}
-    if isa.lower() in ONEDNN_ISA:
-        held.setdefault("ONEDNN_MAX_CPU_ISA", ONEDNN_ISA[isa.lower()])
-    return held
-
-
 def host_isa() -> str:
     """The vector ISA torch's CPU kernels dispatch to in this process ("AVX2", "AVX512", "DEFAULT", ...): chosen
     once, when torch loads, from the CPU and ATEN_CPU_CAPABILITY. Inductor's CPU code follows the same variable."""

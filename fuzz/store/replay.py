@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 
-from attnfuzz.store.corpus import Entry, emulating, host_isa
+from attnfuzz.store.corpus import Entry, host_isa
+from attnfuzz.store.isa import emulating
 from attnfuzz.oracles.verdict import CRASH, HANG, UNSUPPORTED, Verdict
 
 

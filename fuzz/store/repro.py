@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from attnfuzz.backends.source import literal
-from attnfuzz.store.corpus import ONEDNN_ISA
+from attnfuzz.store.isa import ONEDNN_ISA
 from attnfuzz.oracles.grade import Oracle, check_out, gradient_check, lse_check
 from attnfuzz.strategies.case import PLAIN_STORAGE, Case
 from attnfuzz.strategies.materialize import materialize, stored

@@ -13,9 +13,10 @@ behind the one at work: shrinking a crash replaces the worker at every step, and
 seconds (TE: importing it takes about 10 s on an H200 host and initialises CUDA, so the fork server cannot import it
 for them) then pays it while the steps before run, not after each. As many spares start as the last fresh start-up
 lasts in cases (start-up / the last case's seconds, a case counted as at least 1 s, rounded up), at most MAX_SPARES:
-one for a backend that starts in a blink, several when each crash step takes a second or two and each start a dozen. They are stopped once CALM_CASES
-cases in a row have been answered without a replacement (the crash's shrink is over), so a long campaign over many
-backends does not keep a process (and on a GPU a CUDA context) per spare for its whole run.
+one for a backend that starts in a blink, several when each crash step takes a second or two and each start a dozen.
+They are stopped once CALM_CASES cases in a row have been answered without a replacement (the crash's shrink is
+over), so a long campaign over many backends does not keep a process (and on a GPU a CUDA context) per spare for its
+whole run.
 
 Once a HANG is confirmed, the worker's later cases get an adaptive limit instead of the timeout: max(HANG_FLOOR_S,
 HANG_FACTOR x the slowest answer seen so far), never above the timeout, with the same confirmation at confirm_factor

@@ -32,14 +32,19 @@ from attnfuzz.strategies.cases import _uniform_from, alibi_slopes, work
 INDEXES = 2**16  # the range of the index choice (two base-256 digits): CompiledConfigs.named maps it to one
 
 
+PINNED_KEPT = 1 << 14  # the latest pinned cases CompiledConfigs remembers (a finding is among the latest cases run)
+
+
 class CompiledConfigs:
-    """The compile keys a backend has met in this process, in order, each with the first case that met it."""
+    """The compile keys a backend has met in this process, in order, each with the first case that met it, and the
+    latest cases drawn pinned to one of them."""
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []
         self.cases: list[Case] = []
         self._index: dict[tuple, int] = {}
         self._named: dict[int, int | None] = {}
+        self._pinned: dict[Case, None] = {}   # insertion-ordered: the oldest go first past PINNED_KEPT
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -54,6 +59,17 @@ class CompiledConfigs:
         if choice not in self._named:
             self._named[choice] = choice % len(self.keys) if self.keys else None
         return self._named[choice]
+
+    def was_pinned(self, case: Case) -> bool:
+        """Whether a draw pinned to a compiled configuration made `case` (lately): its compile fields are that
+        configuration's, which Hypothesis cannot shrink; a fresh draw's fields it shrinks as plain search does."""
+        return case in self._pinned
+
+    def note_pinned(self, case: Case) -> None:
+        self._pinned.pop(case, None)
+        self._pinned[case] = None
+        if len(self._pinned) > PINNED_KEPT:
+            del self._pinned[next(iter(self._pinned))]
 
     def add(self, key: tuple, case: Case) -> bool:
         """Record `key` with `case` as its first case; False when the key was known already."""
@@ -132,6 +148,7 @@ class _CompileAware(st.SearchStrategy[Case]):
         if index is not None:  # the salt: every choice of the draw, the ones pinning overrides too (see runtime_groups)
             salt = choice ^ zlib.crc32(case.replace(seed=0).to_json().encode())
             case = pin(self.configs.cases[index], case, self.configs.keys[index], self.fits, self.max_work, salt)
+            self.configs.note_pinned(case)
         elif self.takes(case):  # a fresh case the backend runs: its key is compiled from now on
             key = self.key_of(case)
             if key is not None:

@@ -159,6 +159,51 @@ def test_te_flash_surfaces_seed_003_through_fa4(monkeypatch):
     assert (calls[0]["causal"], calls[0]["window_size"]) == (True, (-1, 0))
 
 
+def test_te_flash_compile_key_is_the_fa4_call_te_makes(fake):
+    """te-flash's compile key (compile-aware search) reads the FA4 call off TE's translation: runtime fields keep it,
+    what FA4 compiles for changes it, and spellings TE folds into one FA4 call share it."""
+    te = backend("te-flash")
+    base = Case(b=2, sq=16, skv=16, h=4, hk=2, d_qk=64, d_v=64, **BF16)
+    key = te.compile_key(base)
+    assert key is not None
+    for same in (base.replace(sq=9, skv=9), base.replace(b=1), base.replace(h=8, hk=4), base.replace(seed=3),
+                 base.replace(scale=0.5), base.replace(spelling="forward-args")):
+        assert te.compile_key(same) == key, same
+    for other in (base.replace(dtype="float16"), base.replace(d_qk=128, d_v=128), base.replace(h=4, hk=1),
+                  base.replace(causal=True), base.replace(window=(3, 3)), base.replace(grads=True),
+                  base.replace(layout="sbhd"), base.replace(seqlens_q=(16, 5), seqlens_kv=(16, 7))):
+        assert te.compile_key(other) != key, other
+    causal = base.replace(causal=True)
+    assert te.compile_key(causal.replace(spelling="explicit-window")) == te.compile_key(causal)    # both (-1, 0)
+    assert te.compile_key(causal.replace(spelling="window")) != te.compile_key(causal)    # no_mask + (wide, 0)
+    fake.modules["transformer_engine.pytorch.attention.dot_product_attention.utils"].FlashAttentionUtils.\
+        v4_is_installed = False
+    assert te.compile_key(base) is None    # FA2 / FA3 are compiled ahead of time
+    assert all(te_adapter.BACKENDS[n]("cpu").compile_key(base) is None for n in ("te-fused", "te-unfused"))
+
+
+@pytest.mark.parametrize("case", [
+    Case(sq=8, skv=8, h=2, causal=True, **BF16),
+    Case(sq=8, skv=8, h=2, causal=True, window=(3, None), **BF16),
+    Case(sq=8, skv=8, h=2, causal=True, spelling="window", **BF16),
+    Case(sq=8, skv=8, h=2, causal=True, spelling="explicit-window", **BF16),
+    Case(sq=8, skv=8, h=2, window=(2, 3), **BF16),
+    Case(sq=8, skv=8, h=2, spelling="wide", **BF16),
+    Case(sq=8, skv=8, h=2, **BF16),
+    Case(sq=4, skv=8, h=2, causal=True, alignment="bottom_right", layout="sbhd", **BF16),
+], ids=lambda c: f"{c.causal}-{c.window}-{c.spelling or 'default'}-{c.alignment}")
+def test_flash_call_is_what_te_hands_fa4(monkeypatch, case):
+    """flash_call (te-flash's compile key) against the fake TE's FA4 passthrough: the causal flag and the window TE's
+    FlashAttention hands FA4."""
+    from attnfuzz.backends.te.call import flash_call
+    calls = []
+    fa4 = fake_fa.make_fa4(calls)["flash_attn.cute"]
+    FakeTE(flash_impl=fa4_passthrough(fa4)).install(monkeypatch)
+    run("te-flash", case)
+    causal, window, entry = flash_call(case)
+    assert (calls[-1]["causal"], tuple(calls[-1]["window_size"]), entry) == (causal, window, "flash_attn_func")
+
+
 # -- (c) capability rules ----------------------------------------------------------------------------------------
 REFUSALS = [
     ("te-flash", Case(dtype="float32"), "dtype float32"),

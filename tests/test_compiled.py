@@ -182,3 +182,38 @@ def test_a_campaign_warms_only_the_backends_that_compile(capsys):
     warm_jit_backends({"backends": ["sdpa-math", "fa4"], "device": "cpu"})
     err = capsys.readouterr().err
     assert "warm: fa4: not available here" in err and "sdpa-math" not in err
+
+
+def test_a_fresh_finding_is_left_as_hypothesis_shrank_it_and_a_pinned_one_is_walked_on():
+    """finish_shrinking re-walks only what Hypothesis could not shrink: the compile fields of a pinned draw. A fresh
+    draw's finding is Hypothesis's shrink of every field, and walking it again would compile a kernel per field."""
+    from attnfuzz.engine.compiled_search import finish_shrinking
+    from attnfuzz.engine.harness import Finding, run_case
+    backend = FakeJit(bug="config")
+    case = MINIMAL.replace(b=2, d_qk=64, d_v=64)
+    runs = []
+
+    def run(c):
+        runs.append(c)
+        return run_case(backend, c)
+
+    verdict = run(case)
+    assert verdict.label == "FAIL:TOLERANCE"
+    fresh = Finding(backend.name, case, verdict)
+    assert finish_shrinking(fresh, run, backend) is fresh and runs == [case]
+    compiled_configs(backend).note_pinned(case)
+    walked = finish_shrinking(Finding(backend.name, case, verdict), run, backend)
+    assert walked.case.d_qk == 8 and walked.verdict.label == "FAIL:TOLERANCE" and len(runs) > 1
+
+
+def test_the_greedy_shrink_tries_the_candidates_in_compiled_configurations_first():
+    from attnfuzz.engine import reshrink
+    case = Case(b=2, sq=8, skv=8, h=2, hk=2, d_qk=64, d_v=64, dtype="bfloat16", grads=True, causal=True)
+    compiled = lambda c: (c.dtype, c.d_qk, c.grads, c.causal) == (case.dtype, case.d_qk, case.grads, case.causal)
+    tried = []
+    reshrink.shrink(case, lambda c: tried.append(c), cheap=compiled)   # nothing fails: one pass, every candidate
+    cheap = [compiled(c) for c in tried]
+    assert 0 < cheap.count(True) < len(cheap) and cheap == sorted(cheap, reverse=True)
+    plain = []
+    reshrink.shrink(case, lambda c: plain.append(c))
+    assert set(plain) == set(tried) and [compiled(c) for c in plain] != cheap   # the default order: switches first

@@ -49,13 +49,16 @@ def compile_aware_cases(backend: Backend, cases: st.SearchStrategy[Case], space:
                          lambda case: backend.unsupported(case) is None, space.compiled_share, space.max_work)
 
 
-def finish_shrinking(finding, run: Callable[[Case], V.Verdict]):
+def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend):
     """A compile-aware search's finding (attnfuzz.engine.harness.Finding) shrunk further outside Hypothesis: a draw
     pinned to a compiled configuration keeps that configuration's dtype, head dims and switches however Hypothesis
     shrinks it, so the greedy shrinker walks them toward plain, each step kept while the case fails with the same
-    label and as clearly (reshrink.as_clear), so the shrunk finding is of the same type. A hang is not re-run (each
+    label and as clearly (reshrink.as_clear), so the shrunk finding is of the same type; the steps into a
+    configuration compiled already go first. A finding drawn fresh is Hypothesis's shrink of every field and is
+    left as it is: walking it again would compile a kernel per field only to confirm it. A hang is not re-run (each
     run would cost the whole timeout), nor what is FLAKY."""
-    if finding.verdict.status in (V.HANG, V.FLAKY):
+    configs = compiled_configs(backend)
+    if finding.verdict.status in (V.HANG, V.FLAKY) or not configs.was_pinned(finding.case):
         return finding
 
     def fails(case: Case) -> V.Verdict | None:
@@ -63,7 +66,8 @@ def finish_shrinking(finding, run: Callable[[Case], V.Verdict]):
         return verdict if verdict.label == finding.verdict.label and reshrink.as_clear(verdict, finding.verdict) \
             else None
 
-    case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS)
+    case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS,
+                                       cheap=lambda c: backend.compile_key(c) in configs)
     if verdict is None:
         return finding
     shrunk = type(finding)(finding.backend, case, verdict)

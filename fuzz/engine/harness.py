@@ -331,7 +331,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         run = (getattr(worker, "rerun", worker.run) if worker is not None
                else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
         if is_compile_aware(backend, space):
-            findings = [finish_shrinking(f, run) for f in findings]
+            findings = [finish_shrinking(f, run, backend) for f in findings]
         if reruns > 0:
             findings = [confirm(f, run, reruns) for f in findings]
         findings = merge_root_causes(findings, evidence, probe=run)

@@ -104,14 +104,19 @@ def as_clear(verdict: V.Verdict, first: V.Verdict) -> bool:
 
 
 def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: int = 400,
-           on_step: Callable[[Case, V.Verdict], None] | None = None) -> tuple[Case, V.Verdict | None, int]:
+           on_step: Callable[[Case, V.Verdict], None] | None = None,
+           cheap: Callable[[Case], bool] | None = None) -> tuple[Case, V.Verdict | None, int]:
     """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over
-    from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs."""
+    from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs.
+    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first."""
     tried, runs, last = {case}, 0, None
     progress = True
     while progress and runs < max_runs:
         progress = False
-        for candidate in candidates(case):
+        ordered = candidates(case)
+        if cheap is not None:
+            ordered = sorted((c for c in ordered if c is not None), key=lambda c: not cheap(c))   # stable
+        for candidate in ordered:
             if candidate is None or candidate in tried:
                 continue
             tried.add(candidate)

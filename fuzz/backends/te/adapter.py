@@ -24,7 +24,7 @@ import torch
 
 from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.te import selection as sel
-from attnfuzz.backends.te.call import band_kind, is_cross, te_call, te_mask
+from attnfuzz.backends.te.call import band_kind, flash_call, is_cross, te_call, te_mask
 from attnfuzz.backends.te.repro import te_source
 from attnfuzz.backends.flash.fa4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
@@ -234,8 +234,27 @@ class TransformerEngineAttention(Backend):
         return te_version()
 
 
+class TEFlashAttention(TransformerEngineAttention):
+    """te-flash: DotProductAttention forced onto FlashAttention, which on FA4 JIT-compiles a kernel per configuration
+    (so its search is compile-aware, fuzz/engine/compiled_search.py)."""
+
+    def __init__(self, device: str = "cuda") -> None:
+        super().__init__("te-flash", sel.FLASH, device)
+
+    def compile_key(self, case: Case) -> tuple | None:
+        """The configuration of the FA4 kernel TE calls (FlashAttn4.compile_key's fields, read off TE's call, flash_call)
+        and of TE's own path to it: dtype, head dims, GQA group, causal, which window sides are unbounded (-1), the
+        entry point (varlen for thd and padding), the layout TE converts from, gradients, the architecture. None
+        where TE loaded no FA4 (FA2 / FA3 are compiled ahead of time)."""
+        if self._flash_major() != "4":
+            return None
+        causal, (left, right), entry = flash_call(case)
+        return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, causal, left < 0, right < 0, entry, case.layout,
+                case.grads, self.arch)
+
+
 BACKENDS = {
-    "te-flash": lambda device="cuda": TransformerEngineAttention("te-flash", sel.FLASH, device),
+    "te-flash": TEFlashAttention,
     "te-fused": lambda device="cuda": TransformerEngineAttention("te-fused", sel.FUSED, device),
     "te-unfused": lambda device="cuda": TransformerEngineAttention("te-unfused", sel.UNFUSED, device),
 }

@@ -48,6 +48,21 @@ def te_mask(case: Case) -> tuple[str, tuple[int, int] | None]:
     return mask_type, window
 
 
+def flash_call(case: Case) -> tuple[bool, tuple[int, int], str]:
+    """(causal, window_size, entry point) of the flash-attn call TE 2.20.2's FlashAttention backend makes for the case:
+    causal is "causal" in the mask type; the window as check_set_window_size leaves it (-1 unbounded: a causal type
+    takes (-1, 0) or (left, 0), the others (-1, -1) or the window given, (-1, 0) read as (-1, -1)); flash_attn_func for
+    bshd / sbhd without padding, else flash_attn_varlen_func."""
+    mask_type, window = te_mask(case)
+    causal = "causal" in mask_type
+    if causal:
+        window = (-1 if window is None else window[0], 0)
+    elif window is None or window == (-1, 0):
+        window = (-1, -1)
+    varlen = case.layout == "thd" or "padding" in mask_type
+    return causal, window, "flash_attn_varlen_func" if varlen else "flash_attn_func"
+
+
 def padding_mask(lens, s: int, device) -> torch.Tensor:
     """bool [b, 1, 1, s], True at the padding positions past each length (TE's attention_mask: True = masked out)."""
     return (torch.arange(s, device=device)[None] >= torch.tensor(lens, device=device)[:, None])[:, None, None, :]

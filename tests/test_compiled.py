@@ -217,3 +217,21 @@ def test_the_greedy_shrink_tries_the_candidates_in_compiled_configurations_first
     plain = []
     reshrink.shrink(case, lambda c: plain.append(c))
     assert set(plain) == set(tried) and [compiled(c) for c in plain] != cheap   # the default order: switches first
+
+
+def test_the_greedy_shrink_tries_a_change_that_did_not_fail_after_the_others():
+    """A gradient bug: turning gradients off never fails, and is the first candidate of every pass; run once and then
+    once more before the shrink ends, not after every step (on a JIT backend, each is a compile)."""
+    from attnfuzz.engine import reshrink
+    case = Case(b=2, sq=8, skv=8, h=2, hk=2, d_qk=64, d_v=64, dtype="bfloat16", grads=True, causal=True)
+    runs = []
+
+    def gradient_bug(c):
+        runs.append(c)
+        return V.Verdict(V.FAIL, "GRADIENT", "planted") if c.grads else None
+
+    shrunk, _, _ = reshrink.shrink(case, gradient_bug)
+    assert (shrunk.b, shrunk.sq, shrunk.skv, shrunk.h, shrunk.d_qk, shrunk.dtype, shrunk.causal, shrunk.grads) == \
+        (1, 1, 1, 1, 8, "float16", False, True)
+    steps = sum(c.grads for c in runs)
+    assert steps >= 6 and sum(not c.grads for c in runs) <= 2, (steps, len(runs))

@@ -6,6 +6,7 @@ configuration cannot shrink that configuration's fields; strategies/compiled.py)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Iterator
 
 from attnfuzz.oracles import verdict as V
@@ -108,17 +109,18 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
            cheap: Callable[[Case], bool] | None = None) -> tuple[Case, V.Verdict | None, int]:
     """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over
     from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs.
-    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first."""
+    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first. A field
+    whose change did not fail once is changed after the others from then on: each step taken starts the candidates
+    over, and a change that cannot fail (no gradients for a gradient bug) would otherwise be run again after every
+    step, on a JIT backend a compile each time; it is still tried before the shrink ends."""
     tried, runs, last = {case}, 0, None
+    futile: set[str] = set()
     progress = True
     while progress and runs < max_runs:
         progress = False
-        ordered = candidates(case)
-        if cheap is not None:
-            ordered = sorted((c for c in ordered if c is not None), key=lambda c: not cheap(c))   # stable
+        ordered = sorted((c for c in candidates(case) if c is not None and c not in tried),   # a stable sort
+                         key=lambda c: (cheap is not None and not cheap(c), not _changed(case, c).isdisjoint(futile)))
         for candidate in ordered:
-            if candidate is None or candidate in tried:
-                continue
             tried.add(candidate)
             runs += 1
             verdict = fails(candidate)
@@ -127,6 +129,11 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
                 if on_step is not None:
                     on_step(case, verdict)
                 break
+            futile |= _changed(case, candidate)
             if runs >= max_runs:
                 break
     return case, last, runs
+
+
+def _changed(case: Case, candidate: Case) -> set[str]:
+    return {f.name for f in dataclasses.fields(Case) if getattr(case, f.name) != getattr(candidate, f.name)}

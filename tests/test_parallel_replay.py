@@ -99,3 +99,22 @@ def test_replayed_one_at_a_time_the_meeting_entries_fail(tmp_path):
     done = _pytest_corpus(tmp_path / "corpus", tmp_path / "meet", "--attnfuzz-isolate")
     assert done.returncode == 1 and "2 failed, 1 xfailed" in done.stdout, done.stdout[-2000:]
     assert "FAIL:ALL_ZERO" in done.stdout
+
+
+def test_the_slowest_entries_start_first():
+    """Longest first, as far as it can be told before a replay: a HANG entry (three limits), then a backend that
+    compiles kernels (fa4: UNSUPPORTED on this CPU, at once), then the rest in the order given."""
+    from attnfuzz.store.parallel_replay import JIT_REPLAY_S, expected_seconds
+    fine = _entry("tests.misbehaving:drops_causal", Verdict(V.FAIL, V.TOLERANCE))
+    jit = _entry("fa4", Verdict(V.FAIL, V.ALL_ZERO), PLAIN.replace(dtype="bfloat16"), device="cuda")
+    hang = _entry("tests.misbehaving:hangs", Verdict(V.HANG, "TIMEOUT"), known_bug=HANG_BUG)
+    assert (expected_seconds(fine, 120), expected_seconds(jit, 120), expected_seconds(hang, 1)) == (1, JIT_REPLAY_S, 3)
+    assert expected_seconds(_entry("no-such-backend", Verdict(V.FAIL, V.TOLERANCE)), 120) == 1
+    assert expected_seconds(hang, 20) > JIT_REPLAY_S   # the default hang limit: a HANG entry before a JIT one
+    jobs = [(Path("fine.json"), fine, "cpu"), (Path("jit.json"), jit, "cpu"), (Path("hang.json"), hang, "cpu")]
+    with ParallelReplay(jobs[::2], workers=1, timeout_s=120, hang_timeout_s=1) as pool:
+        assert pool.order == [Path("hang.json"), Path("fine.json")]
+        assert pool.result(Path("fine.json")).verdict.status == V.PASS
+    with ParallelReplay(jobs[:2], workers=1, timeout_s=120) as pool:
+        assert pool.order == [Path("jit.json"), Path("fine.json")]
+        assert pool.result(Path("jit.json")).verdict.status == V.UNSUPPORTED

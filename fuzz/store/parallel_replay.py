@@ -1,7 +1,9 @@
 """Corpus entries replayed by several isolated workers at once, each with a time limit and timed:
 `pytest corpus --attnfuzz-isolate --attnfuzz-replay-workers N`.
 
-The entries go to N threads in the order given, and each thread keeps isolated workers of its own
+The entries go to N threads longest first, as far as a replay's cost can be told before it runs (a HANG entry's
+three limits, then the entries of backends that compile kernels), so that no slow entry starts last while the other
+threads idle; each thread keeps isolated workers of its own
 (attnfuzz.engine.isolate.Worker, one per backend, device and limit), so up to N entries run at once, each in a
 process of its own; a crash or a hang costs its entry only. An entry gets --case-timeout, or `hang_timeout_s` when
 it was saved as a HANG: confirming a hang takes the limit and then twice it in a fresh worker, so a HANG entry
@@ -54,6 +56,24 @@ def shared_cache_env(environ=os.environ) -> dict[str, str]:
     return env
 
 
+JIT_REPLAY_S = 30.0   # a rough replay time of an entry whose backend compiles kernels (FA4, FlashInfer, compiled flex)
+
+
+def expected_seconds(entry: corpus_io.Entry, limit_s: float) -> float:
+    """A rough replay time, only to start the slow entries first: a HANG's limit three times (the hang and its
+    confirmation at twice the limit), JIT_REPLAY_S for a backend that declares a compile key, else 1."""
+    if entry.verdict.status == HANG:
+        return 3 * limit_s
+    if ":" in entry.backend:   # a bring-your-own kernel: its module is not imported here
+        return 1.0
+    from attnfuzz.backends import get
+    from attnfuzz.engine.compiled_search import declares_compile_key
+    try:
+        return JIT_REPLAY_S if declares_compile_key(get(entry.backend, entry.device)) else 1.0
+    except Exception:  # an unknown backend, or one whose adapter cannot be built here: its replay says why
+        return 1.0
+
+
 def replay_device(entry: corpus_io.Entry, chosen: str) -> str:
     """The device an entry replays on: its own; `chosen` picks which GPU a CUDA entry runs on (cuda:1, ...)."""
     return chosen if entry.device.startswith("cuda") and chosen.startswith("cuda") else entry.device
@@ -78,8 +98,10 @@ class ParallelReplay:
         self._started: list[Worker] = []
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnfuzz-replay")
+        first = sorted(entries, key=lambda job: -expected_seconds(job[1], self.limit_for(job[1])))   # stable
+        self.order = [path for path, _, _ in first]   # the order the entries start in
         self._futures: dict[Path, Future] = {path: self._executor.submit(self._replay, entry, device)
-                                              for path, entry, device in entries}
+                                              for path, entry, device in first}
 
     def limit_for(self, entry: corpus_io.Entry) -> float:
         return min(self.timeout_s, self.hang_timeout_s) if entry.verdict.status == HANG else self.timeout_s

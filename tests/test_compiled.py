@@ -184,9 +184,10 @@ def test_a_campaign_warms_only_the_backends_that_compile(capsys):
     assert "warm: fa4: not available here" in err and "sdpa-math" not in err
 
 
-def test_a_fresh_finding_is_left_as_hypothesis_shrank_it_and_a_pinned_one_is_walked_on():
-    """finish_shrinking re-walks only what Hypothesis could not shrink: the compile fields of a pinned draw. A fresh
-    draw's finding is Hypothesis's shrink of every field, and walking it again would compile a kernel per field."""
+def test_a_fresh_finding_is_walked_only_inside_compiled_configurations_and_a_pinned_one_on():
+    """finish_shrinking walks the compile fields of a pinned draw's finding, which Hypothesis cannot shrink. A fresh
+    draw's finding is Hypothesis's shrink of every field: it takes only steps into compiled configurations (walking
+    its compile fields again would compile a kernel per field)."""
     from attnfuzz.engine.compiled_search import finish_shrinking
     from attnfuzz.engine.harness import Finding, run_case
     backend = FakeJit(bug="config")
@@ -200,8 +201,13 @@ def test_a_fresh_finding_is_left_as_hypothesis_shrank_it_and_a_pinned_one_is_wal
     verdict = run(case)
     assert verdict.label == "FAIL:TOLERANCE"
     fresh = Finding(backend.name, case, verdict)
-    assert finish_shrinking(fresh, run, backend) is fresh and runs == [case]
-    compiled_configs(backend).note_pinned(case)
+    assert finish_shrinking(fresh, run, backend) is fresh and runs == [case]   # nothing compiled: no step taken
+    configs = compiled_configs(backend)
+    configs.add(backend.compile_key(case), case)
+    runs.clear()
+    inside = finish_shrinking(fresh, run, backend)
+    assert inside.case == case.replace(b=1) and runs and all(backend.compile_key(c) in configs for c in runs)
+    configs.note_pinned(case)
     walked = finish_shrinking(Finding(backend.name, case, verdict), run, backend)
     assert walked.case.d_qk == 8 and walked.verdict.label == "FAIL:TOLERANCE" and len(runs) > 1
 

@@ -54,12 +54,13 @@ def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend
     pinned to a compiled configuration keeps that configuration's dtype, head dims and switches however Hypothesis
     shrinks it, so the greedy shrinker walks them toward plain, each step kept while the case fails with the same
     label and as clearly (reshrink.as_clear), so the shrunk finding is of the same type; the steps into a
-    configuration compiled already go first. A finding drawn fresh is Hypothesis's shrink of every field and is
-    left as it is: walking it again would compile a kernel per field only to confirm it. A hang is not re-run (each
-    run would cost the whole timeout), nor what is FLAKY."""
-    configs = compiled_configs(backend)
-    if finding.verdict.status in (V.HANG, V.FLAKY) or not configs.was_pinned(finding.case):
+    configuration compiled already go first. A finding drawn fresh is Hypothesis's shrink of every field, which may
+    stop short (a length it could not lower): it gets only the steps into compiled configurations, since walking
+    its compile fields again would compile a kernel per field to confirm Hypothesis's shrink. A hang is not re-run
+    (each run would cost the whole timeout), nor what is FLAKY."""
+    if finding.verdict.status in (V.HANG, V.FLAKY):
         return finding
+    configs = compiled_configs(backend)
 
     def fails(case: Case) -> V.Verdict | None:
         verdict = run(case)
@@ -67,7 +68,8 @@ def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend
             else None
 
     case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS,
-                                       cheap=lambda c: backend.compile_key(c) in configs)
+                                       cheap=lambda c: backend.compile_key(c) in configs,
+                                       only_cheap=not configs.was_pinned(finding.case))
     if verdict is None:
         return finding
     shrunk = type(finding)(finding.backend, case, verdict)

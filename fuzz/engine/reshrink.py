@@ -106,10 +106,12 @@ def as_clear(verdict: V.Verdict, first: V.Verdict) -> bool:
 
 def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: int = 400,
            on_step: Callable[[Case, V.Verdict], None] | None = None,
-           cheap: Callable[[Case], bool] | None = None) -> tuple[Case, V.Verdict | None, int]:
+           cheap: Callable[[Case], bool] | None = None,
+           only_cheap: bool = False) -> tuple[Case, V.Verdict | None, int]:
     """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over
     from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs.
-    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first. A field
+    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first, or alone
+    with `only_cheap`. A field
     whose change did not fail once is changed after the others from then on: each step taken starts the candidates
     over, and a change that cannot fail (no gradients for a gradient bug) would otherwise be run again after every
     step, on a JIT backend a compile each time; it is still tried before the shrink ends."""
@@ -118,7 +120,8 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
     progress = True
     while progress and runs < max_runs:
         progress = False
-        ordered = sorted((c for c in candidates(case) if c is not None and c not in tried),   # a stable sort
+        ordered = sorted((c for c in candidates(case) if c is not None and c not in tried
+                          and not (only_cheap and not cheap(c))),   # a stable sort
                          key=lambda c: (cheap is not None and not cheap(c), not _changed(case, c).isdisjoint(futile)))
         for candidate in ordered:
             tried.add(candidate)

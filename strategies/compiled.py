@@ -30,8 +30,6 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import _uniform_from, alibi_slopes, work
 
 INDEXES = 2**16  # the range of the index choice (two base-256 digits): CompiledConfigs.named maps it to one
-
-
 PINNED_KEPT = 1 << 14  # the latest pinned cases CompiledConfigs remembers (a finding is among the latest cases run)
 
 

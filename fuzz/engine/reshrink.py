@@ -111,10 +111,12 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
     """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over
     from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs.
     With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first, or alone
-    with `only_cheap`. A field
-    whose change did not fail once is changed after the others from then on: each step taken starts the candidates
-    over, and a change that cannot fail (no gradients for a gradient bug) would otherwise be run again after every
-    step, on a JIT backend a compile each time; it is still tried before the shrink ends."""
+    with `only_cheap`. A field whose change did not fail once is changed after the others from then on: each step
+    taken starts the candidates over, and a change that cannot fail (no gradients for a gradient bug) would
+    otherwise be run again after every step, on a JIT backend a compile each time; it is still tried before the
+    shrink ends."""
+    if only_cheap and cheap is None:
+        raise ValueError("shrink: only_cheap=True needs cheap, the test of which candidates cost little")
     tried, runs, last = {case}, 0, None
     futile: set[str] = set()
     progress = True

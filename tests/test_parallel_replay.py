@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.store import corpus as corpus_io
@@ -118,3 +120,18 @@ def test_the_slowest_entries_start_first():
     with ParallelReplay(jobs[:2], workers=1, timeout_s=120) as pool:
         assert pool.order == [Path("jit.json"), Path("fine.json")]
         assert pool.result(Path("jit.json")).verdict.status == V.UNSUPPORTED
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 3.0])   # before the worker exists, while it starts, inside the case
+def test_closing_the_pool_during_a_hang_ends_its_thread_at_once(after_s):
+    """close() stops the worker of an entry still hanging, and no worker starts for it after that (its confirmation
+    in a fresh worker at twice the limit, or its first worker when close() came first): else the interpreter's exit
+    waits for the whole hang (a minute at the default limit)."""
+    import time
+    hang = _entry("tests.misbehaving:hangs", Verdict(V.HANG, "TIMEOUT"), known_bug=HANG_BUG)
+    pool = ParallelReplay([(Path("hang.json"), hang, "cpu")], workers=1, timeout_s=120, hang_timeout_s=20)
+    time.sleep(after_s)
+    start = time.perf_counter()
+    pool.close()
+    pool._executor.shutdown(wait=True)
+    assert time.perf_counter() - start < 10

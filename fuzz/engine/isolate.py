@@ -135,6 +135,7 @@ class Worker:
         self.startup_s = 0.0   # how long the last freshly spawned worker took to be ready
         self.case_s = 0.0      # the last case's seconds from hand-over to answer (or death)
         self._calm = 0         # cases answered in a row by the worker at work
+        self._closed = False   # close() was called: no worker starts again (a case in flight in another thread ends)
 
     def _spawn(self) -> tuple:
         """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
@@ -149,6 +150,8 @@ class Worker:
     def _start(self) -> None:
         """The next worker: the oldest spare alive (its start-up overlapped the cases before), else a new one; then,
         once a worker has been replaced, spares topped up behind it."""
+        if self._closed:   # closed from another thread while a case ran: its confirmation must not start a worker
+            raise RuntimeError(f"{self.spec}: the worker was closed")
         spare = None
         while self._spares and spare is None:
             spare = self._spares.pop(0)
@@ -157,6 +160,9 @@ class Worker:
                 spare = None
         spawned = time.perf_counter()
         self._process, self._conn = spare or self._spawn()
+        if self._closed:   # close() ran while this one was spawning, before there was a process to stop
+            self._stop()
+            raise RuntimeError(f"{self.spec}: the worker was closed")
         # start-up (importing the backend) is not the case's time
         try:
             hello = self._conn.recv() if self._conn.poll(STARTUP_S) else None
@@ -271,6 +277,7 @@ class Worker:
         return self._unavailable
 
     def close(self) -> None:
+        self._closed = True
         if self._conn is not None:
             try:
                 self._conn.send(None)

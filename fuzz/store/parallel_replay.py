@@ -96,6 +96,7 @@ class ParallelReplay:
         self.env = shared_cache_env() if env is None else env
         self._local = threading.local()
         self._started: list[Worker] = []
+        self._closed = False
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnfuzz-replay")
         first = sorted(entries, key=lambda job: -expected_seconds(job[1], self.limit_for(job[1])))   # stable
@@ -111,6 +112,8 @@ class ParallelReplay:
         if (backend, device, limit) not in mine:
             worker = Worker(backend, device, timeout_s=limit, hang_factor=None, env=self.env)
             with self._lock:
+                if self._closed:   # an entry that started as close() ran: no worker for it
+                    raise RuntimeError("the replay pool was closed")
                 self._started.append(worker)
             mine[backend, device, limit] = worker
         return mine[backend, device, limit]
@@ -136,6 +139,7 @@ class ParallelReplay:
         """Drop the entries not started, and stop every worker (one still running a case is killed)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
+            self._closed = True
             started, self._started = self._started, []
         for worker in started:
             worker.close()

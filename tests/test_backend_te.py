@@ -176,6 +176,8 @@ def test_te_flash_compile_key_is_the_fa4_call_te_makes(fake):
     causal = base.replace(causal=True)
     assert te.compile_key(causal.replace(spelling="explicit-window")) == te.compile_key(causal)    # both (-1, 0)
     assert te.compile_key(causal.replace(spelling="window")) != te.compile_key(causal)    # no_mask + (wide, 0)
+    from attnfuzz.engine.harness import cases_for
+    assert type(cases_for(te)).__name__ == "_CompileAware"   # its search draws inside compiled configurations
     fake.modules["transformer_engine.pytorch.attention.dot_product_attention.utils"].FlashAttentionUtils.\
         v4_is_installed = False
     assert te.compile_key(base) is None    # FA2 / FA3 are compiled ahead of time

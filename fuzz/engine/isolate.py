@@ -150,8 +150,6 @@ class Worker:
     def _start(self) -> None:
         """The next worker: the oldest spare alive (its start-up overlapped the cases before), else a new one; then,
         once a worker has been replaced, spares topped up behind it."""
-        if self._closed:   # closed from another thread while a case ran: its confirmation must not start a worker
-            raise RuntimeError(f"{self.spec}: the worker was closed")
         spare = None
         while self._spares and spare is None:
             spare = self._spares.pop(0)
@@ -160,7 +158,7 @@ class Worker:
                 spare = None
         spawned = time.perf_counter()
         self._process, self._conn = spare or self._spawn()
-        if self._closed:   # close() ran while this one was spawning, before there was a process to stop
+        if self._closed:   # close() ran from another thread (a hang's confirmation, or during the spawn): stop it
             self._stop()
             raise RuntimeError(f"{self.spec}: the worker was closed")
         # start-up (importing the backend) is not the case's time

@@ -122,10 +122,12 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
     progress = True
     while progress and runs < max_runs:
         progress = False
-        ordered = sorted((c for c in candidates(case) if c is not None and c not in tried
-                          and not (only_cheap and not cheap(c))),   # a stable sort
-                         key=lambda c: (cheap is not None and not cheap(c), not _changed(case, c).isdisjoint(futile)))
-        for candidate in ordered:
+        ordered = [(c, cheap is None or cheap(c), _changed(case, c)) for c in candidates(case)
+                   if c is not None and c not in tried]
+        ordered.sort(key=lambda row: (not row[1], not row[2].isdisjoint(futile)))   # stable: candidates' order within
+        for candidate, is_cheap, changed in ordered:
+            if candidate in tried or (only_cheap and not is_cheap):   # tried: a candidate yielded twice in one pass
+                continue
             tried.add(candidate)
             runs += 1
             verdict = fails(candidate)
@@ -134,7 +136,7 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
                 if on_step is not None:
                     on_step(case, verdict)
                 break
-            futile |= _changed(case, candidate)
+            futile |= changed
             if runs >= max_runs:
                 break
     return case, last, runs

@@ -3,7 +3,7 @@ the compile time a JIT backend would have spent, and the minimal case of a plant
 
     python3 bench/compile_search.py [--examples 150] [--seed 0] [--runs 1] [--compile-seconds 2.0]
                                     [--share 0.8] [--bug none|config|config-long] [--max-len 160] [--sleep]
-                                    [--stand-in]
+                                    [--stand-in] [--first-bug]
 
 The backend is bench/jit_fake.py's FakeJit: a correct CPU kernel behind FA4's capability table and compile key that
 counts --compile-seconds for every compile key it meets first (--sleep: sleeps them too). Each run fuzzes a fresh
@@ -34,20 +34,24 @@ from bench.jit_fake import BUGS, FakeJit, Verdicts  # noqa: E402
 
 def one_mode(share: float, args, seed: int, examples: int | None = None) -> dict:
     backend = FakeJit(compile_seconds=args.compile_seconds, sleep=args.sleep, bug=args.bug)
-    graded = []
+    graded, found = [], []
 
     def on_case(case, verdict, tally):
         if verdict.status != V.UNSUPPORTED:
             graded.append(backend.compile_key(case))
+        if verdict.failed and not found:
+            found.append((backend.compile_spent, len(backend.compiled)))
 
     space = Space(max_len=args.max_len, compiled_share=share)
     start = time.perf_counter()
     worker = Verdicts(backend) if args.stand_in else None
     _, findings = fuzz(backend, space=space, seed=seed, on_case=on_case, reruns=0, worker=worker,
-                       settings=profile("quick", max_examples=examples or args.examples, database=None))
+                       settings=profile("quick", max_examples=examples or args.examples, database=None,
+                                        report_multiple_bugs=not args.first_bug))
     wall = time.perf_counter() - start
     compile_s = backend.compile_spent if not args.sleep else 0.0   # slept compiles are in the wall time already
     return {"cases": len(graded), "configs": len(backend.compiled), "wall": wall, "compile": backend.compile_spent,
+            "found": found[0] if found else None,
             "per_s": len(graded) / (wall + compile_s), "per_config": len(graded) / max(len(backend.compiled), 1),
             "findings": sorted((f.verdict.label, repr(f.case)) for f in findings)}
 
@@ -61,6 +65,8 @@ def main() -> None:
     p.add_argument("--share", type=float, default=Space().compiled_share, help="compile-aware share of pinned draws")
     p.add_argument("--bug", choices=BUGS, default="none")
     p.add_argument("--max-len", type=int, default=160)
+    p.add_argument("--first-bug", action="store_true",
+                   help="shrink the first failure alone, as `attnfuzz run --first-bug` (no search past it)")
     p.add_argument("--sleep", action="store_true", help="sleep the compile time instead of counting it")
     p.add_argument("--stand-in", action="store_true",
                    help="answer from the planted bug alone (jit_fake.Verdicts): no kernel, no oracle, seconds a run")
@@ -81,6 +87,10 @@ def main() -> None:
             print(f"{seed:>4} {mode:<15} {r['cases']:>5} {r['configs']:>7} {r['per_config']:>12.2f} {r['wall']:>7.1f} "
                   f"{r['compile']:>9.1f} {r['per_s']:>6.2f} {ratio:>5}")
         for mode, r in modes:
+            if r["found"] is not None:
+                (at, configs), after = r["found"], r["compile"] - r["found"][0]
+                print(f"     {mode}: first failure after {at:.1f} compile s ({configs} configurations); its shrink "
+                      f"{after:.1f} compile s ({r['configs'] - configs} more configurations)")
             for label, case in r["findings"]:
                 print(f"     {mode} found {label}: {case}")
         if args.bug != "none":

@@ -25,6 +25,7 @@ SMALL_LEN = 160        # the everyday cases' longest length: below it, cases are
 STORAGE_ONE_IN = 6     # one bshd case without a paged cache in 6 lays q, k, v out in drawn buffers (Case.storage)
 DECODE_MIN_KEYS = 512  # decode shapes: 1..DECODE_MAX_QUERIES queries over at least this many keys
 DECODE_MAX_QUERIES = 16
+SOFTCAPS = (5.0, 30.0, 0.5)  # the softcaps drawn; shrinks toward the first
 # Long lengths are weighted toward tile residues, where a kernel's last tile is partial: (tile, residue) pairs
 RESIDUES = ((128, 64), (64, 1), (64, 0), (64, 63), (128, 1), (128, 127), (256, 128))
 
@@ -338,7 +339,7 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     scale = None
     if space.custom_scale and _sometimes(draw, 6):
         scale = draw(_one_of((1.0, 0.5 / math.sqrt(d_qk), 2.0 / math.sqrt(d_qk), 0.01)))
-    softcap = draw(_one_of((5.0, 30.0, 0.5))) if space.softcap and _sometimes(draw, 6) else None
+    softcap = draw(_one_of(SOFTCAPS)) if space.softcap and _sometimes(draw, 6) else None
     alibi = None
     if space.alibi and _sometimes(draw, 6):
         alibi = alibi_slopes(h)

@@ -11,12 +11,14 @@ spelling) onto the configuration's first case, one group at a time, keeping each
 valid case of the same key that the backend takes.
 
 Hypothesis stays in charge: the coin and the index are its choices, and shrinking lowers them toward a fresh draw
-and toward the first configuration compiled. A failure found fresh shrinks as before (the coin stays False: every
-choice after it means what it meant without the wrapper), to the same minimal case. A failure found pinned shrinks
-inside compiled configurations (the index, then runtime fields, all without a new compile) and keeps the compile
-fields of the configuration it was found in (`attnfuzz shrink` walks those down). Its choices name a configuration
-of this process, so the case it settles on is what is saved (corpus entries are Cases, replayed as such), and a
-database entry replayed in another process redraws a different case there.
+and toward the first configuration compiled. Once the search has met a failure, the configurations are closed
+(CompiledConfigs.closed; the harness closes them, engine/compiled_search.py's open_after opens them again): a fresh
+draw of a configuration not compiled yet is then invalid, not run, so Hypothesis's shrink (and what is left of its
+search) stays inside compiled configurations, where a step costs milliseconds, not a compile. A failure keeps the
+compile fields of the configuration it settles in; the greedy shrink (engine/reshrink.py) walks those down after, one
+compile a step, where Hypothesis's shrink crossed a configuration at nearly every step that changed one. Its choices
+name a configuration of this process, so the case it settles on is what is saved (corpus entries are Cases, replayed
+as such), and a database entry replayed in another process redraws a different case there.
 """
 
 from __future__ import annotations
@@ -30,19 +32,18 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import _uniform_from, alibi_slopes, work
 
 INDEXES = 2**16  # the range of the index choice (two base-256 digits): CompiledConfigs.named maps it to one
-PINNED_KEPT = 1 << 14  # the latest pinned cases CompiledConfigs remembers (a finding is among the latest cases run)
 
 
 class CompiledConfigs:
-    """The compile keys a backend has met in this process, in order, each with the first case that met it, and the
-    latest cases drawn pinned to one of them."""
+    """The compile keys a backend has met in this process, in order, each with the first case that met it. `closed`:
+    a fresh draw of a key not among them is invalid (a failure is being shrunk: the module docstring)."""
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []
         self.cases: list[Case] = []
         self._index: dict[tuple, int] = {}
         self._named: dict[int, int | None] = {}
-        self._pinned: dict[Case, None] = {}   # insertion-ordered: the oldest go first past PINNED_KEPT
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -57,17 +58,6 @@ class CompiledConfigs:
         if choice not in self._named:
             self._named[choice] = choice % len(self.keys) if self.keys else None
         return self._named[choice]
-
-    def was_pinned(self, case: Case) -> bool:
-        """Whether a draw pinned to a compiled configuration made `case` (lately): its compile fields are that
-        configuration's, which Hypothesis cannot shrink; a fresh draw's fields it shrinks as plain search does."""
-        return case in self._pinned
-
-    def note_pinned(self, case: Case) -> None:
-        self._pinned.pop(case, None)
-        self._pinned[case] = None
-        if len(self._pinned) > PINNED_KEPT:
-            del self._pinned[next(iter(self._pinned))]
 
     def add(self, key: tuple, case: Case) -> bool:
         """Record `key` with `case` as its first case; False when the key was known already."""
@@ -146,10 +136,11 @@ class _CompileAware(st.SearchStrategy[Case]):
         if index is not None:  # the salt: every choice of the draw, the ones pinning overrides too (see runtime_groups)
             salt = choice ^ zlib.crc32(case.replace(seed=0).to_json().encode())
             case = pin(self.configs.cases[index], case, self.configs.keys[index], self.fits, self.max_work, salt)
-            self.configs.note_pinned(case)
         elif self.takes(case):  # a fresh case the backend runs: its key is compiled from now on
             key = self.key_of(case)
-            if key is not None:
+            if key is not None and key not in self.configs:
+                if self.configs.closed:
+                    data.mark_invalid("a kernel configuration not compiled, while a failure is being shrunk")
                 self.configs.add(key, case)
         return case
 

@@ -128,8 +128,8 @@ def test_planted_bug_in_a_configuration_is_found_and_shrunk_as_before(seed):
     plain = _search("config", 0.0, seed)[1]
     aware = _search("config", 0.8, seed, examples=1500)[1]
     assert [f.verdict.label for f in plain] == ["FAIL:TOLERANCE"] == [f.verdict.label for f in aware]
-    # the harness finishes a compile-aware finding's shrink (finish_shrinking); the cap's value is any the bug takes
-    assert aware[0].case.softcap is not None and aware[0].case.replace(softcap=MINIMAL.softcap) == MINIMAL
+    # the harness finishes a compile-aware finding's shrink (finish_shrinking), the softcap's value too
+    assert aware[0].case == MINIMAL, aware[0].case
     found = plain[0].case   # plain search's own shrink stops short on some streams (values='probe', layout='sbhd')
     assert (found.sq, found.skv, found.d_qk, found.dtype, found.causal, found.softcap) == (1, 1, 8, "bfloat16", True,
                                                                                            5.0), found
@@ -184,14 +184,13 @@ def test_a_campaign_warms_only_the_backends_that_compile(capsys):
     assert "warm: fa4: not available here" in err and "sdpa-math" not in err
 
 
-def test_a_fresh_finding_is_walked_only_inside_compiled_configurations_and_a_pinned_one_on():
-    """finish_shrinking walks the compile fields of a pinned draw's finding, which Hypothesis cannot shrink. A fresh
-    draw's finding is Hypothesis's shrink of every field: it takes only steps into compiled configurations (walking
-    its compile fields again would compile a kernel per field)."""
+def test_a_finding_is_walked_on_through_its_compile_fields():
+    """finish_shrinking walks the compile fields Hypothesis's shrink kept (it shrank inside compiled configurations),
+    the steps into a compiled configuration first; the configurations it compiles on the way count as compiled."""
     from attnfuzz.engine.compiled_search import finish_shrinking
     from attnfuzz.engine.harness import Finding, run_case
     backend = FakeJit(bug="config")
-    case = MINIMAL.replace(b=2, d_qk=64, d_v=64)
+    case = MINIMAL.replace(b=2, d_qk=64, d_v=64, softcap=30.0)
     runs = []
 
     def run(c):
@@ -200,16 +199,66 @@ def test_a_fresh_finding_is_walked_only_inside_compiled_configurations_and_a_pin
 
     verdict = run(case)
     assert verdict.label == "FAIL:TOLERANCE"
-    fresh = Finding(backend.name, case, verdict)
-    assert finish_shrinking(fresh, run, backend) is fresh and runs == [case]   # nothing compiled: no step taken
     configs = compiled_configs(backend)
     configs.add(backend.compile_key(case), case)
     runs.clear()
-    inside = finish_shrinking(fresh, run, backend)
-    assert inside.case == case.replace(b=1) and runs and all(backend.compile_key(c) in configs for c in runs)
-    configs.note_pinned(case)
     walked = finish_shrinking(Finding(backend.name, case, verdict), run, backend)
-    assert walked.case.d_qk == 8 and walked.verdict.label == "FAIL:TOLERANCE" and len(runs) > 1
+    assert walked.case == MINIMAL and walked.verdict.label == "FAIL:TOLERANCE"
+    # the runtime steps first (the softcap's value, one sequence), each in the configuration compiled; then the
+    # compile fields, one configuration a run
+    assert runs[:2] == [case.replace(softcap=5.0), case.replace(softcap=5.0, b=1)], runs[:2]
+    assert all(backend.compile_key(c) != backend.compile_key(case) for c in runs[2:])
+    assert backend.compile_key(MINIMAL) in configs
+
+
+def _first_failure_then(share: float, seed: int, closing: bool, monkeypatch) -> tuple[int, int, list]:
+    """Configurations compiled by the search before its first failure, and by Hypothesis after it (its shrink and
+    what is left of its search; finish_shrinking's are not counted), with the findings; `closing` False: the
+    configurations are never closed (the negative control)."""
+    if not closing:
+        monkeypatch.setattr(CompiledConfigs, "closed", property(lambda self: False, lambda self, value: None),
+                            raising=False)
+    backend = FakeJit(bug="config")
+    before, after, failed = set(), set(), []
+
+    def on_case(case, verdict, tally):
+        if verdict.status == V.UNSUPPORTED:
+            return
+        key = backend.compile_key(case)
+        (after if failed else before).add(key)
+        failed.extend([True] if verdict.failed else [])
+
+    _, findings = fuzz(backend, space=Space(max_len=160, compiled_share=share), seed=seed, worker=Verdicts(backend),
+                       reruns=0, on_case=on_case, settings=profile("quick", max_examples=300, database=None))
+    assert failed, "the stream met no failure: nothing to shrink"
+    return len(before), len(after - before), findings
+
+
+def test_after_the_first_failure_hypothesis_compiles_nothing_new(monkeypatch):
+    """Once a compile-aware search fails, its configurations are closed: Hypothesis shrinks the failure (and searches
+    on) inside the compiled ones, and the finding still ends at the minimal case. Negative control: left open, the
+    same stream compiles new configurations after its first failure."""
+    found_at, new, findings = _first_failure_then(0.8, 0, True, monkeypatch)
+    assert found_at > 0 and new == 0, (found_at, new)
+    assert [f.verdict.label for f in findings] == ["FAIL:TOLERANCE"] and findings[0].case == MINIMAL
+    assert not compiled_configs(FakeJit()).closed   # (a backend object of its own: open)
+
+
+def test_negative_control_open_configurations_compile_during_the_shrink(monkeypatch):
+    found_at, new, findings = _first_failure_then(0.8, 0, False, monkeypatch)
+    assert found_at > 0 and new > 0, (found_at, new)
+
+
+def test_a_search_opens_its_configurations_again_when_it_ends():
+    backend = FakeJit(bug="config")
+    configs = compiled_configs(backend)
+    fuzz(backend, space=Space(compiled_share=0.8), seed=0, worker=Verdicts(backend), reruns=0,
+         settings=profile("quick", max_examples=300, database=None))
+    assert len(configs) > 0 and not configs.closed
+    configs.closed = True   # as an interrupted search may leave them: the next search opens them first
+    _, findings = fuzz(backend, space=Space(compiled_share=0.8), seed=1, worker=Verdicts(backend), reruns=0,
+                       settings=profile("quick", max_examples=50, database=None))
+    assert not configs.closed
 
 
 def test_the_greedy_shrink_tries_the_candidates_in_compiled_configurations_first():

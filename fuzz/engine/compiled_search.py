@@ -1,12 +1,14 @@
 """The compile-aware search of a backend that says which cases share a compiled kernel (Backend.compile_key).
 
 Its cases come from strategies/compiled.py's compile_aware over the kernel configurations the backend met in this
-process; its findings, pinned to a compiled configuration, are shrunk further with engine/reshrink.py. (Compiling
+process, closed to new ones once a failure is met; its findings, shrunk by Hypothesis inside the configurations
+compiled, are shrunk further with engine/reshrink.py. (Compiling
 the plainest configurations before a run's workers fan out is engine/warm.py's.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Callable
 
@@ -49,27 +51,41 @@ def compile_aware_cases(backend: Backend, cases: st.SearchStrategy[Case], space:
                          lambda case: backend.unsupported(case) is None, space.compiled_share, space.max_work)
 
 
+@contextlib.contextmanager
+def open_after(configs: CompiledConfigs | None):
+    """A search of its own: `configs` (None for a search that is not compile-aware) open to new configurations when
+    it starts and after it ends. The search closes them at its first failure (CompiledConfigs.closed): from then on
+    Hypothesis shrinks that failure, and goes on searching, inside the configurations compiled already, where a step
+    costs milliseconds and not a compile; finish_shrinking walks the compile fields afterwards, one compile a step."""
+    if configs is not None:
+        configs.closed = False
+    try:
+        yield
+    finally:
+        if configs is not None:
+            configs.closed = False
+
+
 def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend):
-    """A compile-aware search's finding (attnfuzz.engine.harness.Finding) shrunk further outside Hypothesis: a draw
-    pinned to a compiled configuration keeps that configuration's dtype, head dims and switches however Hypothesis
-    shrinks it, so the greedy shrinker walks them toward plain, each step kept while the case fails with the same
-    label and as clearly (reshrink.as_clear), so the shrunk finding is of the same type; the steps into a
-    configuration compiled already go first. A finding drawn fresh is Hypothesis's shrink of every field, which may
-    stop short (a length it could not lower): it gets only the steps into compiled configurations, since walking
-    its compile fields again would compile a kernel per field to confirm Hypothesis's shrink. A hang is not re-run
-    (each run would cost the whole timeout), nor what is FLAKY."""
+    """A compile-aware search's finding (attnfuzz.engine.harness.Finding) shrunk further outside Hypothesis, which
+    shrank it inside the configurations compiled (open_after): the greedy shrinker walks its dtype, head dims and
+    switches toward plain, each step kept while the case fails with the same label and as clearly
+    (reshrink.as_clear), so the shrunk finding is of the same type; the steps into a configuration compiled already
+    go first. A hang is not re-run (each run would cost the whole timeout), nor what is FLAKY."""
     if finding.verdict.status in (V.HANG, V.FLAKY):
         return finding
     configs = compiled_configs(backend)
 
     def fails(case: Case) -> V.Verdict | None:
         verdict = run(case)
+        key = backend.compile_key(case)
+        if key is not None and verdict.status != V.UNSUPPORTED:   # compiled now: later passes count it cheap
+            configs.add(key, case)
         return verdict if verdict.label == finding.verdict.label and reshrink.as_clear(verdict, finding.verdict) \
             else None
 
     case, verdict, _ = reshrink.shrink(finding.case, fails, max_runs=FINISH_RUNS,
-                                       cheap=lambda c: backend.compile_key(c) in configs,
-                                       only_cheap=not configs.was_pinned(finding.case))
+                                       cheap=lambda c: backend.compile_key(c) in configs)
     if verdict is None:
         return finding
     shrunk = type(finding)(finding.backend, case, verdict)

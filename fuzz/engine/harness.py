@@ -23,7 +23,8 @@ import torch
 from hypothesis import strategies as st
 
 from attnfuzz.engine import batch, interrupt, poison
-from attnfuzz.engine.compiled_search import compile_aware_cases, finish_shrinking, is_compile_aware
+from attnfuzz.engine.compiled_search import (compile_aware_cases, compiled_configs, finish_shrinking, is_compile_aware,
+                                             open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
@@ -310,9 +311,12 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
     evidence = Evidence()
+    configs = compiled_configs(backend) if is_compile_aware(backend, space) else None
 
     def seen(case: Case, verdict: V.Verdict, so_far: Tally) -> None:  # every case's verdict, for merge_root_causes
         evidence.add(verdict)
+        if verdict.failed and configs is not None:  # from now on, only configurations compiled: compiled_search
+            configs.closed = True
         if on_case is not None:
             on_case(case, verdict, so_far)
 
@@ -326,7 +330,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         prop._hypothesis_internal_database_key = database_key.encode()  # read by Hypothesis; set last, on the wrapper
     # the crash record sits beside the write-ahead file: the next start tells a crash from a stop by it
     with interrupt.crash_record(interrupt.record_path(inflight) if inflight is not None else None):
-        with seed_only_streams():   # the same cases for a seed, whatever else the process imported
+        with seed_only_streams(), open_after(configs):   # the same cases for a seed, whatever else the process imported
             findings = _search(prop, tally)
         run = (getattr(worker, "rerun", worker.run) if worker is not None
                else (lambda c: run_case(backend, c, device=device, inflight=inflight)))

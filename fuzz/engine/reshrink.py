@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import STORAGES, Case
-from attnfuzz.strategies.cases import HEAD_DIMS
+from attnfuzz.strategies.cases import HEAD_DIMS, SOFTCAPS
 from attnfuzz.strategies.space import PAGE_SIZES
 
 SWITCHES = ("grads", "causal", "window", "mask_density", "softcap", "alibi_slopes", "scale", "softmax", "memory",
@@ -54,6 +54,8 @@ def candidates(case: Case) -> Iterator[Case]:
     for field, plain in PLAIN.items():
         if getattr(case, field) != plain:
             yield _valid(case, **{field: plain})
+    if case.softcap is not None and case.softcap != SOFTCAPS[0]:   # a softcap kept, at the value drawn first
+        yield _valid(case, softcap=SOFTCAPS[0])
     for i, kind in enumerate(case.storage):  # one tensor's buffer at a time, plain first
         for plainer in STORAGES[:STORAGES.index(kind)]:
             yield _valid(case, storage=case.storage[:i] + (plainer,) + case.storage[i + 1:])
@@ -106,17 +108,13 @@ def as_clear(verdict: V.Verdict, first: V.Verdict) -> bool:
 
 def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: int = 400,
            on_step: Callable[[Case, V.Verdict], None] | None = None,
-           cheap: Callable[[Case], bool] | None = None,
-           only_cheap: bool = False) -> tuple[Case, V.Verdict | None, int]:
+           cheap: Callable[[Case], bool] | None = None) -> tuple[Case, V.Verdict | None, int]:
     """Greedy: take the first simpler candidate that `fails` (a verdict of the same failure, or None), start over
     from it, until none does or `max_runs` runs are spent. Returns the smallest case, its verdict and the runs.
-    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first, or alone
-    with `only_cheap`. A field whose change did not fail once is changed after the others from then on: each step
-    taken starts the candidates over, and a change that cannot fail (no gradients for a gradient bug) would
-    otherwise be run again after every step, on a JIT backend a compile each time; it is still tried before the
-    shrink ends."""
-    if only_cheap and cheap is None:
-        raise ValueError("shrink: only_cheap=True needs cheap, the test of which candidates cost little")
+    With `cheap`, the candidates it says cost little to run (a kernel compiled already) are tried first. A field
+    whose change did not fail once is changed after the others from then on: each step taken starts the candidates
+    over, and a change that cannot fail (no gradients for a gradient bug) would otherwise be run again after every
+    step, on a JIT backend a compile each time; it is still tried before the shrink ends."""
     tried, runs, last = {case}, 0, None
     futile: set[str] = set()
     progress = True
@@ -125,8 +123,8 @@ def shrink(case: Case, fails: Callable[[Case], V.Verdict | None], *, max_runs: i
         ordered = [(c, cheap is None or cheap(c), _changed(case, c)) for c in candidates(case)
                    if c is not None and c not in tried]
         ordered.sort(key=lambda row: (not row[1], not row[2].isdisjoint(futile)))   # stable: candidates' order within
-        for candidate, is_cheap, changed in ordered:
-            if candidate in tried or (only_cheap and not is_cheap):   # tried: a candidate yielded twice in one pass
+        for candidate, _, changed in ordered:
+            if candidate in tried:   # a candidate yielded twice in one pass
                 continue
             tried.add(candidate)
             runs += 1

@@ -11,7 +11,7 @@ the copy stands in for the shipped corpus through $ATTNFUZZ_SHIPPED_CORPUS); `--
 (every case's label and seconds: a timeline of the search and the shrink) and its stderr:
 
     python3 bench/first_verdict.py --device cuda --until saved te-flash
-    python3 bench/first_verdict.py --device cuda --until saved --first-bug te-flash
+    python3 bench/first_verdict.py --device cuda --until saved --first-bug --seed 0 te-flash
     python3 bench/first_verdict.py --device cuda --until saved --corpus-from corpus --drop 'fa4-FAIL-ALL_ZERO-*' fa4
 """
 
@@ -136,11 +136,14 @@ def main() -> None:
     p.add_argument("--drop", action="append", default=[], help="--until saved: leave these entries out of the copy")
     p.add_argument("--keep", type=Path, help="--until saved: a folder for each run's case log and stderr")
     p.add_argument("--first-bug", action="store_true", help="--until saved: run with --first-bug")
+    p.add_argument("--seed", type=int, help="--until saved: run with this Hypothesis seed (two builds then draw the "
+                                            "same cases up to their first difference)")
     args = p.parse_args()
     for backend in args.backends:
         if args.until == "saved":
-            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop, args.keep,
-                                ("--first-bug",) * args.first_bug), flush=True)
+            options = ("--first-bug",) * args.first_bug + (("--seed", str(args.seed)) if args.seed is not None else ())
+            print(first_finding(backend, args.device, args.timeout, args.corpus_from, args.drop, args.keep, options),
+                  flush=True)
             continue
         seconds, label, graded = first_verdict(backend, args.device, args.timeout)
         shown = f"{seconds:.1f}s" if seconds is not None else "-"

@@ -249,6 +249,26 @@ def test_negative_control_open_configurations_compile_during_the_shrink(monkeypa
     assert found_at > 0 and new > 0, (found_at, new)
 
 
+def test_a_known_bug_leaves_the_configurations_open():
+    """A failure the corpus knows is tallied KNOWN and the search goes on past it, still compiling new configurations
+    (closing them there would confine a run with the shipped corpus to what it compiled before its first known bug).
+    The closing itself fires on an unknown failure (test_after_the_first_failure_hypothesis_compiles_nothing_new)."""
+    backend = FakeJit(bug="config")
+    before, after, known_seen = set(), set(), []
+
+    def on_case(case, verdict, tally):
+        if verdict.status != V.UNSUPPORTED:
+            (after if known_seen else before).add(backend.compile_key(case))
+        known_seen.extend([case] if verdict.status == V.KNOWN else [])
+
+    tally, findings = fuzz(backend, space=Space(max_len=160, compiled_share=0.8), seed=0, worker=Verdicts(backend),
+                           reruns=0, on_case=on_case, known=lambda name, case, verdict: {"entry": "planted"},
+                           settings=profile("quick", max_examples=300, database=None))
+    assert known_seen and findings == [], (len(known_seen), findings)
+    assert not compiled_configs(backend).closed
+    assert len(after - before) > 5, (len(before), len(after - before))
+
+
 def test_a_search_opens_its_configurations_again_when_it_ends():
     backend = FakeJit(bug="config")
     configs = compiled_configs(backend)

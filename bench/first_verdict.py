@@ -8,7 +8,7 @@ JIT compilation with an empty FA4 cache), timed until its first case is logged, 
 seconds), and to its corpus entry saved (found, shrunk and written), for the run as a user starts it (`--isolate`),
 knowing the known bugs of no corpus, or those of a copy of `--corpus-from` less the entries named by `--drop` (globs;
 the copy stands in for the shipped corpus through $ATTNFUZZ_SHIPPED_CORPUS); `--keep DIR` keeps each run's case log
-(every case's label and seconds: a timeline of the search and the shrink) and its stderr:
+(every case's label and seconds: a timeline of the search and the shrink), its stderr and the entries it saved:
 
     python3 bench/first_verdict.py --device cuda --until saved te-flash
     python3 bench/first_verdict.py --device cuda --until saved --first-bug --seed 0 te-flash
@@ -66,7 +66,7 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
     """One line: when the first finding was logged (case number, seconds from spawning the process), when its corpus
     entry was saved, the graded cases per second of the run until then, and the cases run after the finding (its
     shrink and confirmation) with their mean seconds. `keep`: a folder that receives the run's case log and stderr
-    (<backend>.jsonl, <backend>.err) for a case-by-case timeline. `options`: more options of `attnfuzz run`."""
+    (<backend>.jsonl, <backend>.err) for a case-by-case timeline, and the entries saved (<backend>-findings/). `options`: more options of `attnfuzz run`."""
     with tempfile.TemporaryDirectory() as tmp:
         log, known, corpus = Path(tmp) / "cases.jsonl", Path(tmp) / "known", Path(tmp) / "findings"
         known.mkdir()
@@ -115,6 +115,8 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
             for source, suffix in ((log, "jsonl"), (Path(tmp) / "stderr", "err")):
                 if source.exists():
                     shutil.copy(source, keep / f"{name}.{suffix}")
+            if corpus.exists():  # the entries saved (a repro script may be missing: the run stops at the first JSON)
+                shutil.copytree(corpus, keep / f"{name}-findings", dirs_exist_ok=True)
         rows = [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")] if log.exists() else []
         graded = sum(not row["label"].startswith(("UNSUPPORTED", "CRASH", "HANG")) for row in rows)
         shown_found = (f"case {found[0]} ({found[1]}) at {found[2]:.1f}s" if found else f"none in {wall:.0f}s")
@@ -134,7 +136,7 @@ def main() -> None:
     p.add_argument("--until", choices=("verdict", "saved"), default="verdict")
     p.add_argument("--corpus-from", type=Path, help="--until saved: start from a copy of this corpus")
     p.add_argument("--drop", action="append", default=[], help="--until saved: leave these entries out of the copy")
-    p.add_argument("--keep", type=Path, help="--until saved: a folder for each run's case log and stderr")
+    p.add_argument("--keep", type=Path, help="--until saved: a folder for each run's case log, stderr and saved entries")
     p.add_argument("--first-bug", action="store_true", help="--until saved: run with --first-bug")
     p.add_argument("--seed", type=int, help="--until saved: run with this Hypothesis seed (two builds then draw the "
                                             "same cases up to their first difference)")

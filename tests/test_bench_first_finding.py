@@ -25,6 +25,8 @@ def test_the_first_finding_is_timed_until_its_entry_is_saved(monkeypatch, tmp_pa
     kept = (tmp_path / "kept" / "tests.misbehaving-zero_when_causal.jsonl").read_text().splitlines()
     assert any('"label": "FAIL:ALL_ZERO"' in row for row in kept), "the kept log holds the run's cases"
     assert (tmp_path / "kept" / "tests.misbehaving-zero_when_causal.err").exists()
+    saved = list((tmp_path / "kept" / "tests.misbehaving-zero_when_causal-findings").glob("*.json"))
+    assert saved and all("FAIL-ALL_ZERO" in p.name for p in saved), saved   # the entry the run saved, kept
     # the same bug known in the stand-in shipped corpus: logged as KNOWN, nothing found, nothing saved
     corpus = tmp_path / "corpus"
     argv = ["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--seed", "0",

@@ -66,7 +66,8 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
     """One line: when the first finding was logged (case number, seconds from spawning the process), when its corpus
     entry was saved, the graded cases per second of the run until then, and the cases run after the finding (its
     shrink and confirmation) with their mean seconds. `keep`: a folder that receives the run's case log and stderr
-    (<backend>.jsonl, <backend>.err) for a case-by-case timeline, and the entries saved (<backend>-findings/). `options`: more options of `attnfuzz run`."""
+    (<backend>.jsonl, <backend>.err) for a case-by-case timeline, and the entries it saved (<backend>-findings/).
+    `options`: more options of `attnfuzz run`."""
     with tempfile.TemporaryDirectory() as tmp:
         log, known, corpus = Path(tmp) / "cases.jsonl", Path(tmp) / "known", Path(tmp) / "findings"
         known.mkdir()
@@ -136,7 +137,8 @@ def main() -> None:
     p.add_argument("--until", choices=("verdict", "saved"), default="verdict")
     p.add_argument("--corpus-from", type=Path, help="--until saved: start from a copy of this corpus")
     p.add_argument("--drop", action="append", default=[], help="--until saved: leave these entries out of the copy")
-    p.add_argument("--keep", type=Path, help="--until saved: a folder for each run's case log, stderr and saved entries")
+    p.add_argument("--keep", type=Path,
+                   help="--until saved: a folder for each run's case log, stderr and saved entries")
     p.add_argument("--first-bug", action="store_true", help="--until saved: run with --first-bug")
     p.add_argument("--seed", type=int, help="--until saved: run with this Hypothesis seed (two builds then draw the "
                                             "same cases up to their first difference)")

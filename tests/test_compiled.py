@@ -261,9 +261,9 @@ def test_a_known_bug_leaves_the_configurations_open():
             (after if known_seen else before).add(backend.compile_key(case))
         known_seen.extend([case] if verdict.status == V.KNOWN else [])
 
-    tally, findings = fuzz(backend, space=Space(max_len=160, compiled_share=0.8), seed=0, worker=Verdicts(backend),
-                           reruns=0, on_case=on_case, known=lambda name, case, verdict: {"entry": "planted"},
-                           settings=profile("quick", max_examples=300, database=None))
+    _, findings = fuzz(backend, space=Space(max_len=160, compiled_share=0.8), seed=0, worker=Verdicts(backend),
+                       reruns=0, on_case=on_case, known=lambda name, case, verdict: {"entry": "planted"},
+                       settings=profile("quick", max_examples=300, database=None))
     assert known_seen and findings == [], (len(known_seen), findings)
     assert not compiled_configs(backend).closed
     assert len(after - before) > 5, (len(before), len(after - before))

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from attnfuzz.backends import get
 from attnfuzz.backends.sdpa import adapter as sdpa
+from attnfuzz.backends.sdpa import spelling as sdpa_spelling
 from attnfuzz.backends.base import Unsupported
 from attnfuzz.engine.harness import cases_for
 from attnfuzz.oracles import verdict as V
@@ -178,7 +179,7 @@ def test_the_efficient_kernels_own_alignment_check_is_a_refusal_and_a_fault_stay
 def test_spellings_follow_the_case():
     flash = get("sdpa-flash", "cpu")
     assert flash.spellings(Case(sq=8, skv=12, causal=True)) == ("", "causal_upper_left", "bool_mask", "float_mask")
-    assert sdpa._parse(Case(sq=8, skv=12, causal=True, spelling="bool_mask")).mask == "bool_mask"
+    assert sdpa_spelling.parse(Case(sq=8, skv=12, causal=True, spelling="bool_mask")).mask == "bool_mask"
     br = Case(sq=8, skv=12, causal=True, alignment="bottom_right")
     assert flash.spellings(br) == ("", "bool_mask", "float_mask")      # "" is causal_lower_right; no is_causal
     assert flash._resolve(br).mask == "causal_lower_right"
@@ -187,6 +188,51 @@ def test_spellings_follow_the_case():
     assert flash.spellings(Case(alibi_slopes=(0.5,))) == ("",)          # ALiBi: an additive float mask only
     assert "bool_mask+repeat_kv" in flash.spellings(Case(window=(2, 2), **GQA))
     assert flash.spellings(Case(softcap=1.0)) == ("",)
+
+
+def test_one_probe_of_every_spelling_answers_as_probing_each_alone(monkeypatch):
+    """spellings() asks torch's dispatcher about every spelling of a case on one skeleton, its views and masks
+    shared: each answer, and the tensors each question shows the dispatcher, must be those of a probe of that spelling
+    alone. (A dispatcher that takes no mask and no GQA broadcast, so that one case gets both answers on a CPU.)"""
+    shown = []
+
+    def dispatcher(q, k, v, mask, dropout, is_causal, scale=None, enable_gqa=False):
+        shown.append((tuple(k.shape), None if mask is None else (mask.dtype, tuple(mask.shape)), is_causal, enable_gqa))
+        if mask is not None or enable_gqa:
+            warnings.warn("a mask or a GQA broadcast is not taken")
+            raise RuntimeError("No available kernel")
+        return int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", dispatcher)
+    for case in (Case(sq=8, skv=12, causal=True, alignment="bottom_right", **GQA), Case(sq=8, skv=8, causal=True, **GQA),
+                 Case(d_qk=16, d_v=8, dtype="float16", **GQA)):
+        options = sdpa_spelling.all_spellings(case)
+        shown.clear()
+        together, asked_together = sdpa.SdpaBackend("sdpa-flash", "cpu")._probe_all(case, options), list(shown)
+        shown.clear()
+        alone = [sdpa.SdpaBackend("sdpa-flash", "cpu")._probe(case, s) for s in options]
+        assert together == alone and asked_together == shown, case
+        assert None in together and any("is not taken" in (reason or "") for reason in together), together
+
+
+def test_a_second_run_on_the_same_inputs_reuses_its_mask_and_nothing_else_does(monkeypatch):
+    """The bitwise rerun of a deterministic kernel gets the mask the first run built; other inputs, another case or
+    spelling, or a mask past KEPT_MASK_ELEMENTS build their own."""
+    built = []
+    real = sdpa.public_mask
+    monkeypatch.setattr(sdpa, "public_mask", lambda *args: built.append(args[0]) or real(*args))
+    backend = get("sdpa-math", "cpu")
+    case = Case(sq=8, skv=8, window=(2, 2), spelling="float_mask")
+    tensors = materialize(case)
+    first, second = backend.run(case, tensors), backend.run(case, tensors)
+    assert len(built) == 1 and torch.equal(first.out, second.out)
+    backend.run(case, materialize(case))                            # the same values in other tensors
+    backend.run(case.replace(spelling="bool_mask"), tensors)       # another spelling of the same inputs
+    assert len(built) == 3
+    fresh = get("sdpa-math", "cpu")
+    monkeypatch.setattr(sdpa, "KEPT_MASK_ELEMENTS", 8 * 8 - 1)
+    fresh.run(case, tensors), fresh.run(case, tensors)
+    assert len(built) == 5
 
 
 @pytest.mark.parametrize("case", [
@@ -281,8 +327,8 @@ def test_the_bias_for_the_cuda_lse_ops_keeps_values_and_is_aligned(case):
     """What the efficient / cuDNN LSE calls are given (CUDA only, so checked here on CPU tensors): the same values
     as the additive mask, per head when ALiBi makes it so, with rows 8-element aligned like the public path's."""
     tensors = materialize(case)
-    bias = sdpa._additive(case, tensors, torch.float32, "cpu")
-    aligned = sdpa._aligned(bias, case.h)
+    bias = sdpa_spelling.additive_mask(case, tensors, torch.float32, "cpu")
+    aligned = sdpa_spelling.aligned_bias(bias, case.h)
     assert aligned.shape == (case.b, case.h, case.sq, case.skv) and aligned.stride(2) % 8 == 0
     assert torch.equal(aligned, bias.expand(case.b, case.h, case.sq, case.skv))
 

@@ -9,7 +9,7 @@ import pytest
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
-from attnfuzz.backends.sdpa.adapter import all_spellings
+from attnfuzz.backends.sdpa.spelling import all_spellings
 from attnfuzz.store.repro import script
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.strategies.case import Case

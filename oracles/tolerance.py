@@ -199,8 +199,8 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     got64, ref64 = got.to(torch.float64), ref.to(torch.float64)
     where = where.expand_as(ref64)
     zero = torch.zeros((), dtype=torch.float64, device=ref64.device)
-    diff = torch.where(where, (got64 - ref64).abs(), zero)
-    diff = torch.where(where & ~torch.isfinite(got64), float("inf"), diff).nan_to_num(nan=float("inf"))
+    # a non-finite element of got differs by inf or NaN from any ref (inf - inf is NaN): both read as inf
+    diff = torch.where(where, (got64 - ref64).abs().nan_to_num(nan=float("inf"), posinf=float("inf")), zero)
     mag_r = _per_row(torch.where(where, ref64.abs().nan_to_num(nan=0.0, posinf=0.0), zero), rowwise)
     diff_r = _per_row(diff, rowwise)
     graded_r = where.any(-1) if rowwise else where
@@ -274,7 +274,8 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
             baseline = (naive.to(torch.float64) - ref64).abs().nan_to_num(nan=0.0, posinf=0.0)
         base_r = _per_row(torch.where(where, baseline, zero), rowwise)
     bound_r = k * base_r + floor
-    ratio_r = torch.where(bound_r > 0, diff_r / bound_r, torch.where(diff_r > 0, float("inf"), 0.0))
+    # no error is a ratio of 0 whatever the bound; an error over a bound of 0 is inf, and so is inf over inf
+    ratio_r = torch.where(diff_r == 0, 0.0, diff_r / bound_r)
     ratio_r = torch.where(graded_r, ratio_r.nan_to_num(nan=float("inf")), -1.0)
     if not diff.numel():
         return Check(name, 0.0, 0.0, k, 0.0, (), 0.0, 0.0, 0)

@@ -10,6 +10,7 @@ import torch
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, alternatives, grade
 from attnfuzz.oracles.reference import reference
+from attnfuzz.oracles.tolerance import check
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
@@ -200,3 +201,21 @@ def test_fp16_gradients_allow_ds_rounded_among_the_subnormals(family):
 
     assert grade(case, t, with_dk_off(-1.5e-5), oracle=oracle, family=family).status == V.PASS
     assert grade(case, t, with_dk_off(-1.5e-4), oracle=oracle, family=family).diagnosis == V.GRADIENT
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_element_is_an_infinite_error_where_graded_and_nothing_elsewhere(bad):
+    """tolerance.check reads inf, -inf and NaN in the output as an infinite error (also where the reference is
+    infinite too: inf - inf is no match) at a graded element, and ignores them outside `where`."""
+    ref = torch.randn(2, 3, 4, dtype=torch.float64)
+    where = torch.ones(2, 3, 1, dtype=torch.bool)
+    where[1, 2] = False
+    got = ref.clone()
+    got[1, 2, 0] = bad                                             # a row that is not graded
+    quiet = check("out", got, ref, ref.clone(), where, family="sdpa", quantity="out", dtype="float32")
+    assert quiet.ok and quiet.diff_max == 0.0 and quiet.ratio == 0.0
+    got[0, 1, 2] = bad
+    loud = check("out", got, ref, ref.clone(), where, family="sdpa", quantity="out", dtype="float32")
+    assert not loud.ok and loud.diff_max == math.inf and loud.ratio == math.inf and loud.index == (0, 1, 2)
+    ref[0, 1, 2] = got[0, 1, 2] if not math.isnan(bad) else math.inf
+    assert check("out", got, ref, ref.clone(), where, family="sdpa", quantity="out", dtype="float32").ratio == math.inf

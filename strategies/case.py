@@ -221,6 +221,12 @@ class Case:
         return band
 
     def replace(self, **changes) -> Case:
+        if changes.keys() == {"spelling"} and isinstance(changes["spelling"], str):
+            # a new spelling is all a drawn case gets before it runs, and nothing else checks a spelling: the fields
+            # this case's validation passed are the copy's (a full replace validates all of them again, each case)
+            copy = object.__new__(type(self))
+            copy.__dict__.update(self.__dict__, spelling=changes["spelling"])
+            return copy
         return dataclasses.replace(self, **changes)
 
     # -- JSON ----------------------------------------------------------------------------------------------------

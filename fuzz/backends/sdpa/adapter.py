@@ -7,12 +7,8 @@ strides) come from the public call. The LSE, which the public call does not retu
 aten op called on the same inputs (math has none); a refusal there is reported in `ran`, a changed op signature is
 an error.
 
-Spellings (fuzz/backends/sdpa/spelling.py), '+'-joined; "" is the first spelling the kernel takes for the case:
-  mask   no_mask | is_causal | causal_upper_left | causal_lower_right | bool_mask | float_mask
-         The causal spellings exist for plain causal cases only (top-left: is_causal, causal_upper_left; bottom-right:
-         causal_lower_right; a square case has all three). Windows, padding, the explicit mask and ALiBi always go
-         through a dense mask from fuzz/backends/layout.py; ALiBi only as an additive float bias.
-  heads  enable_gqa | repeat_kv   (GQA cases only: SDPA's own broadcast, or K/V repeated per query head)
+A case is run in one of its spellings (fuzz/backends/sdpa/spelling.py); which of them the kernel takes, torch's
+dispatcher says, asked once per shape on empty tensors.
 """
 
 from __future__ import annotations
@@ -126,7 +122,7 @@ class SdpaBackend(Backend):
         if case.spelling:
             return parse(case)
         options = all_spellings(case)
-        return next((s for s in options if self._probe(case, s) is None), options[0])
+        return next((s for s, reason in zip(options, self._probe_all(case, options)) if reason is None), options[0])
 
     def _probe(self, case: Case, spelling: Spelling) -> str | None:
         """None when the kernel takes the spelling for the case, else torch's reason (_probe_all)."""

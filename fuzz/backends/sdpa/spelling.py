@@ -2,6 +2,9 @@
 
 A spelling is '+'-joined; "" is the first spelling the kernel takes for the case:
   mask   no_mask | is_causal | causal_upper_left | causal_lower_right | bool_mask | float_mask
+         The causal spellings exist for plain causal cases only (top-left: is_causal, causal_upper_left; bottom-right:
+         causal_lower_right; a square case has all three). Windows, padding, the explicit mask and ALiBi always go
+         through a dense mask from fuzz/backends/layout.py; ALiBi only as an additive float bias.
   heads  enable_gqa | repeat_kv   (GQA cases only: SDPA's own broadcast, or K/V repeated per query head)
 """
 

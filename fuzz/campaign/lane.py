@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     torch.set_num_threads(1)
     try:
-        with interrupt.interruptible():  # the campaign stops its lanes with SIGTERM; Ctrl-C reaches them too
+        with interrupt.interruptible():  # the campaign passes its SIGINT / SIGTERM on; Ctrl-C reaches lanes too
             return Lane(Path(argv[0]), int(argv[1])).run()
     except interrupt.Interrupted as e:
         print(f"[lane {argv[1]}] {e}", file=sys.stderr)

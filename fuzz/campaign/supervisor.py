@@ -263,8 +263,11 @@ def run_campaign(args) -> int:
                 sys.stderr.write(("\r" + watch.line()[:150].ljust(150)) if tty else watch.line() + "\n")
                 sys.stderr.flush()
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (attnfuzz.engine.interrupt)
+        # each lane stops as interrupted (its case in progress is not a finding) by the signal that stopped the
+        # campaign: a Ctrl-C reaches the lanes directly too, and the first signal a lane gets is the one it names
+        signum = getattr(e, "signum", signal.SIGINT)  # a bare KeyboardInterrupt is Python's own SIGINT handler's
         for proc in lanes.values():
-            proc.terminate()  # each lane stops as interrupted: its case in progress is not a finding
+            proc.send_signal(signum)
         for proc in lanes.values():  # let them finish: a lane dies with this process (PR_SET_PDEATHSIG)
             try:
                 proc.wait(timeout=LANE_STOP_S)

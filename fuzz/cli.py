@@ -140,8 +140,14 @@ def cmd_run(args) -> int:
             backend = get(name, args.device)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        # the worker imports the backend's library while this process does the same to ask about availability
+        worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
+        if worker is not None:
+            worker.prestart()
         why = backend.available()
         if why is not None:
+            if worker is not None:
+                worker.close()
             print(f"[{name}] skipped: {why}", file=sys.stderr)
             summary[name] = {"skipped": why}
             continue
@@ -162,7 +168,6 @@ def cmd_run(args) -> int:
             log.write(case, verdict)
             as_found.see(case, verdict)
 
-        worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,

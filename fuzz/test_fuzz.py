@@ -33,8 +33,14 @@ class StoppedCase(UserWarning):
 
 def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
     backend = get(fuzz_backend, attnfuzz.device)
+    # the worker imports the backend's library while this process does the same to ask about availability
+    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
+    if worker is not None:
+        worker.prestart()
     why = backend.available()
     if why is not None:
+        if worker is not None:
+            worker.close()
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
     settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples,
                                    report_multiple_bugs=not attnfuzz.first_bug), backend.cost, attnfuzz.max_examples)
@@ -45,7 +51,6 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
         if not r.finding:
             warnings.warn(StoppedCase(f"{fuzz_backend}: {r.message}"))
     space = Space.for_device(attnfuzz.device, attnfuzz.max_len)
-    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
     as_found = corpus_io.AsFound(fuzz_backend, attnfuzz.device, backend.version())
     try:
         with interrupt.interruptible():  # SIGINT / SIGTERM: pytest's "interrupted", the running case no finding

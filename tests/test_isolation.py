@@ -67,6 +67,29 @@ def test_after_a_replacement_later_workers_start_while_the_cases_before_run(spar
         assert took >= 3 * startup, f"without spares every replacement waits for the start-up: {took:.1f} s"
 
 
+@pytest.mark.parametrize("prestart", [True, False])
+def test_a_prestarted_worker_imports_its_backend_while_the_caller_does_the_same(prestart):
+    """`attnfuzz run --isolate` asks a backend's availability in its own process (TE: a 10 s import) before the first
+    case: a worker prestarted first pays its own import meanwhile, not after."""
+    startup = 3.0
+    with Worker("tests.slow_start:segfault_when_causal", timeout_s=60,
+                env={"ATTNFUZZ_TEST_STARTUP_S": str(startup)}) as worker:
+        if prestart:
+            worker.prestart()
+            worker.prestart()   # once a worker is starting, no second one
+        time.sleep(startup + 1)  # the caller's own import
+        start = time.perf_counter()
+        verdict = worker.run(PLAIN)
+        took = time.perf_counter() - start
+        assert worker.restarts == 0 and worker.spares_alive == 0, "the prestarted worker is the one at work"
+        assert worker.startup_s >= startup, f"its start-up counts from its spawn: {worker.startup_s:.1f} s"
+    assert verdict.status == V.PASS, verdict
+    if prestart:
+        assert took < startup, f"the first case waited for no import: {took:.1f} s"
+    else:
+        assert took >= startup, f"without a prestart the first case waits for the import: {took:.1f} s"
+
+
 def test_spares_stop_once_the_worker_at_work_answers_calm_cases_in_a_row():
     """A crash's shrink is over once the same worker answers case after case: its spares (a process each, a CUDA
     context each on a GPU) stop then, and start again at the next replacement."""

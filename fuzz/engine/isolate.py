@@ -136,6 +136,7 @@ class Worker:
         self.case_s = 0.0      # the last case's seconds from hand-over to answer (or death)
         self._calm = 0         # cases answered in a row by the worker at work
         self._closed = False   # close() was called: no worker starts again (a case in flight in another thread ends)
+        self._prestarted: float | None = None   # when prestart() spawned the first worker, until it is at work
 
     def _spawn(self) -> tuple:
         """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
@@ -146,6 +147,15 @@ class Worker:
         process.start()
         child.close()
         return process, parent
+
+    def prestart(self) -> Worker:
+        """Start the first worker now, without waiting for it: its start-up (importing the backend: TE's import takes
+        about 10 s on an H200 host) overlaps whatever the caller does before its first case, such as asking the
+        backend's availability in this process, which imports the same library. No-op once a worker is started."""
+        if self._process is None and not self._spares and not self._closed:
+            self._spares.append(self._spawn())
+            self._prestarted = time.perf_counter()
+        return self
 
     def _start(self) -> None:
         """The next worker: the oldest spare alive (its start-up overlapped the cases before), else a new one; then,
@@ -174,8 +184,9 @@ class Worker:
             raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
                                f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
         self._calm = 0
-        if spare is None:
-            self.startup_s = time.perf_counter() - spawned
+        if spare is None or self._prestarted is not None:  # a prestarted worker's start-up counts from its spawn
+            self.startup_s = time.perf_counter() - (spawned if spare is None else self._prestarted)
+        self._prestarted = None
         if self.restarts:
             wanted = min(self.spares, math.ceil(self.startup_s / max(self.case_s, 1.0)))
             self._spares += [self._spawn() for _ in range(wanted - len(self._spares))]

@@ -198,6 +198,9 @@ class Lane:
         if cfg.get("poison_memory"):
             poison.enable()  # before the workers start: each is handed it
         workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
+        for worker in workers.values():  # each imports its backend while the others, and this lane, do the same
+            if worker is not None:
+                worker.prestart()
         self.last_record = interrupt.read_record(interrupt.record_path(self.inflight))  # before a new one replaces it
         with self.log_path.open("a") as log, interrupt.crash_record(interrupt.record_path(self.inflight)):
             runners = {}

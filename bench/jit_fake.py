@@ -8,6 +8,11 @@ configuration.
                                                those configurations)
     FakeJit(bug="config-long")                 the same, on those cases with more than 64 keys only (a second key
                                                tile: the configuration's first case may pass)
+    FakeJit(bug="build")                       bfloat16 + softcap + causal kernels fail to build (CRASH:
+                                               CompilerDiagnosticError), and a failed build is not cached: every
+                                               call of such a configuration pays the compile again, as FA4's do
+    FakeJit(bug="build-long")                  the same past 64 keys only: a build the compile key does not tell
+                                               apart (a key that misses what the kernel is built for)
     Verdicts(FakeJit(...))                     a worker answering from the planted bug alone, without the oracle
 """
 
@@ -20,14 +25,22 @@ from attnfuzz.backends.custom import load_custom
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
-BUGS = ("none", "config", "config-long")
+BUGS = ("none", "config", "config-long", "build", "build-long")
+
+
+class CompilerDiagnosticError(Exception):
+    """Named as the CuTe DSL's error for a kernel that fails to build (FlashAttn4.build_errors)."""
 
 
 def buggy(case: Case, bug: str) -> bool:
-    """Whether the planted bug changes this case's output."""
+    """Whether the planted bug changes this case's output (or, for a build bug, fails its build)."""
     if bug == "none" or not (case.dtype == "bfloat16" and case.softcap is not None and case.causal):
         return False
-    return bug == "config" or case.skv > 64
+    return bug in ("config", "build") or case.skv > 64
+
+
+def fails_to_build(case: Case, bug: str) -> bool:
+    return bug.startswith("build") and buggy(case, bug)
 
 
 def fa4_like_key(case: Case) -> tuple:
@@ -41,6 +54,7 @@ def fa4_like_key(case: Case) -> tuple:
 class FakeJit(Backend):
     name = "fake-jit"
     family = "default"
+    build_errors = ("CompilerDiagnosticError",)
 
     def __init__(self, compile_seconds: float = 2.0, sleep: bool = False, bug: str = "none", device: str = "cpu"):
         if bug not in BUGS:
@@ -50,6 +64,7 @@ class FakeJit(Backend):
         self.compiled: set[tuple] = set()
         self.compile_spent = 0.0    # simulated seconds of compilation so far
         self.runs = 0
+        self.failed_builds = 0      # calls whose build failed (each compiled again)
 
     def unsupported(self, case: Case) -> str | None:
         return first_reason(
@@ -64,14 +79,19 @@ class FakeJit(Backend):
         return fa4_like_key(case)
 
     def compile(self, case: Case) -> None:
-        """Count (and with `sleep`, sleep) a compile if the case's key is new."""
+        """Count (and with `sleep`, sleep) a compile if the case's key is new, or its build fails (then raise)."""
         self.runs += 1
         key = self.compile_key(case)
-        if key not in self.compiled:
-            self.compiled.add(key)
+        failing = fails_to_build(case, self.bug)
+        if key not in self.compiled or failing:
+            if not failing:
+                self.compiled.add(key)
             self.compile_spent += self.compile_seconds
             if self.sleep:
                 time.sleep(self.compile_seconds)
+        if failing:
+            self.failed_builds += 1
+            raise CompilerDiagnosticError("planted: the kernel does not build")
 
     def run(self, case, tensors):
         self.compile(case)
@@ -92,7 +112,10 @@ class Verdicts:
         reason = self.backend.unsupported(case)
         if reason is not None:
             return V.Verdict(V.UNSUPPORTED, None, reason)
-        self.backend.compile(case)
+        try:
+            self.backend.compile(case)
+        except CompilerDiagnosticError as e:
+            return V.Verdict(V.CRASH, type(e).__name__, f"{type(e).__name__}: {e}")
         if buggy(case, self.backend.bug):
             return V.Verdict(V.FAIL, V.TOLERANCE, "planted", ratio=2.0)
         return V.Verdict(V.PASS, None, "", ratio=0.5)

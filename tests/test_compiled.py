@@ -11,7 +11,7 @@ from attnfuzz.backends.base import Backend
 from attnfuzz.backends.flash.fa4 import FlashAttn4
 from attnfuzz.backends.flashinfer.adapter import SingleDecode, SinglePrefill
 from attnfuzz.backends.flex.adapter import FlexBackend
-from attnfuzz.engine.compiled_search import compiled_configs, declares_compile_key
+from attnfuzz.engine.compiled_search import FROM_BUILD_FAILURE, BuildFailures, compiled_configs, declares_compile_key
 from attnfuzz.engine.harness import cases_for, fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.engine.warm import main as warm_main, plainest, warm
@@ -310,3 +310,58 @@ def test_the_greedy_shrink_tries_a_change_that_did_not_fail_after_the_others():
         (1, 1, 1, 1, 8, "float16", False, True)
     steps = sum(c.grads for c in runs)
     assert steps >= 6 and sum(not c.grads for c in runs) <= 2, (steps, len(runs))
+
+
+def _build_search(bug: str, memo: bool, seed: int = 0):
+    backend = FakeJit(bug=bug)
+    if not memo:
+        backend.build_errors = ()   # the backend names no build errors: every case builds for real
+    _, findings = fuzz(backend, space=Space(max_len=160, compiled_share=0.8), seed=seed, worker=Verdicts(backend),
+                       reruns=0, settings=profile("quick", max_examples=300, database=None))
+    return backend, findings
+
+
+def test_a_shrink_step_of_a_kernel_that_failed_to_build_does_not_build_it_again():
+    """FA4 caches only the kernels that build: every shrink step in a configuration that failed to build compiled and
+    failed again. While the search shrinks, a case of such a compile key is answered from the first failure; the
+    finding is run for real before it is kept, and ends at the same minimal case."""
+    remembered, [found] = _build_search("build", memo=True)
+    rebuilt, [found_before] = _build_search("build", memo=False)
+    assert found.case == found_before.case == MINIMAL, (found.case, found_before.case)
+    assert found.verdict.label == "CRASH:CompilerDiagnosticError"
+    assert FROM_BUILD_FAILURE not in found.verdict.checks, "the kept verdict is the backend's own"
+    assert remembered.failed_builds * 2 < rebuilt.failed_builds, (remembered.failed_builds, rebuilt.failed_builds)
+
+
+def test_negative_control_a_key_that_misses_what_fails_to_build_still_keeps_a_real_finding(monkeypatch):
+    """A compile key that misses what the kernel is built for (here the key tile count: only past 64 keys) makes the
+    remembered answer wrong for shorter cases of the key: the finding the shrink settles on then does not fail for
+    real, and the smallest case that did is kept instead, never a verdict the backend did not give."""
+    settled = []
+    settle = BuildFailures.settle
+
+    def watched(self, finding, run):
+        kept = settle(self, finding, run)
+        settled.append((finding.case, kept.case))
+        return kept
+
+    monkeypatch.setattr(BuildFailures, "settle", watched)
+    backend, [found] = _build_search("build-long", memo=True, seed=0)
+    assert [before.skv <= 64 and after.skv > 64 for before, after in settled] == [True], "the answer was wrong"
+    assert found.verdict.label == "CRASH:CompilerDiagnosticError" and found.verdict.status == V.CRASH
+    assert FROM_BUILD_FAILURE not in found.verdict.checks
+    assert Verdicts(backend).run(found.case).label == "CRASH:CompilerDiagnosticError", found.case
+
+
+def test_build_failures_are_answered_only_while_a_failure_is_shrunk():
+    backend = FakeJit(bug="build")
+    configs = CompiledConfigs()
+    builds = BuildFailures(Verdicts(backend).run, backend, configs)
+    case = MINIMAL.replace(sq=3, skv=5)
+    assert builds.run(case).status == V.CRASH and backend.failed_builds == 1
+    assert builds.run(case.replace(seed=1)).status == V.CRASH and backend.failed_builds == 2, "open: built again"
+    configs.closed = True
+    answer = builds.run(case.replace(seed=2))
+    assert answer.label == "CRASH:CompilerDiagnosticError" and FROM_BUILD_FAILURE in answer.checks
+    assert backend.failed_builds == 2 and builds.answered == 1, "closed: answered without building"
+    assert builds.run(case.replace(causal=False)).status == V.PASS, "another key builds"

@@ -55,6 +55,8 @@ class Backend:
     own_processes: bool = False  # runs its kernel in processes of its own already: no isolation worker around it
     serves_paged: bool = False   # reads a paged KV cache when the case has one (strategies/paged.py); the others
                                  # would see the same logical k / v, so paged cases are not drawn for them
+    build_errors: tuple[str, ...] = ()  # with a compile_key: the exception types of a kernel that fails to build,
+                                        # which fails so for every case of its key (engine/compiled_search.py)
 
     def available(self) -> str | None:
         return None

@@ -9,6 +9,7 @@ the plainest configurations before a run's workers fan out is engine/warm.py's.)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from typing import Callable
 
@@ -18,10 +19,12 @@ from attnfuzz.engine import reshrink
 from attnfuzz.backends.base import Backend
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.cases import work
 from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
 from attnfuzz.strategies.space import Space
 
 FINISH_RUNS = 120   # runs the greedy shrink may spend on one finding of a compile-aware search
+FROM_BUILD_FAILURE = "answered without running: this compile key failed to build earlier in the search"
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -91,3 +94,47 @@ def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend
     shrunk = type(finding)(finding.backend, case, verdict)
     shrunk.attached = finding.attached
     return shrunk
+
+
+class BuildFailures:
+    """Runs cases through `run` (a worker's, or in process), remembering each compile key whose kernel failed to
+    build (a CRASH named in backend.build_errors). While `configs` is closed, that is while Hypothesis shrinks a
+    failure, a case of such a key is answered with the remembered failure, marked FROM_BUILD_FAILURE, instead of
+    building again: FA4 caches only the kernels that build, so each shrink step of a build failure compiled and
+    failed again (1.3 s a step on an H200, 55 steps for one finding). A search that is not closed runs every case.
+    A finding answered so is run for real before it is kept (settle)."""
+
+    def __init__(self, run: Callable[[Case], V.Verdict], backend: Backend, configs: CompiledConfigs):
+        self.inner, self.backend, self.configs = run, backend, configs
+        self.failed: dict[tuple, V.Verdict] = {}
+        self.smallest: dict[str, tuple[Case, V.Verdict]] = {}   # by label: the smallest case that really failed
+        self.answered = 0
+
+    def run(self, case: Case) -> V.Verdict:
+        key = self.backend.compile_key(case)
+        if key is not None and self.configs.closed and key in self.failed:
+            self.answered += 1
+            failure = self.failed[key]
+            return dataclasses.replace(failure, checks=failure.checks + (FROM_BUILD_FAILURE,))
+        verdict = self.inner(case)
+        if key is not None and verdict.status == V.CRASH and verdict.diagnosis in self.backend.build_errors:
+            self.failed.setdefault(key, verdict)
+        smallest = self.smallest.get(verdict.label)
+        if verdict.failed and (smallest is None or work(case) < work(smallest[0])):
+            self.smallest[verdict.label] = (case, verdict)
+        return verdict
+
+    def settle(self, finding, run: Callable[[Case], V.Verdict]):
+        """`finding` (attnfuzz.engine.harness.Finding) as the backend answers it: a finding that was answered from a
+        remembered build failure is run; where it fails the same way it keeps that verdict, else (the compile key
+        missed something the kernel is built for) the finding falls back to the smallest case (the oracle's work)
+        that really failed with its label, which the finishing shrink takes on from there."""
+        if FROM_BUILD_FAILURE not in finding.verdict.checks:
+            return finding
+        verdict = run(finding.case)
+        case = finding.case
+        if verdict.label != finding.verdict.label:
+            case, verdict = self.smallest[finding.verdict.label]
+        settled = type(finding)(finding.backend, case, verdict)
+        settled.attached = finding.attached
+        return settled

@@ -23,8 +23,8 @@ import torch
 from hypothesis import strategies as st
 
 from attnfuzz.engine import batch, interrupt, poison
-from attnfuzz.engine.compiled_search import (compile_aware_cases, compiled_configs, finish_shrinking, is_compile_aware,
-                                             open_after)
+from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
+                                             is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
@@ -320,8 +320,13 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         if on_case is not None:
             on_case(case, verdict, so_far)
 
+    run = (getattr(worker, "rerun", worker.run) if worker is not None
+           else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
+    builds = None   # a shrink step of a kernel that failed to build is answered without building it again
+    if configs is not None and backend.build_errors:
+        builds = BuildFailures(worker.run if worker is not None else run, backend, configs)
     prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=seen,
-                         known=known, worker=worker)
+                         known=known, worker=builds or worker)
     if settings is not None:
         prop = settings(prop)
     if seed is not None:
@@ -332,8 +337,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     with interrupt.crash_record(interrupt.record_path(inflight) if inflight is not None else None):
         with seed_only_streams(), open_after(configs):   # the same cases for a seed, whatever else the process imported
             findings = _search(prop, tally)
-        run = (getattr(worker, "rerun", worker.run) if worker is not None
-               else (lambda c: run_case(backend, c, device=device, inflight=inflight)))
+        if builds is not None:
+            findings = [builds.settle(f, run) for f in findings]
         if is_compile_aware(backend, space):
             findings = [finish_shrinking(f, run, backend) for f in findings]
         if reruns > 0:

@@ -25,6 +25,9 @@ Bounds = tuple  # (left, right): int >= 0, or None for unbounded
 BATCHED, VARLEN, SEQUSED = "flash_attn_func", "flash_attn_varlen_func", "flash_attn_varlen_func[seqused]"
 PAGED, PAGED_PACKED = "flash_attn_varlen_func[paged]", "flash_attn_varlen_func[paged,cu_seqlens_q]"
 
+# The exceptions of a CuTe DSL kernel that fails to build (FA4's JIT: ptxas out of registers, an MLIR verifier error):
+# FA4 caches only the kernels that build, so every call of that configuration compiles and fails again
+CUTE_BUILD_ERRORS = ("CompilerDiagnosticError", "MLIRError")
 # Words in a library's own refusal message (TORCH_CHECK / assert) that mark a clean refusal, not a crash.
 REFUSAL_WORDS = ("not supported", "does not support", "only supports", "only support", "should be a multiple",
                  "not yet supported")

@@ -130,6 +130,7 @@ class FlashAttn4(Backend):
     name = "fa4"
     family = "fa4"
     serves_paged = True
+    build_errors = fc.CUTE_BUILD_ERRORS
 
     def __init__(self, device: str = "cuda", arch: int | None = None) -> None:
         self.device = device

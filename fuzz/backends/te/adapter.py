@@ -238,6 +238,8 @@ class TEFlashAttention(TransformerEngineAttention):
     """te-flash: DotProductAttention forced onto FlashAttention, which on FA4 JIT-compiles a kernel per configuration
     (so its search is compile-aware, fuzz/engine/compiled_search.py)."""
 
+    build_errors = fc.CUTE_BUILD_ERRORS   # FA4's, raised through TE
+
     def __init__(self, device: str = "cuda") -> None:
         super().__init__("te-flash", sel.FLASH, device)
 

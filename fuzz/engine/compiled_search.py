@@ -2,8 +2,8 @@
 
 Its cases come from strategies/compiled.py's compile_aware over the kernel configurations the backend met in this
 process, closed to new ones once a failure is met; its findings, shrunk by Hypothesis inside the configurations
-compiled, are shrunk further with engine/reshrink.py. (Compiling
-the plainest configurations before a run's workers fan out is engine/warm.py's.)
+compiled (where a kernel that failed to build is not built again: BuildFailures), are shrunk further with
+engine/reshrink.py. (Compiling the plainest configurations before a run's workers fan out is engine/warm.py's.)
 """
 
 from __future__ import annotations

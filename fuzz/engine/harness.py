@@ -301,7 +301,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     findings, one per distinct verdict label, merged where one explains another (merge_root_causes, which runs a few
     grown cases to tell them apart: the others are in its `attached`). Each finding's case is run `reruns` more
     times: a failure that does not come back every time (or that Hypothesis could not reproduce) is a FLAKY finding,
-    with how often it failed.
+    with how often it failed. A compile-aware search shrinks inside the configurations it compiled, and the harness
+    walks each finding's compile fields after (engine/compiled_search.py).
 
     `worker` is anything with run(case) -> Verdict (attnfuzz.engine.isolate.Worker; a campaign's resumable cache); without one,
     cases run in this process. `database_key` names the backend's failures in the settings' example database, so that

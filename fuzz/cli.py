@@ -142,8 +142,6 @@ def cmd_run(args) -> int:
             raise UsageError(str(e)) from None
         # the worker imports the backend's library while this process does the same to ask about availability
         worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
-        if worker is not None:
-            worker.prestart()
         why = backend.available()
         if why is not None:
             if worker is not None:

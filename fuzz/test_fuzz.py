@@ -35,8 +35,6 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
     backend = get(fuzz_backend, attnfuzz.device)
     # the worker imports the backend's library while this process does the same to ask about availability
     worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
-    if worker is not None:
-        worker.prestart()
     why = backend.available()
     if why is not None:
         if worker is not None:

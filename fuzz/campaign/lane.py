@@ -197,10 +197,8 @@ class Lane:
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
         if cfg.get("poison_memory"):
             poison.enable()  # before the workers start: each is handed it
+        # each worker imports its backend while the others, and this lane, do the same (isolated starts them at once)
         workers = {b.name: isolated(b, self.device, cfg["case_timeout"], enabled=cfg["isolate"]) for b in backends}
-        for worker in workers.values():  # each imports its backend while the others, and this lane, do the same
-            if worker is not None:
-                worker.prestart()
         self.last_record = interrupt.read_record(interrupt.record_path(self.inflight))  # before a new one replaces it
         with self.log_path.open("a") as log, interrupt.crash_record(interrupt.record_path(self.inflight)):
             runners = {}

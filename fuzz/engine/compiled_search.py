@@ -111,16 +111,21 @@ class BuildFailures:
         self.answered = 0
 
     def run(self, case: Case) -> V.Verdict:
-        key = self.backend.compile_key(case)
-        if key is not None and self.configs.closed and key in self.failed:
-            self.answered += 1
-            failure = self.failed[key]
-            return dataclasses.replace(failure, checks=failure.checks + (FROM_BUILD_FAILURE,))
+        # the compile key is read only where a build failed or may be remembered: not on an everyday passing case
+        if self.failed and self.configs.closed:
+            failure = self.failed.get(self.backend.compile_key(case))
+            if failure is not None:
+                self.answered += 1
+                return dataclasses.replace(failure, checks=failure.checks + (FROM_BUILD_FAILURE,))
         verdict = self.inner(case)
-        if key is not None and verdict.status == V.CRASH and verdict.diagnosis in self.backend.build_errors:
-            self.failed.setdefault(key, verdict)
+        if not verdict.failed:
+            return verdict
+        if verdict.status == V.CRASH and verdict.diagnosis in self.backend.build_errors:
+            key = self.backend.compile_key(case)
+            if key is not None:
+                self.failed.setdefault(key, verdict)
         smallest = self.smallest.get(verdict.label)
-        if verdict.failed and (smallest is None or work(case) < work(smallest[0])):
+        if smallest is None or work(case) < work(smallest[0]):
             self.smallest[verdict.label] = (case, verdict)
         return verdict
 

@@ -316,11 +316,12 @@ class Worker:
 
 
 def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Worker | None:
-    """A Worker for `backend` (an adapter), or None when isolation is off or the backend already runs its kernel in
-    processes of its own (context parallelism: a worker, being a daemon, could not start its ranks)."""
+    """A Worker for `backend` (an adapter), its first worker starting at once (prestart: it imports the backend while
+    the caller does, e.g. to ask its availability), or None when isolation is off or the backend already runs its
+    kernel in processes of its own (context parallelism: a worker, being a daemon, could not start its ranks)."""
     if not enabled or backend.own_processes:
         return None
-    return Worker(backend.name, device, timeout_s=timeout_s)
+    return Worker(backend.name, device, timeout_s=timeout_s).prestart()
 
 
 class Workers:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"attnfuzz": "fuzz", "attnfuzz.oracles": "oracles", "attnfuzz.strategies": "strategies",
@@ -35,11 +39,22 @@ def wheel_env(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(where), str(ROOT)], check=True, capture_output=True)
     venv = where / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
+    # `venv --system-site-packages` run from inside a virtualenv builds on the base interpreter, whose packages lack
+    # the virtualenv's torch: point the new venv at this interpreter's package folders instead. A .pth line only
+    # adds a folder to the path, so the repository's editable install (a .pth hook there) stays out.
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    Path(own, "outer-packages.pth").write_text("".join(f"{p}\n" for p in _package_folders()))
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
                     *map(str, where.glob("attnfuzz-*.whl"))], check=True, capture_output=True)
     return python
+
+
+def _package_folders() -> list[str]:
+    """This interpreter's package folders (a virtualenv's, a conda env's, the system's, the user's), in path order."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
 
 
 def _in(folder: Path, python: Path, *args: str) -> subprocess.CompletedProcess:

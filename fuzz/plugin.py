@@ -21,6 +21,7 @@ _REPLAY_TIMES = pytest.StashKey[dict]()  # corpus entry name -> (seconds, verdic
 SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "first-bug", "isolate",
           "case-timeout", "poison-memory", "corpus", "replay-workers", "replay-hang-timeout")
 LONG = "long"
+SLOW = "slow"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{LONG}: minutes, not seconds (a fuzz target that compiles per case variant, "
                                        f"a test at full scale); this repository's default run deselects it "
                                        f"(pyproject addopts -m 'not {LONG}'): select it with -m {LONG}")
+    config.addinivalue_line("markers", f"{SLOW}: the end-to-end tier of this repository's own suite (real campaigns, "
+                                       f"real processes interrupted or killed, wheels built), deselected by default "
+                                       f"like {LONG}: select it with -m {SLOW}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

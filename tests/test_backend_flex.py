@@ -66,6 +66,7 @@ def graded(backend, case: Case):
     return tensors, output, oracle, grade(case, tensors, output, family=backend.family, oracle=oracle)
 
 
+@pytest.mark.slow
 def test_eager_every_feature_and_spelling_passes():
     backend = get("flex-eager", "cpu")
     passed, failures, spellings = 0, [], set()

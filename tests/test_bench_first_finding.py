@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from first_verdict import first_finding  # noqa: E402
@@ -13,6 +15,7 @@ from first_verdict import first_finding  # noqa: E402
 from attnfuzz.cli import main  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_first_finding_is_timed_until_its_entry_is_saved(monkeypatch, tmp_path):
     here = tmp_path / "here"
     here.mkdir()

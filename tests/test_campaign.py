@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+
+import pytest
 from pathlib import Path
 
 from attnfuzz.campaign.lane import Resumable, lane_backends, load_log
@@ -43,6 +45,7 @@ def saved_labels(directory: Path) -> set[tuple[str, str]]:
     return {(e["backend"], f"{e['verdict']['status']}:{e['verdict']['diagnosis']}") for e in entries}
 
 
+@pytest.mark.slow
 def test_the_campaign_survives_four_misbehaving_kernels_and_saves_each(tmp_path):
     result = run_campaign(tmp_path / "c", "--backends", ",".join(MISBEHAVING + ["sdpa-math"]), "--hours", "0.008",
                           "--case-timeout", "2", "--round-examples", "30", "--round-seconds", "6")
@@ -56,6 +59,7 @@ def test_the_campaign_survives_four_misbehaving_kernels_and_saves_each(tmp_path)
     assert "finding (new)" in result.stderr
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_loses_no_finding_and_repeats_no_case(tmp_path):
     directory = tmp_path / "c"
     options = ["--backends", "sdpa-math,tests.misbehaving:zero_when_causal", "--round-examples", "400"]
@@ -85,6 +89,7 @@ def test_kill_9_then_resume_loses_no_finding_and_repeats_no_case(tmp_path):
     assert len(after) > len(before), "the resumed campaign went on drawing new cases"
 
 
+@pytest.mark.slow
 def test_resuming_with_other_options_is_refused_with_the_fix(tmp_path):
     directory = tmp_path / "c"
     assert run_campaign(directory, "--backends", "sdpa-math", "--hours", "0.0003").returncode == 0
@@ -122,6 +127,7 @@ def test_lanes_share_out_backends_without_idling():
     assert [lane_backends(["a"], 3, i) for i in range(3)] == [["a"], ["a"], ["a"]]
 
 
+@pytest.mark.slow
 def test_a_context_parallel_backend_runs_in_a_campaign_without_a_worker_around_its_ranks(tmp_path):
     """CP ranks are processes of their own (a worker process could not start them: daemons have no children)."""
     result = run_campaign(tmp_path / "c", "--backends", "ring-allgather", "--hours", "0.002", "--round-examples", "20")

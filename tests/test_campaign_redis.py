@@ -14,6 +14,8 @@ import pytest
 
 from tests.test_campaign import ROOT, campaign_command, logged, run_campaign, saved_labels
 
+pytestmark = pytest.mark.slow  # two real campaigns against a real Redis
+
 ZERO, NAN = "tests.misbehaving:zero_when_causal", "tests.misbehaving:nan_when_long"
 
 

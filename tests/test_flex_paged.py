@@ -83,6 +83,7 @@ def test_planted_adapter_bugs_are_caught(planted):
     assert graded(planted("cpu"), case).status == V.FAIL
 
 
+@pytest.mark.slow
 def test_a_fuzz_run_finds_and_shrinks_a_read_past_the_cache():
     _, findings = fuzz(ReadsOnePast("cpu"), space=Space(max_len=24, max_heads=2, max_head_dim=16),
                        settings=profile("ci", max_examples=60))
@@ -111,6 +112,7 @@ REPRO = {"page-table-shared-prefix-alibi": PAGED.replace(shared_prefix_pages=2, 
 READS_ONE_PAST = ("kv_len = torch.tensor(LENS_KV, device=device)", "kv_len = torch.tensor(LENS_KV, device=device) + 1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REPRO))
 def test_repro_script_runs_alone_and_can_fail(tmp_path, name):
     """The script passes alone (torch only) and fails with its call's output zeroed; where the key one past each
@@ -130,6 +132,7 @@ def test_repro_script_runs_alone_and_can_fail(tmp_path, name):
         assert failing.returncode == 1 and "error > bound" in failing.stdout, failing.stdout + failing.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_written_call_computes_what_run_computes():
     """For cases drawn from flex-paged's strategy, the script's `attention` gives run()'s output bit for bit, over
     both spellings and shared prefix pages."""

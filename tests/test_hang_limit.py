@@ -18,6 +18,7 @@ OBLONG = SQUARE.replace(skv=5)
 HANGS = "tests.misbehaving:hangs_unless_square"
 
 
+@pytest.mark.slow
 def test_after_a_confirmed_hang_later_cases_get_the_adaptive_limit():
     with Worker(HANGS, timeout_s=5, hang_floor_s=0.5, hang_factor=2) as worker:
         assert worker.run(SQUARE).status == V.PASS

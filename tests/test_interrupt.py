@@ -81,6 +81,7 @@ def leftovers(corpus: Path) -> list[str]:
 SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [NAPS, WRAPS])
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_attnfuzz_run_interrupted_mid_case_leaves_no_finding(tmp_path, sig, spec):
@@ -100,6 +101,7 @@ def test_attnfuzz_run_interrupted_mid_case_leaves_no_finding(tmp_path, sig, spec
 FOUND_THEN_NAPS = "tests.misbehaving:zero_when_causal_then_naps"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("front", ["run", "pytest"])
 def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path, front):
     """A time limit that ends a run while it shrinks loses the rest of the shrink, not the failure: the smallest
@@ -121,6 +123,7 @@ def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path, front):
     assert not list(corpus.glob(".inflight-*")), leftovers(corpus)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_pytest_fuzz_interrupted_mid_case_leaves_no_finding(tmp_path, sig):
     corpus = tmp_path / "corpus"
@@ -134,6 +137,7 @@ def test_pytest_fuzz_interrupted_mid_case_leaves_no_finding(tmp_path, sig):
     assert f"interrupted by {signal.Signals(sig).name}" in stopped.stdout, stopped.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_an_isolated_run_interrupted_by_ctrl_c_leaves_no_crash(tmp_path):
     """Ctrl-C reaches the worker too: it must not die of it (a CRASH of the case), the run stops it."""
     corpus = tmp_path / "corpus"
@@ -147,6 +151,7 @@ def test_an_isolated_run_interrupted_by_ctrl_c_leaves_no_crash(tmp_path):
     assert "interrupted by SIGINT" in stopped.stdout and "Traceback" not in stopped.stdout, stopped.stdout[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, group", [(signal.SIGINT, True), (signal.SIGINT, False), (signal.SIGTERM, False)],
                          ids=["ctrl-c", "SIGINT", "SIGTERM"])
 def test_a_campaign_lane_stopped_mid_case_resumes_without_a_finding(tmp_path, sig, group):
@@ -170,6 +175,7 @@ def test_a_campaign_lane_stopped_mid_case_resumes_without_a_finding(tmp_path, si
     assert f"interrupted by {signal.Signals(sig).name}" in lane_log, lane_log[-3000:]
 
 
+@pytest.mark.slow
 def test_an_in_process_segfault_is_still_a_process_died_finding_with_its_signal(tmp_path):
     corpus = tmp_path / "corpus"
     spec = "tests.misbehaving:segfault_when_causal"
@@ -189,6 +195,7 @@ def test_an_in_process_segfault_is_still_a_process_died_finding_with_its_signal(
     assert not list(corpus.glob(".inflight-*"))
 
 
+@pytest.mark.slow
 def test_a_run_killed_from_outside_keeps_its_case_as_stopped_not_as_a_finding(tmp_path):
     corpus = tmp_path / "corpus"
     stopped_mid_case(_run_command(NAPS, corpus), tmp_path, signal.SIGKILL, group=True)

@@ -44,6 +44,7 @@ def test_a_hang_is_confirmed_in_a_fresh_worker_before_it_is_called_one():
     assert took >= 3, f"the case had 1 s, then 2 s: {took:.1f} s in all"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spares", [MAX_SPARES, 0])
 def test_after_a_replacement_later_workers_start_while_the_cases_before_run(spares):
     """Shrinking a crash replaces the worker at every step: once one has been replaced, spares pay the backend's
@@ -194,6 +195,7 @@ def test_pytest_fuzz_isolate_turns_a_segfault_into_a_failed_test(tmp_path):
     assert list(tmp_path.glob("*CRASH-SIGSEGV*.json")), "the crash was saved to the corpus"
 
 
+@pytest.mark.slow
 def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
     """Control: the kernel really segfaults; only the worker process stands between it and the session. The case it
     died on is not lost: it waits on disk, and the next session saves it and fails with it."""
@@ -206,6 +208,7 @@ def test_without_isolate_the_same_segfault_kills_the_pytest_session(tmp_path):
     assert list(tmp_path.glob("*CRASH-PROCESS_DIED*.json")) and not list(tmp_path.glob(".inflight-*.json"))
 
 
+@pytest.mark.slow
 def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_path):
     """`attnfuzz run --isolate` killed mid-case (a CI job's time limit) while its worker hangs: the case is on disk.
     The next run keeps it under .stopped/, replayable, and does not call it a finding: an isolated worker reports its

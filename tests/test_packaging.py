@@ -61,12 +61,14 @@ def _in(folder: Path, python: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), *args], cwd=folder, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_wheel_is_what_runs(wheel_env, tmp_path):
     where = _in(tmp_path, wheel_env, "-c", "import attnfuzz, attnfuzz.shipped_corpus as c; print(attnfuzz.__file__, "
                                            "c.__file__)").stdout
     assert str(ROOT) not in where and "site-packages/attnfuzz/" in where
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_knows_the_shipped_bugs(wheel_env, tmp_path):
     script = ("from attnfuzz.store import corpus as c\n"
               "entries, errors = c.load_all(c.shipped_dir())\n"
@@ -83,6 +85,7 @@ def test_an_installed_wheel_knows_the_shipped_bugs(wheel_env, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_replays_the_shipped_corpus(wheel_env, tmp_path):
     collected = _in(tmp_path, wheel_env, "-m", "pytest", "--pyargs", "attnfuzz.shipped_corpus", "--collect-only",
                     "-q", "-p", "no:cacheprovider")
@@ -91,6 +94,7 @@ def test_an_installed_wheel_replays_the_shipped_corpus(wheel_env, tmp_path):
     assert len(names) == len(list((ROOT / "corpus").glob("*.json")))
 
 
+@pytest.mark.slow
 def test_the_wheel_claims_no_generic_top_level_name(wheel_env, tmp_path):
     """fuzz, oracles and strategies are the card's folders, not import names: a user's own fuzz/ package wins."""
     (tmp_path / "fuzz").mkdir()

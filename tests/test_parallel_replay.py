@@ -95,6 +95,7 @@ def test_pytest_corpus_replays_entries_side_by_side_and_lists_their_times(tmp_pa
     assert len(hang) == 1 and len(met) == 2, done.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_replayed_one_at_a_time_the_meeting_entries_fail(tmp_path):
     """Control: with one worker the entries run one after the other, and the kernel that needs company fails."""
     _corpus(tmp_path / "corpus")

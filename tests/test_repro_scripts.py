@@ -144,6 +144,7 @@ def test_flex_compiled_script_compiles_the_call(tmp_path):
     assert calls == [{"compiled": "flex_attention", "fullgraph": True, "dynamic": False}], calls
 
 
+@pytest.mark.slow
 def test_flex_source_computes_what_run_computes():
     """For cases drawn from flex-eager's strategy, the written-out call gives run()'s output bit for bit."""
     layouts = Counter(case.layout for case in compared_on_drawn_cases(get("flex-eager"), lambda: None, 60))
@@ -269,6 +270,7 @@ def test_te_source_spells_what_run_passes(monkeypatch, name):
 
 
 # -- context parallelism ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ring_script_spawns_its_ranks_and_can_fail(tmp_path):
     case = Case(b=2, sq=8, skv=8, h=2, hk=1, causal=True, dtype="float32", seed=4)
     assert get("ring-allgather").unsupported(case) is None

@@ -39,6 +39,7 @@ def _stream(import_tests: bool, keep_pool: bool) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_pool", [False, True], ids=["attnfuzz", "control-hypothesis-pool-kept"])
 def test_a_stream_is_the_same_whatever_the_process_imported(keep_pool):
     alone, after_the_suite = _stream(False, keep_pool), _stream(True, keep_pool)

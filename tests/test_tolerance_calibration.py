@@ -56,6 +56,7 @@ def _cpu_flash(case, t):
     return Output(out.transpose(1, 2), lse=lse)
 
 
+@pytest.mark.slow
 def test_torch_cpu_kernels_pass_2000_random_cases():
     seen: Counter = Counter()
     failures = []

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnfuzz.tools import versiondiff
 from attnfuzz.strategies.case import Case
 
@@ -40,6 +42,7 @@ def _snapshot(tmp_path: Path, stack: str, source: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_diff_names_newly_failing_newly_passing_and_changed_diagnosis(tmp_path):
     source = _campaign_dir(tmp_path)
     old, new = _snapshot(tmp_path, "old", source), _snapshot(tmp_path, "new", source)
@@ -60,6 +63,7 @@ def test_diff_names_newly_failing_newly_passing_and_changed_diagnosis(tmp_path):
     assert "## newly failing: 1" in shown.stdout and "old: old: torch" in shown.stdout
 
 
+@pytest.mark.slow
 def test_identical_stacks_show_no_change(tmp_path):
     """Control: the same stack twice changes nothing, and diff exits 0."""
     source = _campaign_dir(tmp_path)

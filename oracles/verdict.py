@@ -15,6 +15,7 @@ STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY, KNOWN)
 FAILED = (FAIL, CRASH, HANG, FLAKY)  # a finding, unless a known bug takes it
 
 # Diagnoses, most specific first. Each FAIL carries exactly one.
+SHAPE = "SHAPE"                        # out, the LSE or a gradient came back in another shape than the contract's
 ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracle's is not
 NONFINITE = "NONFINITE"                # NaN or inf in the output where the oracle is finite
 EMPTY_ROWS = "EMPTY_ROWS"              # wrong only on rows that see no key (they must be 0; e.g. mean(V) instead)
@@ -32,8 +33,8 @@ NONDETERMINISTIC = "NONDETERMINISTIC"  # graded fine, but a backend that claims 
 BATCH_VARIANT = "BATCH_VARIANT"        # graded fine, but a backend that claims batch invariance gives a sequence other
                                        # bits alone (or in another batch order) than inside its batch
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
-DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK, MASK_DROP,
-             GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
+DIAGNOSES = (SHAPE, ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK,
+             MASK_DROP, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
 # The diagnoses that name an alternative reference the failing output matches (oracles/grade.py alternatives): one
 # output can match several, and then a verdict lists the others in `also`; so does an EMPTY_ROWS verdict, which is
 # decided first, with every alternative its output matches.

@@ -116,6 +116,17 @@ def lse_in_log2(q, k, v, **kw):
     return out, lse / math.log(2)
 
 
+def head_major(q, k, v, **kw):
+    """The right output, differentiable, in the wrong shape: [b, h, sq, d_v]."""
+    return _attention(q, k, v, **kw)[0].transpose(1, 2)
+
+
+def lse_transposed(q, k, v, **kw):
+    """The right output, and the right LSE as [b, sq, h]."""
+    out, lse = _attention(q, k, v, **kw)
+    return out, lse.transpose(1, 2)
+
+
 def wrong_dv(q, k, v, **kw):
     """The right output, but V detached, so dV is lost."""
     return _attention(q, k, v.detach(), **kw)
@@ -223,6 +234,9 @@ def test_the_example_kernel_passes_random_cases():
     ("zeros", Case(sq=4, skv=6), V.ALL_ZERO),
     ("lse_in_log2", Case(sq=4, skv=6), V.LSE),
     ("wrong_dv", Case(sq=4, skv=6, grads=True), V.GRADIENT),
+    ("head_major", Case(sq=4, skv=6, h=2), V.SHAPE),
+    ("head_major", Case(sq=4, skv=6, h=2, grads=True), V.SHAPE),   # not a crash of the backward pass
+    ("lse_transposed", Case(sq=4, skv=6, h=2), V.SHAPE),
 ])
 def test_a_wrong_kernel_fails_with_the_right_diagnosis(fn_name, case, diagnosis):
     b = backend(fn_name)
@@ -329,6 +343,26 @@ def test_a_custom_kernels_repro_script_exits_2_when_the_kernel_cannot_be_importe
                          timeout=300)
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "cannot run this repro here" in ran.stderr and "cannot be imported" in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("fn_name, said", [
+    ("head_major", "wrong shape: got (1, 2, 4, 8), expected (1, 4, 2, 8) (b, sq, h, d_v)"),
+    ("lse_transposed", "wrong shape: lse got (1, 4, 2), expected (1, 2, 4) (b, h, sq)"),
+])
+def test_a_shape_findings_repro_script_says_so_and_exits_1(tmp_path, fn_name, said):
+    """The script checks the shape before it indexes the output by the contract's axes (it used to die of an
+    IndexError in its own checks); the correct kernel's script passes (test above)."""
+    from attnfuzz.engine.harness import run_case
+    from attnfuzz.store import corpus as corpus_io
+    case = Case(sq=4, skv=6, h=2, d_qk=8, d_v=8)
+    verdict = run_case(backend(fn_name), case)
+    assert verdict.label == "FAIL:SHAPE", verdict
+    script = corpus_io.save(tmp_path, corpus_io.Entry(f"{HERE}:{fn_name}", case, verdict)).with_suffix(".py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 1 and said in ran.stdout, ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
 
 
 def test_a_kernel_declares_the_fused_gradient_baseline():

@@ -79,7 +79,7 @@ def check_lse(lse, want):
     """The LSE against the float64 one: -inf exactly on a row that sees no key, else within its row's bound."""
     lse, want = lse.detach().to("cpu", torch.float64), want.to("cpu", torch.float64)
     if lse.shape != want.shape:
-        return [f"lse has shape {tuple(lse.shape)}, expected {tuple(want.shape)} (b, h, sq)"]
+        return [f"wrong shape: lse got {tuple(lse.shape)}, expected {tuple(want.shape)} (b, h, sq)"]
     rows = (torch.arange(want.shape[2])[None, :] < torch.tensor(VALID_ROWS)[:, None])[:, None, :].expand_as(want)
     empty, graded = rows & torch.isinf(want), rows & torch.isfinite(want)
     over = ((lse - want).abs() / LSE_BOUNDS)[graded].nan_to_num(nan=float("inf"), posinf=float("inf"))
@@ -204,6 +204,9 @@ def main():
     raw = raw[0] if isinstance(raw, tuple) else raw
     out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
+    if out.shape != want.shape:  # before the checks below, which index it by the contract's axes
+        print(f"{{BACKEND}}: wrong shape: got {{tuple(out.shape)}}, expected {{tuple(want.shape)}} (b, sq, h, d_v)")
+        return 1
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
     err = (got - want).abs().max().item() if got.numel() else 0.0

@@ -23,6 +23,9 @@ from attnfuzz.strategies.case import Case
 
 # What each diagnosis means, in a maintainer's words: (a phrase for the title, the explanation).
 EXPLAIN = {
+    V.SHAPE: ("returns a tensor in the wrong shape", "a returned tensor (the output, the LSE or a gradient) has "
+              "another shape than the contract's, its axes likely in another order (e.g. [b, h, sq, d] for "
+              "[b, sq, h, d]); no value was compared"),
     V.ALL_ZERO: ("returns an all-zero output", "every graded output element is 0 where the exact answer is not"),
     V.NONFINITE: ("returns NaN or inf", "the output holds NaN or inf where the exact answer is finite"),
     V.EMPTY_ROWS: ("gets rows that see no key wrong", "only query rows with no visible key are wrong: softmax over "
@@ -323,9 +326,9 @@ def repro_section(entry: corpus_io.Entry, path: Path) -> list[str]:
              + (" and dQ / dK / dV" if entry.case.grads else "") + " against them:", "", "```bash",
              f"python3 {script_path.name}; echo \"exit status $?\"", "```", "",
              "Exit status 0: within the bound, the bug is not there. 1: the bug is there; it prints the error against "
-             "the bound and what failed (non-finite output, all-zero output, error over the bound). An exception "
-             "inside the library also exits 1, with its traceback; a process killed by a signal shows as 128 + the "
-             "signal (139 for SIGSEGV)."]
+             "the bound and what failed (a wrong shape, non-finite output, all-zero output, error over the bound). An "
+             "exception inside the library also exits 1, with its traceback; a process killed by a signal shows as "
+             "128 + the signal (139 for SIGSEGV)."]
     if entry.verdict.diagnosis in (V.LSE, f"{V.FAIL}:{V.LSE}"):
         lines += ["", f"**The script does not check the LSE**: it exits 0 while this bug is there; "
                       f"`attnfuzz replay {path.name}` checks it."]

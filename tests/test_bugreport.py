@@ -5,8 +5,12 @@ make the verdicts known; the real CPU backends run too, their verdicts not asser
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -166,3 +170,60 @@ def test_an_entry_found_on_another_device_is_not_said_to_reproduce_there(tmp_pat
     report = _report(tmp_path, path, "--device", "cpu")
     assert "Here on cpu (it was found on cuda: another kernel)" in report
     assert "It reproduces here" not in report
+
+
+KERNEL = """import torch
+
+
+def zeros_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    if causal:
+        return torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
+    k, v = (x.repeat_interleave(q.shape[2] // x.shape[2], dim=2) for x in (k, v))
+    weights = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", weights, v.float()).to(q.dtype)
+"""
+
+
+def test_a_report_on_your_own_kernel_names_no_folder_of_this_machine(tmp_path, monkeypatch):
+    """A kernel in ~/proj/mykernels_here/attn.py, run from ~/proj, its finding saved outside the home folder: the
+    report names the kernel module:function and files by name, a path in a message relative to the current folder
+    or under ~; the repro script in it runs from the kernel's folder and fails there while the bug is."""
+    home = tmp_path / "home"
+    proj = home / "proj"
+    (proj / "mykernels_here").mkdir(parents=True)
+    (proj / "mykernels_here" / "__init__.py").write_text("")
+    (proj / "mykernels_here" / "attn.py").write_text(KERNEL)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(proj)
+    monkeypatch.syspath_prepend(str(proj))
+    spec = "mykernels_here.attn:zeros_when_causal"
+    verdict = run_case(get(spec), CAUSAL)
+    assert verdict.label == "FAIL:ALL_ZERO", verdict
+    verdict = dataclasses.replace(verdict, checks=(f"cached at {proj}/cache/k.bin", f"logged to {home}/logs/a.log"))
+    path = _entry(tmp_path / "findings", spec, CAUSAL, verdict)
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    for folder in (tmp_path, home, proj):
+        assert str(folder) not in report, folder
+    assert report.startswith(f"# {spec} returns an all-zero output")
+    assert "`cached at ./cache/k.bin`" in report and "`logged to ~/logs/a.log`" in report
+    assert "run it from the folder where `import mykernels_here.attn` works" in report
+    assert path.with_suffix(".py").read_text().rstrip() in report, "the script beside the entry, inline, whole"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, str(path.with_suffix(".py"))], cwd=proj, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 1 and "all-zero output" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_a_script_that_names_the_kernels_folder_is_written_anew_for_the_report(tmp_path, monkeypatch):
+    """An older attnfuzz wrote the folder the kernel was imported from into the script (KERNEL_PATH): the report
+    carries a script written now instead, which names none."""
+    verdict = run_case(get(ZERO, "cpu"), CAUSAL)
+    path = _entry(tmp_path, ZERO, CAUSAL, verdict)
+    old = path.with_suffix(".py")
+    old.write_text(old.read_text().replace("\n\nKERNEL_MODULE = ",
+                                           "\n\nKERNEL_PATH = '/srv/me/kernels'\nKERNEL_MODULE = "))
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    assert "/srv/me/kernels" not in report and "KERNEL_PATH" not in report
+    assert "(written now: the one beside the entry names a folder)" in report

@@ -93,7 +93,7 @@ class CustomBackend(Backend):
     def __init__(self, spec: str, fn, device: str, import_path: str | None = None):
         self.name, self.fn, self.device = spec, fn, str(device)
         self.family = getattr(fn, "family", "custom")
-        self.import_path = import_path  # the sys.path folder its module came from (repro scripts put it back)
+        self.import_path = import_path  # the sys.path folder its module came from
         self.deterministic = bool(getattr(fn, "deterministic", False))
         self.batch_invariant = bool(getattr(fn, "batch_invariant", False))
         params = inspect.signature(fn).parameters.values()

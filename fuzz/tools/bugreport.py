@@ -5,13 +5,17 @@ the worst element against the bound, the case as a table, which backends and spe
 entry's repro script inline with how to run it, and the environment (recorded, beside this host's). The agreement
 table is run, not recalled: the entry's backend in every spelling it takes (to confirm it still fails here), and every
 other registered backend that can run on this device, each graded against the float64 oracle. Context-parallel
-backends run only for a context-parallel entry; every registered backend gets a row.
+backends run only for a context-parallel entry; every registered backend gets a row. The report names no folder of
+this machine: files by their names, a bring-your-own kernel as module:function, any other path relative to the
+current folder or under ~.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -153,16 +157,23 @@ def cross_table(rows: list[Row], device: str, moved: str) -> list[str]:
 
 
 def repro_section(entry: corpus_io.Entry, path: Path) -> list[str]:
+    from attnfuzz.store.repro import kernel_module, script
     script_path = path.with_suffix(".py")
-    if script_path.exists():
-        text, where = script_path.read_text(), f"`{script_path.name}` (beside the entry)"
+    text = script_path.read_text() if script_path.exists() else None
+    if text is not None and "\nKERNEL_PATH = " not in text:
+        where = f"`{script_path.name}` (beside the entry)"
+    elif text is not None:  # written by an older attnfuzz, with the kernel's folder on this machine in it
+        text, where = script(entry), f"`{script_path.name}` (written now: the one beside the entry names a folder)"
     else:
-        from attnfuzz.store.repro import script
         text, where = script(entry), f"`{script_path.name}` (not beside the entry: written now)"
     lib = library(entry.backend)[0]
     needs = "torch" + ("" if lib in ("", "torch") else f" and {lib}")
     if "from attnfuzz" in text:
         needs += ", and attnfuzz importable (it calls the adapter or regenerates large inputs from the seed)"
+    module = kernel_module(entry)
+    if module:
+        needs += (f", and the kernel's module: run it from the folder where `import {module}` works, or with that "
+                  f"folder on PYTHONPATH")
     lines = ["## Repro", "", f"{where} needs only {needs}, and "
              + ("a CUDA device" if entry.device.startswith("cuda") else "the CPU") + f" (`DEVICE = {entry.device!r}`). "
              "It carries the inputs and the float64 answers inline and checks the output"
@@ -235,4 +246,17 @@ def render(entry: corpus_io.Entry, path: Path, device: str, moved: str, rows: li
               *environment_table(entry, own), "", f"<sub>Corpus entry `{path.name}` (signature {entry.signature}): "
               f"first found {entry.found or '?'}, last seen {entry.last_seen or '?'}, seen {entry.seen} "
               f"time{'s' * (entry.seen != 1)}.</sub>", ""]
-    return "\n".join(parts)
+    return without_local_folders("\n".join(parts))
+
+
+def without_local_folders(text: str) -> str:
+    """`text` naming no folder of this machine, for a report read on others: a path under the current folder made
+    relative to it (./x), one under the home folder written ~/x (the most specific folder first)."""
+    folders = {}
+    for path, name in ((Path.cwd(), "."), (Path.home(), "~")):
+        for folder in (str(path), os.path.realpath(path)):
+            if folder != os.sep:
+                folders.setdefault(folder, name)
+    for folder in sorted(folders, key=len, reverse=True):
+        text = re.sub(re.escape(folder) + r"(?![\w.-])", folders[folder], text)
+    return text

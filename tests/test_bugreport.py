@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -21,6 +22,8 @@ from attnfuzz.cli import main
 from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
+from attnfuzz.tools.bugreport import case_table, cross_table
+from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, Row
 from tests.broken import Correct, ZeroWhenCausal
 
 ZERO = "tests.misbehaving:zero_when_causal"
@@ -50,6 +53,12 @@ def _row(report: str, backend: str) -> str:
     return line
 
 
+def _listed(report: str, backend: str) -> list[str]:
+    """The lines under the cross-check table that name `backend` as one that did not run the case."""
+    name = re.escape(backend)
+    return [ln for ln in report.splitlines() if ln.startswith("- ") and re.search(rf"[:,;] {name}( |,|;|$)", ln)]
+
+
 def _entry(tmp_path, backend, case, verdict, **fields):
     return corpus_io.save(tmp_path, corpus_io.Entry(backend, case, verdict, **fields))
 
@@ -65,9 +74,11 @@ def test_report_has_the_repro_the_worst_element_and_a_row_per_backend_and_shows_
     assert path.with_suffix(".py").read_text().rstrip() in report, "the repro script inline, whole"
     w = verdict.worst
     assert f"| out | {list(w.index)} (batch, query, head, channel) | 0 | {w.expected:.4g} |" in report
-    for name in backends.factories():
-        _row(report, name)  # exactly one row (context-parallel ones: one 'not run' row)
-    assert "not run: context parallel" in _row(report, "ring-allgather")
+    for name in backends.factories():  # once: a row of the table, or named in the line of its reason for not running
+        rows = [ln for ln in report.splitlines() if ln.startswith((f"| {name} |", f"| **{name}** |"))]
+        assert len(rows) + len(_listed(report, name)) == 1, name
+    [line] = _listed(report, "ring-allgather")
+    assert line.startswith("- not run: ") and "(context parallel" in line, line
     assert "**FAIL:ALL_ZERO**" in _row(report, ZERO)
     assert "| correct | default | - | PASS (" in report
     assert "**FAIL:ALL_ZERO**" in _row(report, "broken-zero-causal")
@@ -227,3 +238,45 @@ def test_a_script_that_names_the_kernels_folder_is_written_anew_for_the_report(t
     report = _report(tmp_path, path)
     assert "/srv/me/kernels" not in report and "KERNEL_PATH" not in report
     assert "(written now: the one beside the entry names a folder)" in report
+
+
+def test_backends_that_did_not_run_the_case_fold_into_a_line_per_reason():
+    """The table keeps the backends that ran (and the entry's own, whatever it did); the others are one line per
+    kind of reason, a backend's own reason beside it, shared by backends that give the same one."""
+    passed = V.Verdict(V.PASS, ratio=0.5)
+    refused = V.Verdict(V.UNSUPPORTED, None, "no GQA")
+    rows = [Row("mine", "default", V.UNSUPPORTED, "no float64 path", "1.0", V.Verdict(V.UNSUPPORTED), own=True),
+            Row("sdpa-math", "default", V.PASS, "", "2.13", passed),
+            Row("fa4", "-", CANNOT, "flash-attn-4 is not installed", "not installed"),
+            Row("te-flash", "-", CANNOT, "TransformerEngine does not import", "not installed"),
+            Row("sdpa-cudnn", "-", CANNOT, "sdpa-cudnn needs CUDA", "2.13"),
+            Row("sdpa-flash", "default", V.UNSUPPORTED, "no GQA", "2.13", refused),
+            Row("flex-eager", "default", V.UNSUPPORTED, "no GQA", "2.13", refused),
+            Row("flex-paged", "default", V.UNSUPPORTED, "needs page_size", "2.13", refused),
+            Row("ring-allgather", "-", NOT_RUN, "context parallel"),
+            Row("ring-alltoall", "-", NOT_RUN, "context parallel")]
+    text = "\n".join(cross_table(rows, "cpu", ""))
+    table = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
+    assert [ln.split(" | ")[0] for ln in table] == ["| **mine**", "| sdpa-math"], table
+    assert [ln for ln in text.splitlines() if ln.startswith("- ")] == [
+        "- not installed here: fa4, te-flash",
+        "- cannot run on cpu: sdpa-cudnn (needs CUDA)",
+        "- refused the case: sdpa-flash, flex-eager (no GQA); flex-paged (needs page_size)",
+        "- not run: ring-allgather, ring-alltoall (context parallel)"]
+
+
+def test_the_case_table_shows_every_field_set_whatever_it_is():
+    """The value family, a paged cache, storage: every field off its default, read from the Case dataclass, so a
+    field Case gains shows up too."""
+    case = Case(b=2, sq=8, skv=8, d_qk=8, d_v=8, values="outlier_channel", page_size=4, shared_prefix_pages=1, seed=3)
+    table = case_table(case)
+    for field in ("b=2", "sq=8", "values='outlier_channel'", "page_size=4", "shared_prefix_pages=1", "seed=3"):
+        assert f"`{field}`" in table, field
+    assert "`storage=" not in table and "`dtype=" not in table, "fields at their defaults are not listed"
+    assert "`storage=('offset', 'plain', 'plain')`" in case_table(Case(storage=("offset", "plain", "plain")))
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(Case):
+        tile: int = 0
+
+    assert "`tile=64`" in case_table(Wider(tile=64))

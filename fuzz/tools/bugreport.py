@@ -5,13 +5,16 @@ the worst element against the bound, the case as a table, which backends and spe
 entry's repro script inline with how to run it, and the environment (recorded, beside this host's). The agreement
 table is run, not recalled: the entry's backend in every spelling it takes (to confirm it still fails here), and every
 other registered backend that can run on this device, each graded against the float64 oracle. Context-parallel
-backends run only for a context-parallel entry; every registered backend gets a row. The report names no folder of
+backends run only for a context-parallel entry. Every registered backend is named: a row of the table where it ran
+(the entry's own always), else in one line per kind of reason it did not (not installed, not on this device, refused
+the case, not run). The case table lists every Case field set, beside the readable rows. The report names no folder of
 this machine: files by their names, a bring-your-own kernel as module:function, any other path relative to the
 current folder or under ~.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
@@ -23,7 +26,7 @@ from attnfuzz.store import corpus as corpus_io
 from attnfuzz.engine import options
 from attnfuzz.tools.bugwords import (features, joined, library, now_sentence, num, others_sentence, shape,
                                      what_went_wrong)
-from attnfuzz.tools.crosscheck import Row, cross_check
+from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, Row, cross_check
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -71,10 +74,11 @@ def cmd_report_bug(args) -> int:
     return 0
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def _table(header: list[str], rows: list[list[str]], limit: int | None = 240) -> str:
+    """A markdown table; a cell past `limit` characters is cut (None: never)."""
     def cell(text) -> str:
         text = " ".join(str(text).split()).replace("|", "\\|")
-        return text if len(text) <= 240 else text[:237] + "..."
+        return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                      + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
 
@@ -143,17 +147,55 @@ def case_table(case: Case) -> str:
             ["scale", f"{case.softmax_scale:.6g}" + (" (1/sqrt(d_qk))" if case.scale is None else "")],
             ["inputs", f"seed {case.seed}; mean {list(case.mean)}, std {list(case.std)} for (q, k, v)"],
             ["gradients", "dQ, dK, dV graded" if case.grads else "no (forward only)"],
-            ["spelling", repr(case.spelling) + ("" if case.spelling else " (the adapter's default)")]]
-    return _table(["", "case"], rows)
+            ["spelling", repr(case.spelling) + ("" if case.spelling else " (the adapter's default)")],
+            ["every field set (the others at their defaults)", ", ".join(f"`{x}`" for x in set_fields(case))]]
+    return _table(["", "case"], rows, limit=None)
+
+
+def set_fields(case: Case) -> list[str]:
+    """`name=value` of each Case field that differs from its default, in the dataclass's order: a field Case gains
+    shows up without a word here."""
+    return [f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
+            if getattr(case, f.name) != f.default]
 
 
 def cross_table(rows: list[Row], device: str, moved: str) -> list[str]:
     intro = (f"The same case (same seed: the same inputs) run now on {device} through the entry's backend in every "
              f"spelling it takes, and through every other registered backend, each graded against the float64 "
-             f"oracle. A spelling is how the call expresses the case in that backend's API. {moved}")
-    body = [[f"**{r.backend}**" if r.own else r.backend, r.spelling, r.version or "-", result(r), r.note] for r in rows]
+             f"oracle. A spelling is how the call expresses the case in that backend's API. Those that could not take "
+             f"the case follow the table, one line per reason. {moved}")
+    kept = [r for r in rows if _left_out(r, device) is None]
+    body = [[f"**{r.backend}**" if r.own else r.backend, r.spelling, r.version or "-", result(r), r.note] for r in kept]
     return ["## Other backends and spellings on the same case", "", intro.strip(), "",
-            _table(["backend", "spelling", "version", "result (error / bound)", "note"], body)]
+            _table(["backend", "spelling", "version", "result (error / bound)", "note"], body), "",
+            *folded(rows, device)]
+
+
+def _left_out(row: Row, device: str) -> str | None:
+    """Why another backend did not run the case, as a kind of reason (a line of `folded`); None for a row that
+    ran, and for the entry's own backend, which keeps its rows."""
+    if row.own or row.outcome not in (CANNOT, NOT_RUN, V.UNSUPPORTED):
+        return None
+    if row.outcome == CANNOT:
+        return "not installed here" if row.version == "not installed" else f"cannot run on {device}"
+    return "refused the case" if row.outcome == V.UNSUPPORTED else "not run"
+
+
+def folded(rows: list[Row], device: str) -> list[str]:
+    """The backends that did not run the case, one line per kind of reason: each backend's own reason beside it
+    (backends with the same reason share it), except where the kind says it all (not installed here)."""
+    kinds: dict[str, dict[str, list[str]]] = {}
+    for r in rows:
+        kind = _left_out(r, device)
+        if kind is None:
+            continue
+        why = "" if kind == "not installed here" else re.sub(rf"^{re.escape(r.backend)}:? ", "", r.detail)
+        why = why if len(why) <= 160 else why[:157] + "..."
+        name = r.backend if r.spelling in ("-", "every spelling") or r.spelling.startswith("default") \
+            else f"{r.backend} [{r.spelling}]"
+        kinds.setdefault(kind, {}).setdefault(why, []).append(name)
+    return [f"- {kind}: " + "; ".join(", ".join(dict.fromkeys(names)) + (f" ({why})" if why else "")
+                                      for why, names in groups.items()) for kind, groups in kinds.items()]
 
 
 def repro_section(entry: corpus_io.Entry, path: Path) -> list[str]:
@@ -233,8 +275,8 @@ def render(entry: corpus_io.Entry, path: Path, device: str, moved: str, rows: li
         what, version = f"{lib} {version}{what[len(lib):]}", ""
     about = "; ".join(x for x in (what, version) if x)
     summary = (f"{entry.backend}{f' ({about})' if about else ''} {phrase} ({entry.verdict.label}) for {kind}"
-               f"{' with ' + joined(rest) if rest else ''}, in {shape(entry.case)}. {why[0].upper()}{why[1:]}. Found by "
-               f"attnfuzz on {found_on} with torch {rec.get('torch', '(version not recorded)')}"
+               f"{' with ' + joined(rest) if rest else ''}, in {shape(entry.case)}. {why[0].upper()}{why[1:]}. "
+               f"Found by attnfuzz on {found_on} with torch {rec.get('torch', '(version not recorded)')}"
                f"{' on ' + entry.found[:10] if entry.found else ''}. {now_sentence(entry, own, device)} "
                f"{others_sentence(entry, rows)}")
     parts = [f"# {entry.backend} {phrase} for {kind} ({shape(entry.case)})", "", summary]

@@ -280,3 +280,19 @@ def test_the_case_table_shows_every_field_set_whatever_it_is():
         tile: int = 0
 
     assert "`tile=64`" in case_table(Wider(tile=64))
+
+
+def test_an_lse_findings_report_says_its_script_checks_the_lse(tmp_path, monkeypatch):
+    """The script of an LSE finding checks the LSE (tests/test_repro_lse.py runs it): the report says so, and not
+    that it exits 0 while the bug is there; a script whose call returns no LSE still gets the warning."""
+    spec = "tests.lse_kernels:lse_in_base_2"
+    case = Case(b=2, sq=5, skv=7, h=2, d_qk=8, d_v=8, dtype="float32", seed=3)
+    verdict = run_case(get(spec), case)
+    assert verdict.label == "FAIL:LSE", verdict
+    path = _entry(tmp_path, spec, case, verdict)
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    assert "checks the output, the LSE against them" in report and "does not check the LSE" not in report
+    script = path.with_suffix(".py")
+    script.write_text(script.read_text().replace("through attnfuzz's adapter", "through the kernel"))
+    assert "**The script does not check the LSE**" in _report(tmp_path, path)

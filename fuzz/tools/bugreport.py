@@ -216,16 +216,19 @@ def repro_section(entry: corpus_io.Entry, path: Path) -> list[str]:
     if module:
         needs += (f", and the kernel's module: run it from the folder where `import {module}` works, or with that "
                   f"folder on PYTHONPATH")
+    lse = entry.verdict.diagnosis == V.LSE
+    returns_lse = "RETURNS_LSE = True" in text or "through attnfuzz's adapter" in text  # the adapter's, graded
     lines = ["## Repro", "", f"{where} needs only {needs}, and "
              + ("a CUDA device" if entry.device.startswith("cuda") else "the CPU") + f" (`DEVICE = {entry.device!r}`). "
              "It carries the inputs and the float64 answers inline and checks the output"
-             + (" and dQ / dK / dV" if entry.case.grads else "") + " against them:", "", "```bash",
+             + (", the LSE" if lse and returns_lse else "") + (" and dQ / dK / dV" if entry.case.grads else "")
+             + " against them:", "", "```bash",
              f"python3 {script_path.name}; echo \"exit status $?\"", "```", "",
              "Exit status 0: within the bound, the bug is not there. 1: the bug is there; it prints the error against "
              "the bound and what failed (a wrong shape, non-finite output, all-zero output, error over the bound). An "
              "exception inside the library also exits 1, with its traceback; a process killed by a signal shows as "
              "128 + the signal (139 for SIGSEGV)."]
-    if entry.verdict.diagnosis in (V.LSE, f"{V.FAIL}:{V.LSE}"):
+    if lse and not returns_lse:
         lines += ["", f"**The script does not check the LSE**: it exits 0 while this bug is there; "
                       f"`attnfuzz replay {path.name}` checks it."]
     if entry.backend.startswith(("te-cp-", "ring-")):

@@ -181,6 +181,8 @@ def cmd_run(args) -> int:
                 worker.close()
         log.close()
         progress.update(tally, final=True)
+        for line in tally.known_lines():  # which known bug each KNOWN count is
+            print(f"[{name}] {line}", file=sys.stderr)
         for f in findings:
             entry = corpus_io.Entry(backend=name, case=f.case, verdict=f.verdict, device=args.device,
                                     backend_version=backend.version(), attached=f.attached)

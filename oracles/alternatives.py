@@ -1,5 +1,5 @@
-"""What the graders share below grade.py and probe.py: which rows and keys are graded, the FAIL verdict, and the
-alternative references (the plausible mistakes) a failing output is graded against to name what went wrong."""
+"""What the graders share below grade.py and probe.py: which rows and keys are graded, the FAIL verdict (SHAPE among
+them), and the alternative references (the plausible mistakes) a failing output is graded against to name what went wrong."""
 
 from __future__ import annotations
 
@@ -28,6 +28,19 @@ def valid_keys(case: Case, device) -> torch.Tensor:
 def fail(diagnosis: str, message: str, c: Check | None = None, ratio: float = math.inf, checks=()) -> V.Verdict:
     worst = V.Worst(c.name, c.index, c.got, c.expected) if c else None
     return V.Verdict(V.FAIL, diagnosis, message, worst, ratio, tuple(checks))
+
+
+# The contract's axes of each tensor a backend returns
+AXES = {"out": "b, sq, h, d_v", "lse": "b, h, sq", "dq": "b, sq, h, d_qk", "dk": "b, skv, hk, d_qk",
+        "dv": "b, skv, hk, d_v"}
+
+
+def wrong_shape(name: str, got: torch.Tensor, want: torch.Tensor) -> V.Verdict | None:
+    """FAIL:SHAPE when a returned tensor's shape is not the contract's (its axes in another order, say), else None;
+    checked before anything indexes it by the contract's axes."""
+    if tuple(got.shape) == tuple(want.shape):
+        return None
+    return fail(V.SHAPE, f"{name} has shape {tuple(got.shape)}, expected {tuple(want.shape)} ({AXES[name]})")
 
 
 def alternatives(case: Case) -> list[tuple[str, str, dict]]:

@@ -1,8 +1,8 @@
 """Grading: a backend's Output against the float64 oracle, and a name for what went wrong.
 
-A failing output is graded again against alternative references (the other alignment, each window bound moved by
-one, no band at all, the modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE
-when none does.
+A tensor returned in another shape than the contract's is SHAPE, before any value is compared. A failing output is
+graded again against alternative references (the other alignment, each window bound moved by one, no band at all, the
+modulo head mapping, other scales); the diagnosis is the alternative it matches, TOLERANCE when none does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from functools import cached_property
 import torch
 
 from attnfuzz.oracles import probe, shift
-from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows
+from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows, wrong_shape
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
 from attnfuzz.oracles.tolerance import (FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check,
@@ -182,8 +182,9 @@ def grade(case: Case, tensors: Tensors, output: V.Output, *, family: str = "defa
 def _graded(case: Case, output: V.Output, family: str, o: Oracle) -> V.Verdict:
     device = o.ref.out.device
     out = output.out.to(device)
-    if tuple(out.shape) != tuple(o.ref.out.shape):
-        return fail(V.TOLERANCE, f"out has shape {tuple(out.shape)}, expected {tuple(o.ref.out.shape)}")
+    wrong = wrong_shape("out", out, o.ref.out)
+    if wrong is not None:
+        return wrong
     rows = valid_rows(case, device)
     graded = out[rows]
     if graded.numel() and not bool(torch.isfinite(graded).all()):
@@ -227,8 +228,9 @@ def lse_check(o: Oracle, lse: torch.Tensor, family: str, floor_first: bool = Fal
 
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:
     ref = o.ref.lse
-    if tuple(lse.shape) != tuple(ref.shape):
-        return fail(V.LSE, f"lse has shape {tuple(lse.shape)}, expected {tuple(ref.shape)} (b, h, sq)")
+    wrong = wrong_shape("lse", lse, ref)
+    if wrong is not None:
+        return wrong
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
     empty = rows & torch.isinf(ref)
     if bool(empty.any()) and not bool((lse[empty] == ref[empty]).all()):
@@ -375,8 +377,9 @@ def _grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) 
         if got is None:
             return fail(V.GRADIENT, f"the case checks gradients but the backend returned no {name}")
         got = got.to(ref.device)
-        if tuple(got.shape) != tuple(ref.shape):
-            return fail(V.GRADIENT, f"{name} has shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
+        wrong = wrong_shape(name, got, ref)
+        if wrong is not None:
+            return wrong
         c = gradient_check(o, name, got, family, output.out, floor_first=True)
         checks.append(c)
         if not c.ok:

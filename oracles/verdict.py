@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -15,6 +15,7 @@ STATUSES = (PASS, FAIL, UNSUPPORTED, CRASH, HANG, FLAKY, KNOWN)
 FAILED = (FAIL, CRASH, HANG, FLAKY)  # a finding, unless a known bug takes it
 
 # Diagnoses, most specific first. Each FAIL carries exactly one.
+SHAPE = "SHAPE"                        # out, the LSE or a gradient came back in another shape than the contract's
 ALL_ZERO = "ALL_ZERO"                  # the output is all zeros where the oracle's is not
 NONFINITE = "NONFINITE"                # NaN or inf in the output where the oracle is finite
 EMPTY_ROWS = "EMPTY_ROWS"              # wrong only on rows that see no key (they must be 0; e.g. mean(V) instead)
@@ -32,8 +33,8 @@ NONDETERMINISTIC = "NONDETERMINISTIC"  # graded fine, but a backend that claims 
 BATCH_VARIANT = "BATCH_VARIANT"        # graded fine, but a backend that claims batch invariance gives a sequence other
                                        # bits alone (or in another batch order) than inside its batch
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
-DIAGNOSES = (ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK, MASK_DROP,
-             GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
+DIAGNOSES = (SHAPE, ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK,
+             MASK_DROP, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
 # The diagnoses that name an alternative reference the failing output matches (oracles/grade.py alternatives): one
 # output can match several, and then a verdict lists the others in `also`; so does an EMPTY_ROWS verdict, which is
 # decided first, with every alternative its output matches.
@@ -73,7 +74,8 @@ class Verdict:
     `also`: the other ALTERNATIVE diagnoses whose references the same failing output matches (the diagnosis is the
     first that does, in the grader's order), so a finding can tell that another one's diagnosis explains it too.
     `batch_invariant`: whether the case's batch check (attnfuzz.engine.batch) found the backend's bits the same alone
-    and in the batch; None where the case was not checked."""
+    and in the batch; None where the case was not checked. `known_entry`: on a KNOWN verdict, the id (file stem) of
+    the corpus entry whose known bug took the failure."""
 
     status: str
     diagnosis: str | None = None
@@ -83,6 +85,7 @@ class Verdict:
     checks: tuple[str, ...] = field(default=())
     also: tuple[str, ...] = field(default=())
     batch_invariant: bool | None = None
+    known_entry: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -97,7 +100,8 @@ class Verdict:
                 "worst": self.worst.to_dict() if self.worst else None,
                 "ratio": self.ratio if self.ratio != float("inf") else "inf", "checks": list(self.checks),
                 **({"also": list(self.also)} if self.also else {}),  # absent when empty: older files stay as they are
-                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {})}
+                **({"batch_invariant": self.batch_invariant} if self.batch_invariant is not None else {}),
+                **({"known_entry": self.known_entry} if self.known_entry else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:
@@ -106,9 +110,15 @@ class Verdict:
         return cls(status=data["status"], diagnosis=data.get("diagnosis"), message=data.get("message", ""),
                    worst=Worst(worst["tensor"], tuple(worst["index"]), worst["got"], worst["expected"]) if worst
                    else None, ratio=float(ratio), checks=tuple(data.get("checks", ())),
-                   also=tuple(data.get("also", ())), batch_invariant=data.get("batch_invariant"))
+                   also=tuple(data.get("also", ())), batch_invariant=data.get("batch_invariant"),
+                   known_entry=data.get("known_entry"))
 
 
 def known_bug_check(link: str) -> str:
     """The line a verdict marked KNOWN carries among its checks: which known bug it matched."""
     return f"known bug: {link}"
+
+
+def as_known(verdict: Verdict, link: str, entry: str | None) -> Verdict:
+    """A failure `verdict` as KNOWN: the known bug's link among its checks, and the id of the entry that took it."""
+    return replace(verdict, status=KNOWN, checks=verdict.checks + (known_bug_check(link),), known_entry=entry)

@@ -153,6 +153,16 @@ class WindowOffByOneAndDroppedWhenLonger(Correct):
         return Output(self.attend(case, t, mask=visibility_mask(case, t, t.q.device)))
 
 
+class HeadMajor(Correct):
+    """Returns its output head-major, [b, h, sq, d_v], where the contract is [b, sq, h, d_v]: the right values, in
+    the wrong shape."""
+
+    name = "broken-head-major"
+
+    def run(self, case, t):
+        return Output(self.attend(case, t).transpose(1, 2))
+
+
 class LaterBatches(Correct):
     name = "broken-batch"
 
@@ -196,7 +206,7 @@ class Intermittent(Correct):
 BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, WindowOffByOne, ModuloHeads,
                                    ValueDimScale, NanOnEmptyRows, TileTail, DroppedBandWhenLonger, LaterBatches,
                                    Jittery, Intermittent, DroppedCausal, DroppedCausalWhenSquareAndScale,
-                                   WindowOffByOneAndDroppedWhenLonger)}
+                                   WindowOffByOneAndDroppedWhenLonger, HeadMajor)}
 
 
 def _without_last_key(case, t):

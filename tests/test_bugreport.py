@@ -5,8 +5,13 @@ make the verdicts known; the real CPU backends run too, their verdicts not asser
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +22,8 @@ from attnfuzz.cli import main
 from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
+from attnfuzz.tools.bugreport import case_table, cross_table
+from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, Row
 from tests.broken import Correct, ZeroWhenCausal
 
 ZERO = "tests.misbehaving:zero_when_causal"
@@ -46,6 +53,12 @@ def _row(report: str, backend: str) -> str:
     return line
 
 
+def _listed(report: str, backend: str) -> list[str]:
+    """The lines under the cross-check table that name `backend` as one that did not run the case."""
+    name = re.escape(backend)
+    return [ln for ln in report.splitlines() if ln.startswith("- ") and re.search(rf"[:,;] {name}( |,|;|$)", ln)]
+
+
 def _entry(tmp_path, backend, case, verdict, **fields):
     return corpus_io.save(tmp_path, corpus_io.Entry(backend, case, verdict, **fields))
 
@@ -61,9 +74,11 @@ def test_report_has_the_repro_the_worst_element_and_a_row_per_backend_and_shows_
     assert path.with_suffix(".py").read_text().rstrip() in report, "the repro script inline, whole"
     w = verdict.worst
     assert f"| out | {list(w.index)} (batch, query, head, channel) | 0 | {w.expected:.4g} |" in report
-    for name in backends.factories():
-        _row(report, name)  # exactly one row (context-parallel ones: one 'not run' row)
-    assert "not run: context parallel" in _row(report, "ring-allgather")
+    for name in backends.factories():  # once: a row of the table, or named in the line of its reason for not running
+        rows = [ln for ln in report.splitlines() if ln.startswith((f"| {name} |", f"| **{name}** |"))]
+        assert len(rows) + len(_listed(report, name)) == 1, name
+    [line] = _listed(report, "ring-allgather")
+    assert line.startswith("- not run: ") and "(context parallel" in line, line
     assert "**FAIL:ALL_ZERO**" in _row(report, ZERO)
     assert "| correct | default | - | PASS (" in report
     assert "**FAIL:ALL_ZERO**" in _row(report, "broken-zero-causal")
@@ -166,3 +181,118 @@ def test_an_entry_found_on_another_device_is_not_said_to_reproduce_there(tmp_pat
     report = _report(tmp_path, path, "--device", "cpu")
     assert "Here on cpu (it was found on cuda: another kernel)" in report
     assert "It reproduces here" not in report
+
+
+KERNEL = """import torch
+
+
+def zeros_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    if causal:
+        return torch.zeros(*q.shape[:3], v.shape[-1], dtype=q.dtype)
+    k, v = (x.repeat_interleave(q.shape[2] // x.shape[2], dim=2) for x in (k, v))
+    weights = torch.softmax(torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", weights, v.float()).to(q.dtype)
+"""
+
+
+def test_a_report_on_your_own_kernel_names_no_folder_of_this_machine(tmp_path, monkeypatch):
+    """A kernel in ~/proj/mykernels_here/attn.py, run from ~/proj, its finding saved outside the home folder: the
+    report names the kernel module:function and files by name, a path in a message relative to the current folder
+    or under ~; the repro script in it runs from the kernel's folder and fails there while the bug is."""
+    home = tmp_path / "home"
+    proj = home / "proj"
+    (proj / "mykernels_here").mkdir(parents=True)
+    (proj / "mykernels_here" / "__init__.py").write_text("")
+    (proj / "mykernels_here" / "attn.py").write_text(KERNEL)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(proj)
+    monkeypatch.syspath_prepend(str(proj))
+    spec = "mykernels_here.attn:zeros_when_causal"
+    verdict = run_case(get(spec), CAUSAL)
+    assert verdict.label == "FAIL:ALL_ZERO", verdict
+    verdict = dataclasses.replace(verdict, checks=(f"cached at {proj}/cache/k.bin", f"logged to {home}/logs/a.log"))
+    path = _entry(tmp_path / "findings", spec, CAUSAL, verdict)
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    for folder in (tmp_path, home, proj):
+        assert str(folder) not in report, folder
+    assert report.startswith(f"# {spec} returns an all-zero output")
+    assert "`cached at ./cache/k.bin`" in report and "`logged to ~/logs/a.log`" in report
+    assert "run it from the folder where `import mykernels_here.attn` works" in report
+    assert path.with_suffix(".py").read_text().rstrip() in report, "the script beside the entry, inline, whole"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, str(path.with_suffix(".py"))], cwd=proj, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 1 and "all-zero output" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_a_script_that_names_the_kernels_folder_is_written_anew_for_the_report(tmp_path, monkeypatch):
+    """An older attnfuzz wrote the folder the kernel was imported from into the script (KERNEL_PATH): the report
+    carries a script written now instead, which names none."""
+    verdict = run_case(get(ZERO, "cpu"), CAUSAL)
+    path = _entry(tmp_path, ZERO, CAUSAL, verdict)
+    old = path.with_suffix(".py")
+    old.write_text(old.read_text().replace("\n\nKERNEL_MODULE = ",
+                                           "\n\nKERNEL_PATH = '/srv/me/kernels'\nKERNEL_MODULE = "))
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    assert "/srv/me/kernels" not in report and "KERNEL_PATH" not in report
+    assert "(written now: the one beside the entry names a folder)" in report
+
+
+def test_backends_that_did_not_run_the_case_fold_into_a_line_per_reason():
+    """The table keeps the backends that ran (and the entry's own, whatever it did); the others are one line per
+    kind of reason, a backend's own reason beside it, shared by backends that give the same one."""
+    passed = V.Verdict(V.PASS, ratio=0.5)
+    refused = V.Verdict(V.UNSUPPORTED, None, "no GQA")
+    rows = [Row("mine", "default", V.UNSUPPORTED, "no float64 path", "1.0", V.Verdict(V.UNSUPPORTED), own=True),
+            Row("sdpa-math", "default", V.PASS, "", "2.13", passed),
+            Row("fa4", "-", CANNOT, "flash-attn-4 is not installed", "not installed"),
+            Row("te-flash", "-", CANNOT, "TransformerEngine does not import", "not installed"),
+            Row("sdpa-cudnn", "-", CANNOT, "sdpa-cudnn needs CUDA", "2.13"),
+            Row("sdpa-flash", "default", V.UNSUPPORTED, "no GQA", "2.13", refused),
+            Row("flex-eager", "default", V.UNSUPPORTED, "no GQA", "2.13", refused),
+            Row("flex-paged", "default", V.UNSUPPORTED, "needs page_size", "2.13", refused),
+            Row("ring-allgather", "-", NOT_RUN, "context parallel"),
+            Row("ring-alltoall", "-", NOT_RUN, "context parallel")]
+    text = "\n".join(cross_table(rows, "cpu", ""))
+    table = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
+    assert [ln.split(" | ")[0] for ln in table] == ["| **mine**", "| sdpa-math"], table
+    assert [ln for ln in text.splitlines() if ln.startswith("- ")] == [
+        "- not installed here: fa4, te-flash",
+        "- cannot run on cpu: sdpa-cudnn (needs CUDA)",
+        "- refused the case: sdpa-flash, flex-eager (no GQA); flex-paged (needs page_size)",
+        "- not run: ring-allgather, ring-alltoall (context parallel)"]
+
+
+def test_the_case_table_shows_every_field_set_whatever_it_is():
+    """The value family, a paged cache, storage: every field off its default, read from the Case dataclass, so a
+    field Case gains shows up too."""
+    case = Case(b=2, sq=8, skv=8, d_qk=8, d_v=8, values="outlier_channel", page_size=4, shared_prefix_pages=1, seed=3)
+    table = case_table(case)
+    for field in ("b=2", "sq=8", "values='outlier_channel'", "page_size=4", "shared_prefix_pages=1", "seed=3"):
+        assert f"`{field}`" in table, field
+    assert "`storage=" not in table and "`dtype=" not in table, "fields at their defaults are not listed"
+    assert "`storage=('offset', 'plain', 'plain')`" in case_table(Case(storage=("offset", "plain", "plain")))
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(Case):
+        tile: int = 0
+
+    assert "`tile=64`" in case_table(Wider(tile=64))
+
+
+def test_an_lse_findings_report_says_its_script_checks_the_lse(tmp_path, monkeypatch):
+    """The script of an LSE finding checks the LSE (tests/test_repro_lse.py runs it): the report says so, and not
+    that it exits 0 while the bug is there; a script whose call returns no LSE still gets the warning."""
+    spec = "tests.lse_kernels:lse_in_base_2"
+    case = Case(b=2, sq=5, skv=7, h=2, d_qk=8, d_v=8, dtype="float32", seed=3)
+    verdict = run_case(get(spec), case)
+    assert verdict.label == "FAIL:LSE", verdict
+    path = _entry(tmp_path, spec, case, verdict)
+    _register(monkeypatch, keep=())
+    report = _report(tmp_path, path)
+    assert "checks the output, the LSE against them" in report and "does not check the LSE" not in report
+    script = path.with_suffix(".py")
+    script.write_text(script.read_text().replace("through attnfuzz's adapter", "through the kernel"))
+    assert "**The script does not check the LSE**" in _report(tmp_path, path)

@@ -116,6 +116,17 @@ def lse_in_log2(q, k, v, **kw):
     return out, lse / math.log(2)
 
 
+def head_major(q, k, v, **kw):
+    """The right output, differentiable, in the wrong shape: [b, h, sq, d_v]."""
+    return _attention(q, k, v, **kw)[0].transpose(1, 2)
+
+
+def lse_transposed(q, k, v, **kw):
+    """The right output, and the right LSE as [b, sq, h]."""
+    out, lse = _attention(q, k, v, **kw)
+    return out, lse.transpose(1, 2)
+
+
 def wrong_dv(q, k, v, **kw):
     """The right output, but V detached, so dV is lost."""
     return _attention(q, k, v.detach(), **kw)
@@ -223,6 +234,9 @@ def test_the_example_kernel_passes_random_cases():
     ("zeros", Case(sq=4, skv=6), V.ALL_ZERO),
     ("lse_in_log2", Case(sq=4, skv=6), V.LSE),
     ("wrong_dv", Case(sq=4, skv=6, grads=True), V.GRADIENT),
+    ("head_major", Case(sq=4, skv=6, h=2), V.SHAPE),
+    ("head_major", Case(sq=4, skv=6, h=2, grads=True), V.SHAPE),   # not a crash of the backward pass
+    ("lse_transposed", Case(sq=4, skv=6, h=2), V.SHAPE),
 ])
 def test_a_wrong_kernel_fails_with_the_right_diagnosis(fn_name, case, diagnosis):
     b = backend(fn_name)
@@ -300,35 +314,56 @@ def test_the_kernel_module_is_found_where_the_run_imported_it_from():
 
 
 @pytest.mark.parametrize("fn_name, code", [("zeros", 1), ("example_attention", 0)])
-def test_a_custom_kernels_repro_script_runs_from_any_folder(tmp_path, fn_name, code):
-    """The script imports the kernel's module from the folder the run imported it from, wherever it is run; a
-    correct kernel's script (the control) passes there too, so exit 1 is the bug, not a failed import."""
+def test_a_custom_kernels_script_runs_from_its_folder_or_with_it_on_pythonpath(tmp_path, fn_name, code):
+    """The script imports the kernel's module by name, from the current folder or PYTHONPATH, and names no folder of
+    this machine (it goes into bug reports as it is); a correct kernel's script (the control) passes there too, so
+    exit 1 is the bug, not a failed import."""
     from attnfuzz.store import corpus as corpus_io
     entry = corpus_io.Entry(f"{HERE}:{fn_name}", Case(sq=4, skv=4, d_qk=8, d_v=8),
                             V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0"))
     script = corpus_io.save(tmp_path / "corpus", entry).with_suffix(".py")
+    root = Path(__file__).resolve().parents[1]
+    assert str(root) not in script.read_text() and str(tmp_path) not in script.read_text()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    ran = subprocess.run([sys.executable, str(script)], cwd=elsewhere, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert ran.returncode == code, ran.stdout + ran.stderr
-    assert "max |out - float64|" in ran.stdout
+    for cwd, extra in ((root, {}), (elsewhere, {"PYTHONPATH": str(root)})):
+        ran = subprocess.run([sys.executable, str(script)], cwd=cwd, env={**env, **extra}, capture_output=True,
+                             text=True, timeout=300)
+        assert ran.returncode == code, ran.stdout + ran.stderr
+        assert "max |out - float64|" in ran.stdout
 
 
-def test_a_custom_kernels_repro_script_exits_2_when_the_kernel_cannot_be_imported(tmp_path):
+def test_a_custom_kernels_script_exits_2_saying_where_to_run_it_when_the_kernel_cannot_be_imported(tmp_path):
     from attnfuzz.store import corpus as corpus_io
     entry = corpus_io.Entry(f"{HERE}:zeros", Case(sq=4, skv=4, d_qk=8, d_v=8), V.Verdict(V.FAIL, V.ALL_ZERO))
     script = corpus_io.save(tmp_path, entry).with_suffix(".py")
-    moved = script.read_text().replace(f"KERNEL_PATH = {str(Path(__file__).resolve().parents[1])!r}",
-                                       f"KERNEL_PATH = {str(tmp_path / 'gone')!r}")
-    assert moved != script.read_text(), "the script records the folder"
-    script.write_text(moved)  # as on a machine where the kernel's folder is not there
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+                         timeout=300)   # a folder the kernel's module cannot be imported from
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "cannot run this repro here" in ran.stderr and "cannot be imported" in ran.stderr, ran.stderr
+    assert f"run it from the folder where `import {HERE}` works" in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("fn_name, said", [
+    ("head_major", "wrong shape: got (1, 2, 4, 8), expected (1, 4, 2, 8) (b, sq, h, d_v)"),
+    ("lse_transposed", "wrong shape: lse got (1, 4, 2), expected (1, 2, 4) (b, h, sq)"),
+])
+def test_a_shape_findings_repro_script_says_so_and_exits_1(tmp_path, fn_name, said):
+    """The script checks the shape before it indexes the output by the contract's axes (it used to die of an
+    IndexError in its own checks); the correct kernel's script passes (test above)."""
+    from attnfuzz.engine.harness import run_case
+    from attnfuzz.store import corpus as corpus_io
+    case = Case(sq=4, skv=6, h=2, d_qk=8, d_v=8)
+    verdict = run_case(backend(fn_name), case)
+    assert verdict.label == "FAIL:SHAPE", verdict
+    script = corpus_io.save(tmp_path, corpus_io.Entry(f"{HERE}:{fn_name}", case, verdict)).with_suffix(".py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 1 and said in ran.stdout, ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
 
 
 def test_a_kernel_declares_the_fused_gradient_baseline():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, alternatives, grade
 from attnfuzz.oracles.reference import reference
@@ -14,6 +15,7 @@ from attnfuzz.oracles.tolerance import check
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
+from tests.broken import BROKEN, Correct
 
 BASE = Case(b=2, sq=40, skv=64, h=4, hk=2, d_qk=32, d_v=16, dtype="bfloat16", causal=True, seed=7)
 
@@ -49,9 +51,10 @@ def test_correct_output_passes():
     (BASE, _ref(scale=1 / math.sqrt(16)), V.SCALE),               # 1/sqrt(d_v) while d_qk = 32
     (BASE.replace(scale=0.05), _ref(scale=1 / math.sqrt(32)), V.SCALE),  # the custom scale ignored
     (BASE, lambda c, t, o: o.ref.out * 1.05, V.TOLERANCE),
+    (BASE, lambda c, t, o: o.ref.out.transpose(1, 2), V.SHAPE),   # [b, h, sq, d_v] for [b, sq, h, d_v]
 ], ids=["zeros", "top-left-read-as-bottom-right", "bottom-right-read-as-top-left", "window-left+1",
         "window-right-1", "causal-diagonal-dropped", "causal-dropped", "window-dropped", "gqa-modulo", "scale-d_v",
-        "scale-ignored", "tolerance"])
+        "scale-ignored", "tolerance", "head-major"])
 def test_broken_output_gets_its_diagnosis(case, make_out, diagnosis):
     verdict = _graded(case, make_out)
     assert verdict.status == V.FAIL and verdict.diagnosis == diagnosis, verdict
@@ -108,6 +111,27 @@ def test_gradients_are_graded():
     assert verdict.diagnosis == V.GRADIENT and verdict.worst.tensor == "dk"
     missing = grade(case, t, Output(r.out), oracle=oracle)
     assert missing.diagnosis == V.GRADIENT and "no dq" in missing.message
+
+
+def test_a_kernel_returning_its_output_head_major_is_a_shape_failure():
+    """tests/broken.py's HeadMajor returns the right values as [b, h, sq, d_v]: FAIL:SHAPE, saying both shapes; the
+    correct kernel passes the same case (the control)."""
+    verdict = run_case(BROKEN["broken-head-major"](), BASE)
+    assert verdict.label == "FAIL:SHAPE", verdict
+    assert verdict.message == "out has shape (2, 4, 40, 16), expected (2, 40, 4, 16) (b, sq, h, d_v)", verdict.message
+    assert run_case(Correct(), BASE).status == V.PASS
+
+
+def test_an_lse_or_a_gradient_in_another_shape_is_a_shape_failure():
+    case = BASE.replace(grads=True)
+    t = materialize(case)
+    oracle = Oracle.of(case, t)
+    r = oracle.ref
+    lse = grade(case, t, Output(r.out, lse=r.lse.float().transpose(1, 2)), oracle=oracle)
+    assert lse.label == "FAIL:SHAPE" and lse.message.startswith("lse has shape (2, 40, 4), expected (2, 4, 40)"), lse
+    dq = grade(case, t, Output(r.out, dq=r.dq.transpose(1, 2), dk=r.dk, dv=r.dv), oracle=oracle)
+    assert dq.label == "FAIL:SHAPE" and dq.message.startswith("dq has shape (2, 4, 40, 32)"), dq
+    assert grade(case, t, Output(r.out, lse=r.lse.float(), dq=r.dq, dk=r.dk, dv=r.dv), oracle=oracle).status == V.PASS
 
 
 def test_padding_rows_are_not_graded():

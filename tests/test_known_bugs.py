@@ -54,3 +54,59 @@ def test_a_known_bug_of_unwritten_output_that_passes_unpoisoned_is_no_evidence_o
     assert replay_outcome(unwritten, passed) == "unreproduced" and replay_outcome(ENTRY, passed) == "xpass"
     monkeypatch.setattr(poison, "enabled", lambda: True)
     assert replay_outcome(unwritten, passed) == "xpass"
+
+
+# -- KNOWN names the entry that took it -------------------------------------------------------------------------------
+def _two_known_bugs(folder):
+    """Two known bugs of one backend and label, told apart by the alignment of the case: their entries' ids."""
+    ids = {}
+    for alignment in ("top_left", "bottom_right"):
+        entry = dataclasses.replace(ENTRY, backend="broken-zero-causal", case=ENTRY.case.replace(alignment=alignment),
+                                    known_bug={"link": f"https://example.org/{alignment}", "note": f"zeros {alignment}",
+                                               "when": {"alignment": alignment}})
+        ids[alignment] = corpus_io.save(folder, entry, repro=False).stem
+    return ids
+
+
+def test_each_known_verdict_and_the_tally_name_the_entry_that_took_it(tmp_path):
+    from attnfuzz.engine.harness import fuzz
+    from attnfuzz.engine.profiles import profile
+    from attnfuzz.strategies.space import Space
+    from tests.broken import ZeroWhenCausal
+    ids = _two_known_bugs(tmp_path)
+    seen = []
+    tally, findings = fuzz(ZeroWhenCausal(), space=Space(max_len=40), settings=profile("ci", max_examples=150),
+                           known=corpus_io.known_bugs(tmp_path), on_case=lambda c, v, _: seen.append((c, v)))
+    assert not findings
+    known = [(c, v) for c, v in seen if v.status == V.KNOWN]
+    assert {c.alignment for c, _ in known} == {"top_left", "bottom_right"}, tally.to_dict()
+    for case, verdict in known:
+        assert verdict.known_entry == ids[case.alignment], (case, verdict)
+        assert f"known bug: https://example.org/{case.alignment}" in verdict.checks
+    assert all(v.known_entry is None for _, v in seen if v.status != V.KNOWN)   # the control: nothing else is named
+    counts = {r["entry"]: r["count"] for r in tally.to_dict()["known"]}
+    assert counts == {ids[a]: sum(c.alignment == a for c, _ in known) for a in ids}, tally.to_dict()
+    assert sum(counts.values()) == tally.labels["KNOWN:ALL_ZERO"]
+    assert f"KNOWN:ALL_ZERO {counts[ids['top_left']]} = {ids['top_left']} (zeros top_left)" in tally.known_lines()
+
+
+def test_run_prints_and_logs_which_known_bug_each_known_count_is(tmp_path):
+    """`attnfuzz run`: a line per known entry under the tally, its record in --json, its id in each --log verdict."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    spec = "tests.misbehaving:zero_when_causal"
+    path = corpus_io.save(tmp_path / "corpus", dataclasses.replace(
+        ENTRY, backend=spec, known_bug={"link": "https://example.org/z", "note": "zeros under causal"}), repro=False)
+    log = tmp_path / "run.jsonl"
+    ran = subprocess.run([sys.executable, "-m", "attnfuzz", "run", "--backend", spec, "--max-examples", "60",
+                          "--seed", "1", "--corpus", str(path.parent), "--log", str(log), "--json"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    [record] = json.loads(ran.stdout)[spec]["tally"]["known"]
+    assert record["entry"] == path.stem and record["label"] == "KNOWN:ALL_ZERO" and record["count"] > 0, record
+    assert f"[{spec}] KNOWN:ALL_ZERO {record['count']} = {path.stem} (zeros under causal)" in ran.stderr, ran.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["verdict"].get("known_entry") for r in rows if r["label"] == "KNOWN:ALL_ZERO"] == [path.stem] * \
+        record["count"]

@@ -39,7 +39,8 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
   aligned to the cache. Paged cases never check gradients. For an unpaged case the four are None.
 - A row with no visible key must give output 0 (and LSE -inf, or the sink logit).
 - Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
-  [b, h, sq] (natural log, float32). Cases with gradients check dq, dk, dv when out is differentiable by autograd.
+  [b, h, sq] (natural log, float32); a tensor in another shape (its axes in another order) is a FAIL:SHAPE. Cases
+  with gradients check dq, dk, dv when out is differentiable by autograd.
 - Optional `fn.supports(case) -> bool | str` narrows what is drawn: False refuses, a string refuses with that reason.
 - Optional `fn.deterministic = True` claims bitwise-reproducible results: each case then runs twice, and any bit that
   differs is a FAIL:NONDETERMINISTIC.
@@ -92,7 +93,7 @@ class CustomBackend(Backend):
     def __init__(self, spec: str, fn, device: str, import_path: str | None = None):
         self.name, self.fn, self.device = spec, fn, str(device)
         self.family = getattr(fn, "family", "custom")
-        self.import_path = import_path  # the sys.path folder its module came from (repro scripts put it back)
+        self.import_path = import_path  # the sys.path folder its module came from
         self.deterministic = bool(getattr(fn, "deterministic", False))
         self.batch_invariant = bool(getattr(fn, "batch_invariant", False))
         params = inspect.signature(fn).parameters.values()
@@ -157,7 +158,7 @@ class CustomBackend(Backend):
                             f"tuple (out, lse, ...)")
         output = Output(out=out.detach(), lse=lse.detach() if isinstance(lse, torch.Tensor) else None,
                         ran=self.name)
-        if case.grads:
+        if case.grads and tuple(out.shape) == (case.b, case.sq, case.h, case.d_v):  # else the grader says SHAPE
             if not out.requires_grad:
                 raise Unsupported(f"{self.name}: the case checks gradients but the output is not differentiable by "
                                   f"autograd (no grad_fn); refuse grads=True cases in supports() or make it so")

@@ -14,7 +14,6 @@ import json
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +25,7 @@ from attnfuzz.engine import batch, interrupt, poison
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
+from attnfuzz.engine.tally import CountedKnown, Tally
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
@@ -54,41 +54,6 @@ def finding_type(label: str) -> type[Finding]:
     if name not in _FINDING_TYPES:
         _FINDING_TYPES[name] = type(name, (Finding,), {"__module__": __name__})
     return _FINDING_TYPES[name]
-
-
-@dataclass
-class Tally:
-    """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio (error / bound;
-    error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), and how many of the
-    batch-checked cases were batch invariant (attnfuzz.engine.batch)."""
-
-    examples: int = 0
-    labels: Counter = field(default_factory=Counter)
-    unsupported: Counter = field(default_factory=Counter)
-    worst_ratio: float = 0.0
-    seconds: float = 0.0
-    batch_checked: int = 0
-    batch_invariant: int = 0
-
-    def add(self, verdict: V.Verdict) -> None:
-        self.examples += 1
-        if verdict.batch_invariant is not None:
-            self.batch_checked += 1
-            self.batch_invariant += verdict.batch_invariant
-        self.labels[verdict.label] += 1
-        if verdict.status == V.UNSUPPORTED:
-            self.unsupported[verdict.message] += 1
-        elif verdict.status == V.PASS:
-            self.worst_ratio = max(self.worst_ratio, verdict.ratio)
-
-    def to_dict(self) -> dict:
-        return {"examples": self.examples, "labels": dict(self.labels), "unsupported": dict(self.unsupported),
-                "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3),
-                "batch_invariance": {"checked": self.batch_checked, "invariant": self.batch_invariant}}
-
-    def batch_line(self) -> str:
-        """The observed property, e.g. 'batch invariant on 12 of 15 checked cases'."""
-        return f"batch invariant on {self.batch_invariant} of {self.batch_checked} checked cases"
 
 
 # Score elements (b * h * sq * skv) up to which a GPU case's oracle runs on the CPU: a small float64 reference is a
@@ -307,14 +272,17 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     `worker` is anything with run(case) -> Verdict (attnfuzz.engine.isolate.Worker; a campaign's resumable cache); without one,
     cases run in this process. `database_key` names the backend's failures in the settings' example database, so that
     runs with other seeds, other processes and other machines replay them (Hypothesis keys by function source
-    otherwise, which is the same for every backend)."""
+    otherwise, which is the same for every backend). A failure `known` takes is KNOWN: counted in the tally under
+    the entry that took it, and named so (Verdict.known_entry) in the verdict `on_case` sees."""
     tally = Tally()
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
     evidence = Evidence()
     configs = compiled_configs(backend) if is_compile_aware(backend, space) else None
+    known = CountedKnown(known, tally) if known is not None else None  # KNOWN per entry, in the tally and verdicts
 
     def seen(case: Case, verdict: V.Verdict, so_far: Tally) -> None:  # every case's verdict, for merge_root_causes
+        verdict = known.named(case, verdict) if known is not None else verdict
         evidence.add(verdict)
         if verdict.failed and configs is not None:  # from now on, only configurations compiled: compiled_search
             configs.closed = True

@@ -13,7 +13,6 @@ that passes without --poison-memory (attnfuzz.engine.poison) is no evidence of a
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from importlib import metadata
 from typing import Callable
@@ -105,8 +104,8 @@ def _labels(saved: V.Verdict, bug: dict | None = None) -> tuple[str, ...]:
 
 def known_bugs_of(entries: list[tuple]):
     """The harness's `known` predicate (attnfuzz.engine.harness.KnownBugs) over (path, corpus Entry) pairs: the
-    known_bug record that a (backend, case, verdict) failure matches, with the file name of its entry under "entry";
-    entries without a known_bug take nothing."""
+    known_bug record that a (backend, case, verdict) failure matches, with the file name of its entry under "entry"
+    and its id (the file's stem) under "id"; entries without a known_bug take nothing."""
     entries = [(p, e) for p, e in entries if e.known_bug]
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
@@ -116,7 +115,7 @@ def known_bugs_of(entries: list[tuple]):
             if (e.backend == backend and verdict.label in _labels(e.verdict, bug)
                     and bug.get("match", "") in verdict.message
                     and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
-                return {**bug, "entry": path.name}
+                return {**bug, "entry": path.name, "id": path.stem}
         return None
 
     return known
@@ -124,11 +123,10 @@ def known_bugs_of(entries: list[tuple]):
 
 def mark_known(known: Callable[[str, Case, V.Verdict], dict | None] | None, backend: str, case: Case,
                verdict: V.Verdict) -> V.Verdict:
-    """The verdict as KNOWN, with the known bug's link among its checks, when it is a failure that `known`
-    recognises; else unchanged. (attnfuzz.engine.harness.fuzz_property marks KNOWN inline, without the link:
-    Hypothesis derives a derandomized run's seed from that function's source, and the ci streams the negative
-    controls were shrunk on would change with it.)"""
+    """The verdict as KNOWN, with the known bug's link among its checks and its entry's id (where the record has one),
+    when it is a failure that `known` recognises; else unchanged. (attnfuzz.engine.harness.fuzz_property marks KNOWN
+    inline, without them, and attnfuzz.engine.tally.CountedKnown adds them after: Hypothesis derives a derandomized
+    run's seed from that function's source, and the ci streams the negative controls were shrunk on would change
+    with it.)"""
     hit = known(backend, case, verdict) if verdict.failed and known is not None else None
-    if hit is not None:
-        return dataclasses.replace(verdict, status=V.KNOWN, checks=verdict.checks + (V.known_bug_check(hit["link"]),))
-    return verdict
+    return V.as_known(verdict, hit["link"], hit.get("id")) if hit is not None else verdict

@@ -15,7 +15,9 @@ backend's API, with the masks, sinks and layouts spelled out as run() makes them
   flashinfer-*                    every case they take; a paged cache is rebuilt from the embedded kv_indices
                                   (fuzz/backends/flashinfer/repro.py)
 Everything else falls back to calling the adapter through attnfuzz (the script then needs attnfuzz importable):
-cases an adapter refuses, and bring-your-own kernels (`package.module:function`).
+cases an adapter refuses, and bring-your-own kernels (`package.module:function`), whose module the script imports
+by name from the current folder or PYTHONPATH. A script names no folder of the machine it was written on: it goes
+into bug reports as it is (attnfuzz.tools.bugreport).
 
 The script checks the output and, for cases with gradients, dQ / dK / dV (autograd through the written call, with the
 embedded output gradient and float64 answers). Where `attention` returns (out, lse), lse [b, h, sq] in natural log,
@@ -43,29 +45,31 @@ from attnfuzz.strategies.materialize import materialize, stored
 
 INLINE = 1 << 16
 
-_ADAPTER_CALL = '''
+# Where a script calls the backend through attnfuzz: BACKEND from the registry, or a bring-your-own kernel's module
+# (KERNEL_MODULE) by name, from the current folder or PYTHONPATH.
+_THROUGH_ATTNFUZZ = '''
 
-KERNEL_PATH = {kernel_path!r}  # the folder on sys.path that the fuzzing run imported the kernel's module from
 
-
-def _adapter():
+def _backend(what):
     """BACKEND's adapter, through attnfuzz; exits 2 (1 means the bug is there) when it cannot be made here."""
     import os
-    if KERNEL_PATH and os.path.isdir(KERNEL_PATH) and KERNEL_PATH not in sys.path:
-        sys.path.insert(0, KERNEL_PATH)  # import the kernel's module the way the run did, from any folder
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # as the attnfuzz command does: a kernel's module from the current folder
     try:
         from attnfuzz.backends import get
-        from attnfuzz.strategies import Case, materialize
-        return get(BACKEND, DEVICE), Case, materialize
+        return get(BACKEND, DEVICE)
     except (ImportError, ValueError) as e:  # attnfuzz, or the kernel's module, is not importable here
-        where = f" (the run imported it from {{KERNEL_PATH}})" if KERNEL_PATH else ""
-        print(f"{{BACKEND}}: cannot run this repro here{{where}}: {{e}}", file=sys.stderr)
+        how = f" (run it from the folder where `import {KERNEL_MODULE}` works)" if KERNEL_MODULE else ""
+        print(f"{BACKEND}: cannot run {what} here: {e}{how}", file=sys.stderr)
         sys.exit(2)
+'''
 
+_ADAPTER_CALL = '''
 
 def attention(q, k, v):
     """No standalone spelling for this backend or case: call it through attnfuzz's adapter."""
-    backend, Case, materialize = _adapter()
+    backend = _backend("this repro")
+    from attnfuzz.strategies import Case, materialize
     case = Case.from_dict(CASE)
     t = materialize(case, DEVICE)
     t = type(t)(q=q, k=k, v=v, mask=t.mask, sink=t.sink, alibi=t.alibi, dout=t.dout)
@@ -79,7 +83,7 @@ def check_lse(lse, want):
     """The LSE against the float64 one: -inf exactly on a row that sees no key, else within its row's bound."""
     lse, want = lse.detach().to("cpu", torch.float64), want.to("cpu", torch.float64)
     if lse.shape != want.shape:
-        return [f"lse has shape {tuple(lse.shape)}, expected {tuple(want.shape)} (b, h, sq)"]
+        return [f"wrong shape: lse got {tuple(lse.shape)}, expected {tuple(want.shape)} (b, h, sq)"]
     rows = (torch.arange(want.shape[2])[None, :] < torch.tensor(VALID_ROWS)[:, None])[:, None, :].expand_as(want)
     empty, graded = rows & torch.isinf(want), rows & torch.isfinite(want)
     over = ((lse - want).abs() / LSE_BOUNDS)[graded].nan_to_num(nan=float("inf"), posinf=float("inf"))
@@ -96,28 +100,17 @@ def check_lse(lse, want):
 
 _BATCH_RUNS = '''
 
-BATCH_KERNEL_PATH = {kernel_path!r}  # where a bring-your-own kernel's module was imported from, as above
-
-
 def batch_runs():
     """The check that found this, through attnfuzz: the case's batch, then one sequence alone (b = 1, its own
     lengths, the same values) and the batch reversed; a line per tensor whose bits differ from the batch's."""
-    import os
-    if BATCH_KERNEL_PATH and os.path.isdir(BATCH_KERNEL_PATH) and BATCH_KERNEL_PATH not in sys.path:
-        sys.path.insert(0, BATCH_KERNEL_PATH)
-    try:
-        from attnfuzz.backends import get
-        from attnfuzz.engine.batch import compare
-        from attnfuzz.strategies import Case, materialize
-        backend = get(BACKEND, DEVICE)
-    except (ImportError, ValueError) as e:
-        print(f"{{BACKEND}}: cannot run the batch check here: {{e}}", file=sys.stderr)
-        sys.exit(2)
+    backend = _backend("the batch check")
+    from attnfuzz.engine.batch import compare
+    from attnfuzz.strategies import Case, materialize
     case = Case.from_dict(CASE)
     t = materialize(case, DEVICE)
     check = compare(backend, case, t, backend.run(case, t))
-    print(f"{{BACKEND}}: sequence {{check.sequence}} alone and the batch reversed, against the batch: "
-          + (check.refused or ("the same bits" if check.invariant else f"{{len(check.differences)}} difference(s)")))
+    print(f"{BACKEND}: sequence {check.sequence} alone and the batch reversed, against the batch: "
+          + (check.refused or ("the same bits" if check.invariant else f"{len(check.differences)} difference(s)")))
     return list(check.differences)
 '''
 
@@ -166,20 +159,26 @@ def script(entry) -> str:
     call = written_call(entry)
     if call is not None and entry.verdict.diagnosis == "LSE" and "RETURNS_LSE = True" not in call:
         call = None  # the written call returns no LSE: the adapter's does
-    if call is None:
-        call = _ADAPTER_CALL.format(kernel_path=kernel_path(entry))
+    through = call is None
+    if through:
+        call = _ADAPTER_CALL
         exits = "exits 1 while the bug is there, 2 when attnfuzz or the kernel cannot be imported here"
     else:
         exits = "exits 1 while the bug is there"
     rows_list = list(case.lens_q)
     batch = entry.verdict.diagnosis == "BATCH_VARIANT"
     if batch:
-        call += _BATCH_RUNS.format(kernel_path=kernel_path(entry))
+        call += _BATCH_RUNS
         exits += "; the batch check needs attnfuzz importable"
+    module = kernel_module(entry)
+    if through or batch:
+        why = "the kernel's module, from the current folder or PYTHONPATH" if module else "a registered backend"
+        call = f"\n\nKERNEL_MODULE = {module!r}  # {why}" + _THROUGH_ATTNFUZZ + call
+    where = f"\nfrom the folder where `import {module}` works, or with that folder on PYTHONPATH" if module else ""
     return f'''"""attnfuzz repro: {entry.backend} {entry.verdict.label}
 {textwrap.fill(entry.verdict.message, 110)}
 
-Run with: python3 {Path(entry.filename).with_suffix(".py").name}   ({exits})
+Run with: python3 {Path(entry.filename).with_suffix(".py").name}   ({exits}){where}
 """
 {_isa_pin(entry)}import sys
 
@@ -204,6 +203,9 @@ def main():
     raw = raw[0] if isinstance(raw, tuple) else raw
     out = raw.detach().to("cpu", torch.float64)
     want = EXPECTED.to("cpu", torch.float64)
+    if out.shape != want.shape:  # before the checks below, which index it by the contract's axes
+        print(f"{{BACKEND}}: wrong shape: got {{tuple(out.shape)}}, expected {{tuple(want.shape)}} (b, sq, h, d_v)")
+        return 1
     rows = torch.arange(out.shape[1])[None, :] < torch.tensor(VALID_ROWS)[:, None]
     got, want = out[rows], want[rows]
     err = (got - want).abs().max().item() if got.numel() else 0.0
@@ -324,13 +326,10 @@ def written_call(entry) -> str | None:
     return backend.repro_source(entry.case)
 
 
-def kernel_path(entry) -> str | None:
-    """For a bring-your-own kernel, the folder on sys.path its module was imported from in this process."""
-    from attnfuzz.backends import get
-    try:
-        return getattr(get(entry.backend, entry.device), "import_path", None)
-    except ValueError:
-        return None
+def kernel_module(entry) -> str | None:
+    """A bring-your-own kernel's module ('package.module' of 'package.module:function'); None for a registered
+    backend. The script imports it by name, never from a folder of the machine it was written on."""
+    return entry.backend.partition(":")[0] if ":" in entry.backend else None
 
 
 def get_family(entry) -> str:

@@ -5,49 +5,31 @@ the worst element against the bound, the case as a table, which backends and spe
 entry's repro script inline with how to run it, and the environment (recorded, beside this host's). The agreement
 table is run, not recalled: the entry's backend in every spelling it takes (to confirm it still fails here), and every
 other registered backend that can run on this device, each graded against the float64 oracle. Context-parallel
-backends run only for a context-parallel entry; every registered backend gets a row.
+backends run only for a context-parallel entry. Every registered backend is named: a row of the table where it ran
+(the entry's own always), else in one line per kind of reason it did not (not installed, not on this device, refused
+the case, not run). The case table lists every Case field set, beside the readable rows. The report names no folder of
+this machine: files by their names, a bring-your-own kernel as module:function, any other path relative to the
+current folder or under ~.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import platform
+import re
 import sys
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.engine import options
-from attnfuzz.tools.crosscheck import Row, cross_check, saved_label
+from attnfuzz.tools.bugwords import (features, joined, library, now_sentence, num, others_sentence, shape,
+                                     what_went_wrong)
+from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, Row, cross_check
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
-# What each diagnosis means, in a maintainer's words: (a phrase for the title, the explanation).
-EXPLAIN = {
-    V.ALL_ZERO: ("returns an all-zero output", "every graded output element is 0 where the exact answer is not"),
-    V.NONFINITE: ("returns NaN or inf", "the output holds NaN or inf where the exact answer is finite"),
-    V.EMPTY_ROWS: ("gets rows that see no key wrong", "only query rows with no visible key are wrong: softmax over "
-                   "no key must give 0 there, and every other row is right"),
-    V.MASK_ALIGNMENT: ("puts the mask's diagonal at the wrong alignment", "the output matches the other alignment of "
-                       "the causal / window diagonal (top-left vs bottom-right) within the bound"),
-    V.MASK_IGNORED: ("ignores the mask", "the output matches attention with no causal mask or window at all: the "
-                     "band was never applied"),
-    V.WINDOW_OFF_BY_ONE: ("has its window off by one", "the output matches a window with one bound moved by one"),
-    V.GQA_MAPPING: ("maps query heads to the wrong KV heads", "the output matches query head i reading KV head i % hk "
-                    "instead of i // (h // hk)"),
-    V.SCALE: ("uses the wrong softmax scale", "the output matches another softmax scale"),
-    V.LSE: ("returns a wrong log-sum-exp", "the output is right; the log-sum-exp returned beside it is not"),
-    V.GRADIENT: ("returns wrong gradients", "the forward output is right; a gradient (dQ, dK or dV) is not"),
-    V.TOLERANCE: ("is wrong beyond rounding error", "the error exceeds what a correct kernel's rounding allows, and no "
-                  "simple mistake (other alignment, window off by one, dropped mask, head mapping, scale) explains it"),
-    V.NONDETERMINISTIC: ("is not bitwise reproducible", "two identical runs on the same inputs differ in some bits"),
-    V.BATCH_VARIANT: ("is not batch invariant", "a sequence gets other bits alone (or in another batch order) than "
-                      "inside its batch, though the backend claims it does not"),
-}
-LIBRARIES = {"flex-eager": ("torch", "torch flex_attention, eager"), "fa2": ("flash-attn 2", "flash-attn 2"),
-             "flex-compiled": ("torch", "torch.compile(flex_attention)"), "fa3": ("flash-attn 3", "flash-attn 3"),
-             "fa4": ("flash-attn-4", "flash-attn-4 (flash_attn.cute)")}
-TE_ONLY = {"te-flash": "FlashAttention", "te-fused": "FusedAttention (cuDNN)",
-           "te-unfused": "UnfusedDotProductAttention"}
 AXES = {"out": "batch, query, head, channel", "dq": "batch, query, head, channel", "dk": "batch, key, KV head, channel",
         "dv": "batch, key, KV head, channel", "lse": "batch, head, query"}
 SCRIPT_LIMIT = 60_000  # characters of script an issue body can carry; past it, long literal lines are elided
@@ -92,90 +74,11 @@ def cmd_report_bug(args) -> int:
     return 0
 
 
-# -- words -------------------------------------------------------------------------------------------------------
-
-def library(name: str) -> tuple[str, str]:
-    """(the library a backend needs, what the backend calls in it); ("", "") for a bring-your-own kernel."""
-    if name.startswith("sdpa-"):
-        return "torch", f"torch SDPA forced to its {name[5:]} kernel"
-    if name in TE_ONLY:
-        return "TransformerEngine", f"TransformerEngine DotProductAttention with only {TE_ONLY[name]} enabled"
-    if name.startswith("te-cp-"):
-        comm, _, kernel = name[6:].rpartition("-")
-        return "TransformerEngine", f"TransformerEngine context parallelism, cp_comm_type {comm}, {kernel} attention"
-    if name.startswith("ring-"):
-        return "torch", f"torch context-parallel ring attention, {name[5:]} rotation"
-    return LIBRARIES.get(name, ("", ""))
-
-
-def what_went_wrong(verdict: V.Verdict) -> tuple[str, str]:
-    """(a phrase for the title, the explanation) of a failure's label."""
-    d = verdict.diagnosis or ""
-    if verdict.status == V.FLAKY:
-        status, _, inner = d.partition(":")
-        phrase, why = what_went_wrong(V.Verdict(status, inner or None))
-        return f"sometimes {phrase}", f"{why}; not every time: rerun on the same inputs, the case did not always fail"
-    if verdict.status == V.FAIL and d in EXPLAIN:
-        return EXPLAIN[d]
-    if verdict.status == V.HANG:
-        return "hangs", "no answer came back within the time limit, twice (the second time with twice the limit)"
-    if verdict.status != V.CRASH:
-        return verdict.label.lower(), verdict.message
-    if d == V.CUDA_ILLEGAL_ADDRESS:
-        return "hits an illegal memory access", ("the call raised CUDA error 700 (illegal address), which poisons the "
-                                                 "CUDA context of the process that saw it")
-    how = f" with {d}" if d.startswith("SIG") else f" with exit status {d[5:]}" if d.startswith("EXIT_") else ""
-    if how or d == "PROCESS_DIED":
-        return f"kills its process{how}", f"the process running the call died{how}"
-    return f"raises {d}", f"the call raised {d} on a case the adapter lists as supported"
-
-
-def features(case: Case) -> tuple[str, list[str]]:
-    """(what attention it is, its other salient features), in plain words."""
-    align = case.alignment.replace("_", "-")
-    if case.mask_density is not None:
-        kind = f"attention with an explicit boolean mask (keeping {case.mask_density:g} of keys)"
-    elif case.right == 0 and case.left is None:
-        kind = f"causal ({align}) attention"
-    elif case.window != (None, None):
-        kind = f"sliding-window attention (left {case.left}, right {case.right}, {align})"
-    else:
-        kind = "unmasked attention"
-    rest = [f"padded sequences (query lengths {list(case.lens_q)}, key lengths {list(case.lens_kv)})"] * case.padded
-    rest += {"thd": ["the packed thd layout"], "sbhd": ["the sequence-major sbhd layout"]}.get(case.layout, [])
-    rest += {"transposed": ["head-major (transposed) q/k/v buffers"],
-             "expanded_kv": ["stride-0 K/V (one KV head expanded)"]}.get(case.memory, [])
-    rest += [f"GQA ({case.h} query heads over {case.hk} KV head{'s' * (case.hk > 1)})"] * (case.h != case.hk)
-    rest += [f"d_qk {case.d_qk} != d_v {case.d_v}"] * (case.d_qk != case.d_v)
-    rest += [f"softcap {case.softcap:g}"] if case.softcap is not None else []
-    rest += ["ALiBi"] * (case.alibi_slopes is not None)
-    rest += [f"{'an off-by-one' if case.softmax == 'off_by_one' else 'a learnable'} softmax sink"] * (
-        case.softmax != "vanilla")
-    rest += [f"scale {case.scale:g}"] if case.scale is not None else []
-    rest += [f"inputs of mean {list(case.mean)} and std {list(case.std)} (large logits)"] * (
-        case.mean != (0.0, 0.0, 0.0) or case.std != (1.0, 1.0, 1.0))
-    return kind, rest + ["gradients"] * case.grads
-
-
-def shape(case: Case) -> str:
-    heads = f"h={case.h}" if case.h == case.hk else f"h={case.h} hk={case.hk}"
-    dims = f"d={case.d_qk}" if case.d_qk == case.d_v else f"d_qk={case.d_qk} d_v={case.d_v}"
-    lens = f"sq=skv={case.sq}" if case.sq == case.skv else f"sq={case.sq} skv={case.skv}"
-    return f"{case.dtype}, b={case.b} {lens} {heads} {dims}"
-
-
-def _num(x: float) -> str:
-    return "inf" if x == math.inf else ("nan" if x != x else f"{x:.4g}")
-
-
-def _join(items: list[str]) -> str:
-    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def _table(header: list[str], rows: list[list[str]], limit: int | None = 240) -> str:
+    """A markdown table; a cell past `limit` characters is cut (None: never)."""
     def cell(text) -> str:
         text = " ".join(str(text).split()).replace("|", "\\|")
-        return text if len(text) <= 240 else text[:237] + "..."
+        return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                      + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows])
 
@@ -183,59 +86,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def result(row: Row) -> str:
     v = row.verdict
     if row.outcome == V.PASS or (row.outcome == V.FAIL and v.ratio < math.inf):
-        return f"{'PASS' if v.status == V.PASS else f'**{v.label}**'} ({_num(v.ratio)})"
+        return f"{'PASS' if v.status == V.PASS else f'**{v.label}**'} ({num(v.ratio)})"
     if row.outcome == V.FAIL:  # all-zero and non-finite outputs are failed without a ratio
         return f"**{v.label}**"
     return f"**{v.label}**: {row.detail}" if v is not None and v.failed else f"{row.outcome}: {row.detail}"
-
-
-def now_sentence(entry: corpus_io.Entry, own: Row, device: str) -> str:
-    """Whether the entry's failure came back here, in its own spelling."""
-    saved, v = entry.verdict, own.verdict
-    if v is None:
-        return (f"{entry.backend} cannot run on this machine ({own.detail.rstrip('.')}), so the failure is not "
-                f"confirmed here: the worst element below is the one recorded when it was found.")
-    name = f"{entry.backend} {own.version}".strip()
-    on = f" on {device} (it was found on {entry.device}: another kernel)" \
-        if device.split(":")[0] != entry.device.split(":")[0] else ""
-    if v.status == V.UNSUPPORTED:
-        return f"Here{on} {name} refuses the case ({v.message}), so the failure is not confirmed here."
-    if v.failed and v.label == saved_label(saved):
-        return (f"Here{on}, {name} fails the case the same way ({v.label})." if on
-                else f"It reproduces here: {name} fails the case again with {v.label}.")
-    if v.failed:
-        return f"It still fails here{on}, but now as {v.label} (recorded as {saved.label})."
-    if saved.status == V.FLAKY:
-        return (f"It did not fail in this one run here{on} ({name} passed); the entry is flaky, so a pass is no "
-                f"evidence that it is fixed.")
-    return (f"It no longer reproduces here{on}: {name} passes the case (error / bound {_num(v.ratio)}); compare the "
-            f"environment it was found in, below.")
-
-
-def others_sentence(entry: corpus_io.Entry, rows: list[Row]) -> str:
-    ran = [r for r in rows if r.verdict is not None and r.verdict.status != V.UNSUPPORTED]
-    label = saved_label(entry.verdict)
-    passed = list(dict.fromkeys(r.backend for r in ran if not r.own and r.verdict.status == V.PASS))
-    same = list(dict.fromkeys(r.backend for r in ran if not r.own and r.verdict.label == label))
-    other = list(dict.fromkeys(f"{r.backend} ({r.verdict.label}{', ' + r.note if r.note else ''})" for r in ran
-                               if not r.own and r.verdict.failed and r.verdict.label != label))
-    refused = list(dict.fromkeys(r.backend for r in rows if not r.own and r.outcome == V.UNSUPPORTED))
-    if passed:
-        parts = [f"On the same case here, {_join(passed)} {'pass' if len(passed) > 1 else 'passes'} against the "
-                 f"float64 oracle."]
-    elif refused and not any(not r.own for r in ran):
-        parts = [f"No other backend that can run here takes the case: {_join(refused)} refuse"
-                 f"{'s' * (len(refused) == 1)} it (the table says why)."]
-    else:
-        parts = ["No other backend passes the case here."]
-    parts += [f"{_join(same)} {'fail' if len(same) > 1 else 'fails'} the same way ({label})."] if same else []
-    parts += [f"Failing differently: {_join(other)}."] if other else []
-    mine_pass = [r.spelling for r in ran if r.own and r.verdict.status == V.PASS]
-    mine_fail = [r.spelling for r in ran if r.own and r.verdict.failed]
-    if mine_pass and mine_fail:
-        parts.append(f"Of {entry.backend}'s spellings, {_join(mine_fail)} fail{'s' * (len(mine_fail) == 1)} and "
-                     f"{_join(mine_pass)} pass{'es' * (len(mine_pass) == 1)}.")
-    return " ".join(parts)
 
 
 # -- the report --------------------------------------------------------------------------------------------------
@@ -255,8 +109,8 @@ def _worst_row(entry: corpus_io.Entry, where: str, verdict: V.Verdict) -> list[s
         bound = (check_out(o, o.ref.out, o.ref.out, family) if w.tensor == "out"
                  else gradient_check(o, w.tensor, getattr(o.ref, w.tensor), family)).bound
         ratio = error / bound if bound > 0 and math.isfinite(error) else math.inf
-    return [where, w.tensor, f"{list(w.index)} ({AXES.get(w.tensor, '')})", _num(w.got), _num(w.expected),
-            _num(error), "-" if bound != bound else _num(bound), _num(ratio)]
+    return [where, w.tensor, f"{list(w.index)} ({AXES.get(w.tensor, '')})", num(w.got), num(w.expected),
+            num(error), "-" if bound != bound else num(bound), num(ratio)]
 
 
 def went_wrong(entry: corpus_io.Entry, own: Row, found_on: str) -> list[str]:
@@ -293,40 +147,88 @@ def case_table(case: Case) -> str:
             ["scale", f"{case.softmax_scale:.6g}" + (" (1/sqrt(d_qk))" if case.scale is None else "")],
             ["inputs", f"seed {case.seed}; mean {list(case.mean)}, std {list(case.std)} for (q, k, v)"],
             ["gradients", "dQ, dK, dV graded" if case.grads else "no (forward only)"],
-            ["spelling", repr(case.spelling) + ("" if case.spelling else " (the adapter's default)")]]
-    return _table(["", "case"], rows)
+            ["spelling", repr(case.spelling) + ("" if case.spelling else " (the adapter's default)")],
+            ["every field set (the others at their defaults)", ", ".join(f"`{x}`" for x in set_fields(case))]]
+    return _table(["", "case"], rows, limit=None)
+
+
+def set_fields(case: Case) -> list[str]:
+    """`name=value` of each Case field that differs from its default, in the dataclass's order: a field Case gains
+    shows up without a word here."""
+    return [f"{f.name}={getattr(case, f.name)!r}" for f in dataclasses.fields(case)
+            if getattr(case, f.name) != f.default]
 
 
 def cross_table(rows: list[Row], device: str, moved: str) -> list[str]:
     intro = (f"The same case (same seed: the same inputs) run now on {device} through the entry's backend in every "
              f"spelling it takes, and through every other registered backend, each graded against the float64 "
-             f"oracle. A spelling is how the call expresses the case in that backend's API. {moved}")
-    body = [[f"**{r.backend}**" if r.own else r.backend, r.spelling, r.version or "-", result(r), r.note] for r in rows]
+             f"oracle. A spelling is how the call expresses the case in that backend's API. Those that could not take "
+             f"the case follow the table, one line per reason. {moved}")
+    kept = [r for r in rows if _left_out(r, device) is None]
+    body = [[f"**{r.backend}**" if r.own else r.backend, r.spelling, r.version or "-", result(r), r.note] for r in kept]
     return ["## Other backends and spellings on the same case", "", intro.strip(), "",
-            _table(["backend", "spelling", "version", "result (error / bound)", "note"], body)]
+            _table(["backend", "spelling", "version", "result (error / bound)", "note"], body), "",
+            *folded(rows, device)]
+
+
+def _left_out(row: Row, device: str) -> str | None:
+    """Why another backend did not run the case, as a kind of reason (a line of `folded`); None for a row that
+    ran, and for the entry's own backend, which keeps its rows."""
+    if row.own or row.outcome not in (CANNOT, NOT_RUN, V.UNSUPPORTED):
+        return None
+    if row.outcome == CANNOT:
+        return "not installed here" if row.version == "not installed" else f"cannot run on {device}"
+    return "refused the case" if row.outcome == V.UNSUPPORTED else "not run"
+
+
+def folded(rows: list[Row], device: str) -> list[str]:
+    """The backends that did not run the case, one line per kind of reason: each backend's own reason beside it
+    (backends with the same reason share it), except where the kind says it all (not installed here)."""
+    kinds: dict[str, dict[str, list[str]]] = {}
+    for r in rows:
+        kind = _left_out(r, device)
+        if kind is None:
+            continue
+        why = "" if kind == "not installed here" else re.sub(rf"^{re.escape(r.backend)}:? ", "", r.detail)
+        why = why if len(why) <= 160 else why[:157] + "..."
+        name = r.backend if r.spelling in ("-", "every spelling") or r.spelling.startswith("default") \
+            else f"{r.backend} [{r.spelling}]"
+        kinds.setdefault(kind, {}).setdefault(why, []).append(name)
+    return [f"- {kind}: " + "; ".join(", ".join(dict.fromkeys(names)) + (f" ({why})" if why else "")
+                                      for why, names in groups.items()) for kind, groups in kinds.items()]
 
 
 def repro_section(entry: corpus_io.Entry, path: Path) -> list[str]:
+    from attnfuzz.store.repro import kernel_module, script
     script_path = path.with_suffix(".py")
-    if script_path.exists():
-        text, where = script_path.read_text(), f"`{script_path.name}` (beside the entry)"
+    text = script_path.read_text() if script_path.exists() else None
+    if text is not None and "\nKERNEL_PATH = " not in text:
+        where = f"`{script_path.name}` (beside the entry)"
+    elif text is not None:  # written by an older attnfuzz, with the kernel's folder on this machine in it
+        text, where = script(entry), f"`{script_path.name}` (written now: the one beside the entry names a folder)"
     else:
-        from attnfuzz.store.repro import script
         text, where = script(entry), f"`{script_path.name}` (not beside the entry: written now)"
     lib = library(entry.backend)[0]
     needs = "torch" + ("" if lib in ("", "torch") else f" and {lib}")
     if "from attnfuzz" in text:
         needs += ", and attnfuzz importable (it calls the adapter or regenerates large inputs from the seed)"
+    module = kernel_module(entry)
+    if module:
+        needs += (f", and the kernel's module: run it from the folder where `import {module}` works, or with that "
+                  f"folder on PYTHONPATH")
+    lse = entry.verdict.diagnosis == V.LSE
+    returns_lse = "RETURNS_LSE = True" in text or "through attnfuzz's adapter" in text  # the adapter's, graded
     lines = ["## Repro", "", f"{where} needs only {needs}, and "
              + ("a CUDA device" if entry.device.startswith("cuda") else "the CPU") + f" (`DEVICE = {entry.device!r}`). "
              "It carries the inputs and the float64 answers inline and checks the output"
-             + (" and dQ / dK / dV" if entry.case.grads else "") + " against them:", "", "```bash",
+             + (", the LSE" if lse and returns_lse else "") + (" and dQ / dK / dV" if entry.case.grads else "")
+             + " against them:", "", "```bash",
              f"python3 {script_path.name}; echo \"exit status $?\"", "```", "",
              "Exit status 0: within the bound, the bug is not there. 1: the bug is there; it prints the error against "
-             "the bound and what failed (non-finite output, all-zero output, error over the bound). An exception "
-             "inside the library also exits 1, with its traceback; a process killed by a signal shows as 128 + the "
-             "signal (139 for SIGSEGV)."]
-    if entry.verdict.diagnosis in (V.LSE, f"{V.FAIL}:{V.LSE}"):
+             "the bound and what failed (a wrong shape, non-finite output, all-zero output, error over the bound). An "
+             "exception inside the library also exits 1, with its traceback; a process killed by a signal shows as "
+             "128 + the signal (139 for SIGSEGV)."]
+    if lse and not returns_lse:
         lines += ["", f"**The script does not check the LSE**: it exits 0 while this bug is there; "
                       f"`attnfuzz replay {path.name}` checks it."]
     if entry.backend.startswith(("te-cp-", "ring-")):
@@ -376,8 +278,8 @@ def render(entry: corpus_io.Entry, path: Path, device: str, moved: str, rows: li
         what, version = f"{lib} {version}{what[len(lib):]}", ""
     about = "; ".join(x for x in (what, version) if x)
     summary = (f"{entry.backend}{f' ({about})' if about else ''} {phrase} ({entry.verdict.label}) for {kind}"
-               f"{' with ' + _join(rest) if rest else ''}, in {shape(entry.case)}. {why[0].upper()}{why[1:]}. Found by "
-               f"attnfuzz on {found_on} with torch {rec.get('torch', '(version not recorded)')}"
+               f"{' with ' + joined(rest) if rest else ''}, in {shape(entry.case)}. {why[0].upper()}{why[1:]}. "
+               f"Found by attnfuzz on {found_on} with torch {rec.get('torch', '(version not recorded)')}"
                f"{' on ' + entry.found[:10] if entry.found else ''}. {now_sentence(entry, own, device)} "
                f"{others_sentence(entry, rows)}")
     parts = [f"# {entry.backend} {phrase} for {kind} ({shape(entry.case)})", "", summary]
@@ -389,4 +291,17 @@ def render(entry: corpus_io.Entry, path: Path, device: str, moved: str, rows: li
               *environment_table(entry, own), "", f"<sub>Corpus entry `{path.name}` (signature {entry.signature}): "
               f"first found {entry.found or '?'}, last seen {entry.last_seen or '?'}, seen {entry.seen} "
               f"time{'s' * (entry.seen != 1)}.</sub>", ""]
-    return "\n".join(parts)
+    return without_local_folders("\n".join(parts))
+
+
+def without_local_folders(text: str) -> str:
+    """`text` naming no folder of this machine, for a report read on others: a path under the current folder made
+    relative to it (./x), one under the home folder written ~/x (the most specific folder first)."""
+    folders = {}
+    for path, name in ((Path.cwd(), "."), (Path.home(), "~")):
+        for folder in (str(path), os.path.realpath(path)):
+            if folder != os.sep:
+                folders.setdefault(folder, name)
+    for folder in sorted(folders, key=len, reverse=True):
+        text = re.sub(re.escape(folder) + r"(?![\w.-])", folders[folder], text)
+    return text

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from attnfuzz import exits
+from attnfuzz.exits import UsageError
 from attnfuzz.tools import bugreport, shrink, versiondiff
 from attnfuzz.campaign import supervisor as campaign
 from attnfuzz.store import caselog
@@ -29,10 +31,6 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
 
 DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded default: CPU, small
-
-
-class UsageError(Exception):
-    """Bad usage: the message names the option and the fix (exit 2)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,6 +312,11 @@ def cmd_backends(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    command = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), "")
+    return exits.run(command, lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -327,15 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
     if args.command in ("run", "replay"):
         args.corpus = corpus_io.findings_dir(args.corpus)
-    try:
-        with interrupt.interruptible():  # SIGINT / SIGTERM end the command as an interruption, not a crash
-            return commands[args.command](args)
-    except interrupt.Interrupted as e:
-        print(f"attnfuzz {args.command}: {e}", file=sys.stderr)
-        return e.exit_code
-    except (UsageError, corpus_io.CorpusError) as e:  # a corpus file that cannot be read would drop its known bug
-        print(f"attnfuzz: {e}", file=sys.stderr)
-        return 2
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

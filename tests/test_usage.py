@@ -152,3 +152,16 @@ def test_the_shipped_corpus_can_be_replaced_by_another_folder(tmp_path, monkeypa
     monkeypatch.setenv("ATTNFUZZ_SHIPPED_CORPUS", str(tmp_path / "curated"))
     assert corpus_io.shipped_dir() == tmp_path / "curated"
     assert corpus_io.known_bugs(corpus_io.shipped_dir())(entry.backend, entry.case, entry.verdict) is None, path.name
+
+
+def test_output_closed_by_its_reader_ends_quietly_with_141(tmp_path):
+    """`attnfuzz backends --json | head -1`: the reader is gone before the output is written; the command ends
+    with 128 + SIGPIPE and no traceback (1 would read as a finding)."""
+    command = [sys.executable, "-m", "attnfuzz", "backends", "--json"]
+    read = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert read.returncode == 0 and json.loads(read.stdout), read.stderr  # control: a reader that reads it all
+    closed = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    closed.stdout.close()  # before the command has written anything: every write meets a closed pipe
+    stderr = closed.stderr.read()
+    assert closed.wait(timeout=300) == 141, stderr
+    assert "Traceback" not in stderr and stderr == "", stderr

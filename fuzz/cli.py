@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
+from attnfuzz.store import paths
 from attnfuzz.store.known import TRAITS, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
@@ -109,6 +111,8 @@ class CaseLog:
     """One JSON line per case run, flushed as it goes, so a run that is killed still leaves its record."""
 
     def __init__(self, path: Path | None, backend: str):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
         self.file = path.open("a") if path else None
         self.backend, self.last = backend, time.perf_counter()
 
@@ -125,8 +129,16 @@ class CaseLog:
             self.file.close()
 
 
+def findings_option(given: Path | None) -> str:
+    """How the findings folder was named, for a message: --corpus, $ATTNFUZZ_CORPUS, or neither (the default)."""
+    return "--corpus" if given else "$ATTNFUZZ_CORPUS" if os.environ.get("ATTNFUZZ_CORPUS") else "the default --corpus"
+
+
 def cmd_run(args) -> int:
     _check_device(args.device)
+    paths.writable_folder(args.corpus, args.corpus_named)  # before the search: its findings must have a place
+    if args.log is not None:
+        paths.writable_file(args.log, "--log", "run.jsonl")
     import torch
     torch.set_num_threads(args.threads)
     settings = profile(args.profile, max_examples=args.max_examples, report_multiple_bugs=not args.first_bug)
@@ -224,20 +236,21 @@ def changed_label(entry: corpus_io.Entry, verdict: Verdict) -> str:
 
 
 def cmd_replay(args) -> int:
-    paths = []
+    entries = []
+    paths.folder(args.corpus, args.corpus_named)
     shipped_and_findings = [corpus_io.shipped_dir()] + [args.corpus] * args.corpus.is_dir()
     for path in args.paths or shipped_and_findings:
         if path.is_dir():
-            paths.extend(corpus_io.entry_paths(path))
+            entries.extend(corpus_io.entry_paths(path))
         elif path.exists():
-            paths.append(path)
+            entries.append(path)
         else:
             raise UsageError(f"replay: {path} does not exist; give corpus entry files or folders")
     if args.device:
         _check_device(args.device)
     rows, bad = [], 0
     workers = Workers(args.case_timeout) if args.isolate else (lambda backend, device: None)
-    for path in paths:
+    for path in entries:
         try:
             entry = corpus_io.load(path)
         except corpus_io.CorpusError as e:
@@ -329,6 +342,7 @@ def _main(argv: list[str] | None) -> int:
     if getattr(args, "poison_memory", False):
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
     if args.command in ("run", "replay"):
+        args.corpus_named = findings_option(args.corpus)
         args.corpus = corpus_io.findings_dir(args.corpus)
     return commands[args.command](args)
 

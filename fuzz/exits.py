@@ -17,6 +17,7 @@ from typing import Callable
 
 from attnfuzz.engine import interrupt
 from attnfuzz.store.corpus import CorpusError
+from attnfuzz.store.paths import PathError
 
 USAGE = 2
 CLOSED_OUTPUT = 128 + signal.SIGPIPE
@@ -34,7 +35,7 @@ def run(command: str, body: Callable[[], int]) -> int:
     except interrupt.Interrupted as e:
         print(f"attnfuzz {command}: {e}", file=sys.stderr)
         return e.exit_code
-    except (UsageError, CorpusError) as e:  # a corpus file that cannot be read would drop its known bug
+    except (UsageError, PathError, CorpusError) as e:  # a corpus file that cannot be read would drop its known bug
         print(f"attnfuzz: {e}", file=sys.stderr)
         return USAGE
     except BrokenPipeError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,63 @@ def test_output_closed_by_its_reader_ends_quietly_with_141(tmp_path):
     stderr = closed.stderr.read()
     assert closed.wait(timeout=300) == 141, stderr
     assert "Traceback" not in stderr and stderr == "", stderr
+
+
+def _stops_at_once(capsys, argv, named: str) -> str:
+    """main(argv) exits 2 with one line naming `named`, before any example ran."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1 and "examples" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_findings_folder_that_cannot_be_one_stops_the_run_before_it_starts(tmp_path, capsys, where):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    corpus = afile if where == "a file" else afile / "sub"
+    argv = ["run", "--backend", "sdpa-math", "--max-examples", "2", "--corpus"]
+    err = _stops_at_once(capsys, argv + [str(corpus)], f"--corpus={corpus}")
+    assert f"{afile} is a file" in err
+    assert main(argv + [str(tmp_path / "folder")]) == 0  # control: a folder that can be made
+
+
+def test_an_unwritable_findings_folder_stops_the_run_before_it_starts(tmp_path, capsys, monkeypatch):
+    """Root writes anywhere, so the folder is made unwritable to the check itself (os.access)."""
+    import os
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked and access(path, mode, **kw))
+    argv = ["run", "--backend", "sdpa-math", "--max-examples", "2", "--corpus"]
+    err = _stops_at_once(capsys, argv + [str(locked / "findings")], "--corpus=")
+    assert f"{locked} is not writable" in err
+    monkeypatch.setenv("ATTNFUZZ_CORPUS", str(locked))
+    _stops_at_once(capsys, argv[:-1], f"$ATTNFUZZ_CORPUS={locked}")
+    assert main(argv + [str(tmp_path / "open")]) == 0  # control: a folder it can write
+
+
+def test_a_folder_given_for_a_file_and_a_file_for_a_folder_exit_2(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    entry = corpus_io.save(tmp_path / "corpus", corpus_io.Entry("sdpa-math", Case(), V.Verdict(V.FAIL, V.TOLERANCE)),
+                           repro=False)
+    log = tmp_path / "run.jsonl"
+    log.write_text("")
+    run = ["run", "--backend", "sdpa-math", "--max-examples", "2"]
+    _stops_at_once(capsys, run + ["--log", str(tmp_path)], f"--log={tmp_path}")
+    _stops_at_once(capsys, ["campaign", "--dir", str(afile), "--backends", "sdpa-math"], f"--dir={afile}")
+    _stops_at_once(capsys, ["report", str(log), "--out", str(afile)], f"--out={afile}")
+    _stops_at_once(capsys, ["catalog", str(tmp_path / "corpus"), "--out", str(tmp_path)], f"--out={tmp_path}")
+    _stops_at_once(capsys, ["snapshot", str(tmp_path / "corpus"), "--out", str(tmp_path)], f"--out={tmp_path}")
+    _stops_at_once(capsys, ["report-bug", str(entry), "--out", str(tmp_path)], f"--out={tmp_path}")
+    assert main(run + ["--log", str(tmp_path / "logs" / "run.jsonl")]) == 0  # control: a file path
+    assert (tmp_path / "logs" / "run.jsonl").read_text().count("\n") >= 2
+
+
+def test_the_plugin_refuses_a_file_for_its_corpus_folder(tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    (tmp_path / "afile").write_text("x")
+    done = _pytest(tmp_path, "--attnfuzz-corpus", str(tmp_path / "afile"))
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR and "--attnfuzz-corpus" in done.stderr, done.stderr
+    assert _pytest(tmp_path, "--attnfuzz-corpus", str(tmp_path / "folder")).returncode == 0  # control

@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.engine import options, poison
 from attnfuzz.report.coverage import Coverage
 from attnfuzz.report.build import build_report
@@ -222,6 +223,10 @@ def warm_jit_backends(config: dict) -> None:
 
 def run_campaign(args) -> int:
     campaign: Path = args.dir
+    try:
+        paths.writable_folder(campaign, "--dir")  # a file there, or no way to write: before anything starts
+    except paths.PathError as e:
+        raise CampaignError(str(e)) from None
     stored_path = campaign / "campaign.json"
     if stored_path.exists():
         config = resumed_config(args, json.loads(stored_path.read_text()))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
@@ -353,6 +354,8 @@ def cmd_report(args) -> int:
         print(f"attnfuzz report: {args.source} does not exist; give a campaign directory or a --log file",
               file=sys.stderr)
         return 2
+    if args.out:
+        paths.writable_folder(args.out, "--out")
     index = build_report(args.source, args.out, args.corpus)
     print(f"report written: {index} (and report.md beside it)")
     return 0

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.report.build import _short_link
 from attnfuzz.report.table import md_text
 
@@ -81,6 +82,8 @@ def cmd_catalog(args) -> int:
     if not directory.is_dir():
         print(f"attnfuzz catalog: {directory} is not a folder; give a corpus folder", file=sys.stderr)
         return 2
+    if args.out:
+        paths.writable_file(args.out, "--out", "findings.md")
     text = markdown(directory)
     if args.out:
         args.out.write_text(text)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.engine import options
 from attnfuzz.tools.crosscheck import Row, cross_check, saved_label
 from attnfuzz.oracles import verdict as V
@@ -72,6 +73,8 @@ def cmd_report_bug(args) -> int:
     except corpus_io.CorpusError as e:
         print(f"attnfuzz report-bug: {e}; give a corpus entry's .json file", file=sys.stderr)
         return 2
+    if args.out:
+        paths.writable_file(args.out, "--out", "bug.md")  # before the cross-check runs every backend
     device, moved = args.device or entry.device, ""
     if device.startswith("cuda") and not torch.cuda.is_available():
         if args.device:

@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                                  f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
-    replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
+    replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed, 2 when "
+                            "one cannot be read")
     replay.add_argument("paths", nargs="*", type=Path, help="entry files or folders (default: the shipped corpus "
                         "and the findings folder of --corpus)")
     options.add(replay, "corpus", "device", "isolate", "case-timeout", "poison-memory",
@@ -248,14 +249,17 @@ def cmd_replay(args) -> int:
             raise UsageError(f"replay: {path} does not exist; give corpus entry files or folders")
     if args.device:
         _check_device(args.device)
-    rows, bad = [], 0
+    for path in args.paths:
+        if path.is_file():
+            corpus_io.load(path)  # an entry named on its own that cannot be read: CorpusError, exit 2
+    rows, bad, unreadable = [], 0, 0
     workers = Workers(args.case_timeout) if args.isolate else (lambda backend, device: None)
     for path in entries:
         try:
             entry = corpus_io.load(path)
-        except corpus_io.CorpusError as e:
+        except corpus_io.CorpusError as e:  # one file of a folder: listed, and the others replayed
             rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
-            bad += 1
+            unreadable += 1
             continue
         device = args.device or entry.device
         try:
@@ -276,8 +280,8 @@ def cmd_replay(args) -> int:
         for row in rows:
             note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else row.get("changed", "")
             print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {row['message'][:160]}")
-        print(f"{len(rows)} entries, {bad} regressed or unreadable")
-    return 1 if bad else 0
+        print(f"{len(rows)} entries, {bad} regressed, {unreadable} unreadable")
+    return 1 if bad else 2 if unreadable else 0
 
 
 def cmd_known(args) -> int:

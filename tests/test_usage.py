@@ -95,6 +95,16 @@ def test_an_unreadable_corpus_file_stops_the_run_naming_it(tmp_path, capsys):
     assert "broken.json" in capsys.readouterr().err
 
 
+def test_a_corpus_file_that_is_not_utf8_stops_the_run_naming_it(tmp_path, capsys):
+    argv = ["run", "--backend", "sdpa-math", "--max-examples", "2", "--corpus", str(tmp_path)]
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe{}")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "binary.json: not UTF-8 text" in err and "Traceback" not in err, err
+    (tmp_path / "binary.json").unlink()
+    assert main(argv) == 0  # control
+
+
 def test_findings_go_to_the_per_user_folder_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv("ATTNFUZZ_CORPUS")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))

@@ -137,8 +137,8 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
         if meta.exists():
             try:
                 campaign.meta = json.loads(meta.read_text())
-            except json.JSONDecodeError as e:
-                campaign.unreadable.append(f"{meta}: {e.msg}")
+            except ValueError as e:  # not JSON, not UTF-8
+                campaign.unreadable.append(f"{meta}: {type(e).__name__}: {e}")
         for path in sorted((source / "state").glob("*.json")):
             try:
                 _add_state(campaign.state, path.stem, json.loads(path.read_text()))

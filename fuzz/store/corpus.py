@@ -144,7 +144,7 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
             first.attached += [(c, v) for c, v in entry.attached if v.label not in labels]
             path.write_text(json.dumps(first.to_dict(), indent=2, sort_keys=True) + "\n")
             return path
-        except (CorpusError, json.JSONDecodeError):
+        except (CorpusError, ValueError):  # not JSON, not UTF-8
             pass  # an unreadable old file is replaced by the fresh finding
     entry.found = entry.found or stamp
     entry.last_seen = stamp
@@ -222,6 +222,9 @@ def load(path: Path) -> Entry:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CorpusError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}), so not a "
+                          f"corpus entry") from None
     except OSError as e:
         raise CorpusError(f"{path}: cannot be read ({e.strerror})") from None
     return Entry.from_dict(data, str(path))

@@ -178,7 +178,7 @@ def cmd_snapshot(args) -> int:
 def cmd_diff(args) -> int:
     try:
         old, new = (json.loads(p.read_text()) for p in (args.old, args.new))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # missing, not JSON, not UTF-8
         print(f"attnfuzz diff: cannot read a snapshot ({e}); make them with `attnfuzz snapshot`", file=sys.stderr)
         return 2
     changes = diff(old, new)

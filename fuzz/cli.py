@@ -8,14 +8,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from attnfuzz import exits
+from attnfuzz.progress import CaseLog, Progress
 from attnfuzz.exits import UsageError
 from attnfuzz.tools import bugreport, shrink, versiondiff
 from attnfuzz.campaign import supervisor as campaign
-from attnfuzz.store import caselog
 from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
@@ -24,12 +23,11 @@ from attnfuzz.store import paths
 from attnfuzz.store.known import TRAITS, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
-from attnfuzz.engine.harness import Tally, fuzz
+from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.isolate import Workers, isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
-from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
 
 DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded default: CPU, small
@@ -85,49 +83,6 @@ def _check_device(device: str) -> None:
         raise UsageError(f"--device={device!r}: use cpu, cuda or cuda:N")
     if not torch.cuda.is_available():
         raise UsageError(f"--device={device!r}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
-
-
-class Progress:
-    """One status line on stderr, redrawn at most every 0.2 s (a plain line every 10 s when not a terminal)."""
-
-    def __init__(self, name: str, total: int):
-        self.name, self.total, self.last, self.start = name, total, 0.0, time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def update(self, tally: Tally, final: bool = False) -> None:
-        now = time.perf_counter()
-        if not final and now - self.last < (0.2 if self.tty else 10.0):
-            return
-        self.last = now
-        rate = tally.examples / max(now - self.start, 1e-9)
-        counts = "  ".join(f"{k} {v}" for k, v in sorted(tally.labels.items()))
-        line = f"[{self.name}] {tally.examples}/{self.total} examples, {rate:.1f}/s  {counts}"
-        sys.stderr.write(("\r" + line[:150].ljust(150)) if self.tty else line + "\n")
-        if final and self.tty:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-class CaseLog:
-    """One JSON line per case run, flushed as it goes, so a run that is killed still leaves its record."""
-
-    def __init__(self, path: Path | None, backend: str):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = path.open("a") if path else None
-        self.backend, self.last = backend, time.perf_counter()
-
-    def write(self, case: Case, verdict: Verdict) -> None:
-        if self.file is None:
-            return
-        now = time.perf_counter()
-        self.file.write(caselog.record(self.backend, case, verdict, now - self.last, verdict=verdict.to_dict()))
-        self.file.flush()
-        self.last = now
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
 
 
 def findings_option(given: Path | None) -> str:

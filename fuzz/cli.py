@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
     options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
-                "first-bug", "isolate", "case-timeout", "poison-memory",
+                "first-bug", "isolate", "case-timeout", "poison-memory", "skip-unavailable",
                 backend={"help": "registry name or package.module:function (repeatable; default: "
                                  f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
@@ -100,21 +100,15 @@ def cmd_run(args) -> int:
     settings = profile(args.profile, max_examples=args.max_examples, report_multiple_bugs=not args.first_bug)
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space.for_device(args.device, args.max_len)
+    backends, first_worker, unavailable = runnable(args, names)
+    known = corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus)  # an unreadable corpus file stops it here
     summary, found = {}, 0
-    for name in names:
-        try:
-            backend = get(name, args.device)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        # the worker imports the backend's library while this process does the same to ask about availability
-        worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
-        why = backend.available()
-        if why is not None:
-            if worker is not None:
-                worker.close()
-            print(f"[{name}] skipped: {why}", file=sys.stderr)
-            summary[name] = {"skipped": why}
+    for i, (name, backend) in enumerate(zip(names, backends)):
+        if name in unavailable:
+            print(f"[{name}] skipped: {unavailable[name]}", file=sys.stderr)
+            summary[name] = {"skipped": unavailable[name]}
             continue
+        worker = first_worker if i == 0 else isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
         args.corpus.mkdir(parents=True, exist_ok=True)
         recovered = inflight_io.recover_inflight(args.corpus, backend)
         for r in recovered:
@@ -135,7 +129,7 @@ def cmd_run(args) -> int:
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,
-                                   known=corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus), worker=worker)
+                                   known=known, worker=worker)
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
                   f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
@@ -166,6 +160,29 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     return 1 if found else 0
+
+
+def runnable(args, names: list[str]) -> tuple[list, object, dict[str, str]]:
+    """The backends to run, the first one's isolated worker (started first, so that it imports the backend's library
+    while this process does the same to ask about availability) and why each that cannot run here cannot. A backend
+    named with --backend that cannot run is bad usage unless --skip-unavailable; a run where none can is too."""
+    try:
+        backends = [get(name, args.device) for name in names]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    first_worker = isolated(backends[0], args.device, args.case_timeout, enabled=args.isolate) if backends else None
+    unavailable = {name: why for name, b in zip(names, backends) if (why := b.available()) is not None}
+    named = [name for name in unavailable if args.backend and not args.skip_unavailable]
+    if first_worker is not None and (named or names[0] in unavailable):
+        first_worker.close()
+        first_worker = None
+    if named:
+        raise UsageError(f"--backend={named[0]} cannot run here: {unavailable[named[0]]} (or pass "
+                         f"--skip-unavailable to skip it)")
+    if len(unavailable) == len(names):
+        raise UsageError(f"no backend can run here ({'; '.join(f'{n}: {w}' for n, w in unavailable.items())}); "
+                         f"`attnfuzz backends --device {args.device}` lists what can")
+    return backends, first_worker, unavailable
 
 
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:

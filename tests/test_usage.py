@@ -236,3 +236,26 @@ def test_the_plugin_refuses_a_file_for_its_corpus_folder(tmp_path):
     done = _pytest(tmp_path, "--attnfuzz-corpus", str(tmp_path / "afile"))
     assert done.returncode == pytest.ExitCode.USAGE_ERROR and "--attnfuzz-corpus" in done.stderr, done.stderr
     assert _pytest(tmp_path, "--attnfuzz-corpus", str(tmp_path / "folder")).returncode == 0  # control
+
+
+def test_a_named_backend_that_cannot_run_here_exits_2_unless_skipped(capsys):
+    """sdpa-cudnn has no CPU implementation: named for a CPU run it is bad usage, so a CI job that asked for it does
+    not pass having fuzzed nothing; --skip-unavailable skips it, saying why, and a run left with nothing stops."""
+    argv = ["run", "--backend", "sdpa-cudnn", "--backend", "sdpa-math", "--max-examples", "2"]
+    err = _stops_at_once(capsys, argv, "--backend=sdpa-cudnn cannot run here")
+    assert "--skip-unavailable" in err
+    assert main(argv + ["--skip-unavailable"]) == 0
+    err = capsys.readouterr().err
+    assert "[sdpa-cudnn] skipped: sdpa-cudnn needs CUDA" in err and "[sdpa-math] 2 examples" in err, err
+    _stops_at_once(capsys, argv[:3] + ["--skip-unavailable"], "no backend can run here")
+    assert main(["run", "--max-examples", "2"]) == 0  # control: the default run, the CPU backends
+
+
+def test_a_campaign_named_backend_that_cannot_run_here_exits_2_unless_skipped(tmp_path, capsys):
+    argv = ["campaign", "--dir", str(tmp_path / "c"), "--backends", "sdpa-cudnn,sdpa-math", "--hours", "0.0001"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "sdpa-cudnn cannot run here" in err and "--skip-unavailable" in err and not (tmp_path / "c").exists(), err
+    assert main(argv + ["--skip-unavailable", "--max-len", "16"]) == 0
+    config = json.loads((tmp_path / "c" / "campaign.json").read_text())
+    assert config["backends"] == ["sdpa-math"] and "sdpa-cudnn" in config["skipped"]

@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "
                    "restart and is saved as PROCESS_DIED)")
-    options.add(p, "case-timeout", "max-len", "poison-memory", case_timeout={"default": None, "shown_default": 120})
+    options.add(p, "case-timeout", "max-len", "poison-memory", "skip-unavailable",
+                case_timeout={"default": None, "shown_default": 120})
     p.add_argument("--replay-only", action="store_true", help="replay the database's failures once, draw nothing new")
     p.add_argument("--known", type=Path, help="a corpus whose known bugs are expected failures, beside the corpus "
                    "shipped with attnfuzz (default: the findings folder, see `attnfuzz run --help`)")
@@ -90,8 +91,10 @@ def new_config(args) -> dict:
         why = backend.available()
         if why is None:
             versions[name] = backend.version()
-        else:
+        elif args.skip_unavailable:
             skipped[name] = why
+        else:
+            raise CampaignError(f"--backends: {name} cannot run here: {why} (or pass --skip-unavailable to skip it)")
     if not versions:
         raise CampaignError(f"--backends: none can run here: {skipped}")
     if device == "cuda" and lanes > 1 and any(n.startswith(("ring-", "te-cp-")) for n in versions):

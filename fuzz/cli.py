@@ -224,20 +224,24 @@ def cmd_replay(args) -> int:
     for path in args.paths:
         if path.is_file():
             corpus_io.load(path)  # an entry named on its own that cannot be read: CorpusError, exit 2
-    rows, bad, unreadable = [], 0, 0
+    rows, bad, errors = [], 0, 0
     workers = Workers(args.case_timeout) if args.isolate else (lambda backend, device: None)
     for path in entries:
         try:
             entry = corpus_io.load(path)
         except corpus_io.CorpusError as e:  # one file of a folder: listed, and the others replayed
             rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
-            unreadable += 1
+            errors += 1
             continue
         device = args.device or entry.device
         try:
             verdict = replay_io.replay(entry, device, worker=workers(entry.backend, device))
-        except ValueError as e:  # a backend name this attnfuzz does not know
-            verdict = Verdict(V.UNSUPPORTED, None, str(e))
+        except ValueError as e:
+            if ":" in entry.backend:  # the user's kernel does not import here: say how to fix it, not skip it
+                rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
+                errors += 1
+                continue
+            verdict = Verdict(V.UNSUPPORTED, None, str(e))  # a backend name this attnfuzz does not know
         outcome = replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "saved": entry.verdict.label,
@@ -251,9 +255,10 @@ def cmd_replay(args) -> int:
     else:
         for row in rows:
             note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else row.get("changed", "")
-            print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {row['message'][:160]}")
-        print(f"{len(rows)} entries, {bad} regressed, {unreadable} unreadable")
-    return 1 if bad else 2 if unreadable else 0
+            message = row["message"] if row["outcome"] == "error" else row["message"][:160]  # an error: its fix
+            print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {message}")
+        print(f"{len(rows)} entries, {bad} regressed, {errors} unreadable or not importable")
+    return 1 if bad else 2 if errors else 0
 
 
 def cmd_known(args) -> int:

@@ -349,8 +349,11 @@ def written_call(entry) -> str | None:
 
 
 def kernel_path(entry) -> str | None:
-    """For a bring-your-own kernel, the folder on sys.path its module was imported from in this process."""
+    """For a bring-your-own kernel, the folder on sys.path its module was imported from: as the entry recorded it,
+    else as this process imported it."""
     from attnfuzz.backends import get
+    if getattr(entry, "kernel_path", None):
+        return entry.kernel_path
     try:
         return getattr(get(entry.backend, entry.device), "import_path", None)
     except ValueError:

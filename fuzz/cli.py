@@ -36,6 +36,7 @@ DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded def
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnfuzz", description="Property-based differential fuzzer for attention "
                                 "kernels, graded against an independent float64 oracle.")
+    p.add_argument("--version", action="version", version=f"attnfuzz {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
     options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
@@ -73,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     options.add(backends, "device")
     backends.add_argument("--json", action="store_true")
     return p
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip installed it)."""
+    from importlib import metadata
+    try:
+        return metadata.version("attnfuzz")
+    except metadata.PackageNotFoundError:
+        return "(unknown: not installed as a distribution)"
 
 
 def _check_device(device: str) -> None:

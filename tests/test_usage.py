@@ -259,3 +259,9 @@ def test_a_campaign_named_backend_that_cannot_run_here_exits_2_unless_skipped(tm
     assert main(argv + ["--skip-unavailable", "--max-len", "16"]) == 0
     config = json.loads((tmp_path / "c" / "campaign.json").read_text())
     assert config["backends"] == ["sdpa-math"] and "sdpa-cudnn" in config["skipped"]
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib import metadata
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"attnfuzz {metadata.version('attnfuzz')}"

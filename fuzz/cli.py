@@ -309,9 +309,10 @@ def cmd_backends(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        width = max((len(row["name"]) for row in rows), default=0)  # the longest name sets the column
         for row in rows:
             state = f"yes  {row['version']}" if row["available"] else f"no   {row['why_not']}"
-            print(f"{row['name']:<22} {state}")
+            print(f"{row['name']:<{width}}  {state}")
     return 0
 
 

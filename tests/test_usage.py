@@ -265,3 +265,15 @@ def test_version_prints_the_installed_version(capsys):
     from importlib import metadata
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"attnfuzz {metadata.version('attnfuzz')}"
+
+
+def test_backends_columns_line_up_past_long_names(capsys, monkeypatch):
+    from attnfuzz import cli
+    from attnfuzz.backends import factories
+    registry = dict(factories())
+    monkeypatch.setattr(cli, "factories", lambda: {**registry, "a-backend-name-of-thirty-chars": registry["sdpa-math"]})
+    assert main(["backends"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = {len(line) - len(line.split("  ", 1)[1].lstrip()) for line in lines}  # where yes / no starts
+    assert len(lines) == len(registry) + 1 and len(starts) == 1, lines
+    assert any(line.startswith("sdpa-math ") for line in lines)

@@ -26,11 +26,26 @@ class Progress:
         self.last = now
         rate = tally.examples / max(now - self.start, 1e-9)
         counts = "  ".join(f"{k} {v}" for k, v in sorted(tally.labels.items()))
-        line = f"[{self.name}] {tally.examples}/{self.total} examples, {rate:.1f}/s  {counts}"
+        line = f"[{self.name}] {examples(tally, self.total)}, {rate:.1f}/s  {counts}"
         sys.stderr.write(("\r" + line[:150].ljust(150)) if self.tty else line + "\n")
         if final and self.tty:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+def examples(tally: Tally, budget: int) -> str:
+    """'57/100 examples' while that is all there is to say; where Hypothesis ran more than its budget of new draws,
+    what the others did: replay failures from the example database, shrink failures and report them."""
+    if tally.new is None:  # during the search: only the budget is known
+        if tally.examples <= budget:
+            return f"{tally.examples}/{budget} examples"
+        return f"{tally.examples} examples (at most {budget} new; the rest replay or shrink failures)"
+    shrinking = tally.examples - tally.new - tally.replayed
+    if not tally.replayed and not shrinking:
+        return f"{tally.examples}/{budget} examples"
+    parts = [f"{tally.new} new of {budget}"] + [f"{tally.replayed} from the example database"] * bool(
+        tally.replayed) + [f"{shrinking} shrinking"] * bool(shrinking)
+    return f"{tally.examples} examples ({', '.join(parts)})"
 
 
 class CaseLog:

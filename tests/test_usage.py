@@ -277,3 +277,20 @@ def test_backends_columns_line_up_past_long_names(capsys, monkeypatch):
     starts = {len(line) - len(line.split("  ", 1)[1].lstrip()) for line in lines}  # where yes / no starts
     assert len(lines) == len(registry) + 1 and len(starts) == 1, lines
     assert any(line.startswith("sdpa-math ") for line in lines)
+
+
+def test_the_progress_line_says_what_the_examples_past_the_budget_did(tmp_path, capsys):
+    """Hypothesis draws at most max_examples new cases, and stops drawing soon after failures stop coming; shrinking
+    runs more. The final line says how many of each, and they add up."""
+    import re
+    argv = ["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--seed", "1",
+            "--corpus", str(tmp_path)]
+    assert main(argv) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if "/s  " in line]
+    final = re.search(r"\] (\d+) examples \((\d+) new of 60, (\d+) shrinking\), .*/s  (.*)", lines[-1])
+    assert final, lines
+    examples, new, shrinking = map(int, final.groups()[:3])
+    assert examples == new + shrinking == sum(int(n) for n in final.group(4).split()[1::2]), lines[-1]
+    assert new <= 60 and shrinking > 0, lines[-1]
+    assert main(["run", "--backend", "sdpa-math", "--max-examples", "20", "--seed", "0", "--corpus", str(tmp_path)]) == 0
+    assert "[sdpa-math] 20/20 examples, " in capsys.readouterr().err  # control: no failure, nothing but new draws

@@ -20,6 +20,7 @@ from typing import Callable
 
 import hypothesis
 import torch
+from hypothesis import statistics
 from hypothesis import strategies as st
 
 from attnfuzz.engine import batch, interrupt, poison
@@ -59,8 +60,10 @@ def finding_type(label: str) -> type[Finding]:
 @dataclass
 class Tally:
     """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio (error / bound;
-    error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), and how many of the
-    batch-checked cases were batch invariant (attnfuzz.engine.batch)."""
+    error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), how many of the
+    batch-checked cases were batch invariant (attnfuzz.engine.batch), and once the search has ended, how many of the
+    examples were new draws (the budget, max_examples, counts these) and how many replayed failures from the example
+    database; the rest shrank failures, and ran each shrunk one once more to report it (note_phases)."""
 
     examples: int = 0
     labels: Counter = field(default_factory=Counter)
@@ -69,6 +72,8 @@ class Tally:
     seconds: float = 0.0
     batch_checked: int = 0
     batch_invariant: int = 0
+    new: int | None = None       # None until the search ends
+    replayed: int = 0
 
     def add(self, verdict: V.Verdict) -> None:
         self.examples += 1
@@ -81,8 +86,17 @@ class Tally:
         elif verdict.status == V.PASS:
             self.worst_ratio = max(self.worst_ratio, verdict.ratio)
 
+    def note_phases(self, statistics: dict) -> None:
+        """Read Hypothesis's statistics of the search: the calls of the generate and target phases are new draws,
+        those of the reuse phase replays from the example database (a call whose draw was rejected never ran)."""
+        def ran(phase: str) -> int:
+            calls = statistics.get(f"{phase}-phase", {}).get("test-cases", ())
+            return sum(call.get("status") in ("valid", "interesting") for call in calls)
+        self.new, self.replayed = ran("generate") + ran("target"), ran("reuse")
+
     def to_dict(self) -> dict:
-        return {"examples": self.examples, "labels": dict(self.labels), "unsupported": dict(self.unsupported),
+        return {"examples": self.examples, "new_examples": self.new, "replayed_examples": self.replayed,
+                "labels": dict(self.labels), "unsupported": dict(self.unsupported),
                 "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3),
                 "batch_invariance": {"checked": self.batch_checked, "invariant": self.batch_invariant}}
 
@@ -352,8 +366,16 @@ def _search(prop, tally: Tally) -> list[Finding]:
     """Run the Hypothesis test: the minimal Findings it reports (FLAKY where it could not reproduce one)."""
     start = time.perf_counter()
     findings: list[Finding] = []
+    outer = statistics.collector.value  # whoever else listens (Hypothesis's pytest plugin) still hears
+
+    def noted(stats) -> None:
+        tally.note_phases(stats)
+        if outer is not None:
+            outer(stats)
+
     try:
-        prop()
+        with statistics.collector.with_value(noted):
+            prop()
     except hypothesis.errors.FlakyFailure as e:
         flaky_findings = findings_of(e)
         if not flaky_findings:

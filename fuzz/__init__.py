@@ -8,8 +8,9 @@ functions included, and that no modules import each other in a circle):
     tools/report  attnfuzz.tools (shrink, versiondiff, crosscheck, bugreport), attnfuzz.report (build, plots,
                   coverage, triage, catalog, table)
     store         attnfuzz.store: corpus entries, known bugs, replay, repro scripts, case logs
-    engine        attnfuzz.engine: harness, compiled_search, isolate, poison, profiles, interrupt, and options (every
-                  option several front ends share, declared once; the CLI adds --NAME, the plugin --attnfuzz-NAME)
+    engine        attnfuzz.engine: harness, hooks, compiled_search, isolate, poison, profiles, interrupt, and options
+                  (every option several front ends share, declared once; the CLI adds --NAME, the plugin
+                  --attnfuzz-NAME)
     backends      attnfuzz.backends: the Backend protocol (base), the registry, shared layout and source helpers,
                   bring-your-own kernels (custom), and one folder per family: sdpa, flex, flash, te, cp
     oracles       attnfuzz.oracles: the float64 reference, tolerance, grading, verdicts

@@ -20,10 +20,9 @@ from typing import Callable
 
 import hypothesis
 import torch
-from hypothesis import statistics
 from hypothesis import strategies as st
 
-from attnfuzz.engine import batch, interrupt, poison
+from attnfuzz.engine import batch, hooks, interrupt, poison
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
@@ -63,7 +62,7 @@ class Tally:
     error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), how many of the
     batch-checked cases were batch invariant (attnfuzz.engine.batch), and once the search has ended, how many of the
     examples were new draws (the budget, max_examples, counts these) and how many replayed failures from the example
-    database; the rest shrank failures, and ran each shrunk one once more to report it (note_phases)."""
+    database; the rest shrank failures, and ran each shrunk one once more to report it (engine/hooks.py)."""
 
     examples: int = 0
     labels: Counter = field(default_factory=Counter)
@@ -86,13 +85,8 @@ class Tally:
         elif verdict.status == V.PASS:
             self.worst_ratio = max(self.worst_ratio, verdict.ratio)
 
-    def note_phases(self, statistics: dict) -> None:
-        """Read Hypothesis's statistics of the search: the calls of the generate and target phases are new draws,
-        those of the reuse phase replays from the example database (a call whose draw was rejected never ran)."""
-        def ran(phase: str) -> int:
-            calls = statistics.get(f"{phase}-phase", {}).get("test-cases", ())
-            return sum(call.get("status") in ("valid", "interesting") for call in calls)
-        self.new, self.replayed = ran("generate") + ran("target"), ran("reuse")
+    def note_phases(self, new: int, replayed: int) -> None:
+        self.new, self.replayed = new, replayed
 
     def to_dict(self) -> dict:
         return {"examples": self.examples, "new_examples": self.new, "replayed_examples": self.replayed,
@@ -366,15 +360,8 @@ def _search(prop, tally: Tally) -> list[Finding]:
     """Run the Hypothesis test: the minimal Findings it reports (FLAKY where it could not reproduce one)."""
     start = time.perf_counter()
     findings: list[Finding] = []
-    outer = statistics.collector.value  # whoever else listens (Hypothesis's pytest plugin) still hears
-
-    def noted(stats) -> None:
-        tally.note_phases(stats)
-        if outer is not None:
-            outer(stats)
-
     try:
-        with statistics.collector.with_value(noted):
+        with hooks.listening(tally.note_phases):
             prop()
     except hypothesis.errors.FlakyFailure as e:
         flaky_findings = findings_of(e)

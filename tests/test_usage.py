@@ -292,5 +292,6 @@ def test_the_progress_line_says_what_the_examples_past_the_budget_did(tmp_path, 
     examples, new, shrinking = map(int, final.groups()[:3])
     assert examples == new + shrinking == sum(int(n) for n in final.group(4).split()[1::2]), lines[-1]
     assert new <= 60 and shrinking > 0, lines[-1]
-    assert main(["run", "--backend", "sdpa-math", "--max-examples", "20", "--seed", "0", "--corpus", str(tmp_path)]) == 0
+    control = ["run", "--backend", "sdpa-math", "--max-examples", "20", "--seed", "0", "--corpus", str(tmp_path)]
+    assert main(control) == 0
     assert "[sdpa-math] 20/20 examples, " in capsys.readouterr().err  # control: no failure, nothing but new draws

@@ -4,8 +4,9 @@ Entry fields: schema, signature, backend, backend_version, device, environment, 
 seen, known_bug (null, or a record of what failures count as this known bug: store/known.py). Optional: attached
 ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the entry, each
 a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none; kernel_path (a
-bring-your-own kernel's: the folder on sys.path its module was imported from, for replaying it from elsewhere). `environment`
-records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it (store/replay.py)."""
+bring-your-own kernel's: the folder on sys.path its module was imported from, for replaying it from elsewhere).
+`environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
+(store/replay.py)."""
 
 from __future__ import annotations
 

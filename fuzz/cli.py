@@ -19,7 +19,7 @@ from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
-from attnfuzz.store import paths
+from attnfuzz.store import examples, paths
 from attnfuzz.store.known import TRAITS, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
@@ -107,7 +107,8 @@ def cmd_run(args) -> int:
         paths.writable_file(args.log, "--log", "run.jsonl")
     import torch
     torch.set_num_threads(args.threads)
-    settings = profile(args.profile, max_examples=args.max_examples, report_multiple_bugs=not args.first_bug)
+    settings = examples.kept_here(profile(args.profile, max_examples=args.max_examples,
+                                          report_multiple_bugs=not args.first_bug))
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space.for_device(args.device, args.max_len)
     backends, first_worker, unavailable = runnable(args, names)
@@ -139,7 +140,7 @@ def cmd_run(args) -> int:
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,
-                                   known=known, worker=worker)
+                                   known=known, worker=worker, database_key=examples.key(backend, args.corpus))
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
                   f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)

@@ -295,3 +295,20 @@ def test_the_progress_line_says_what_the_examples_past_the_budget_did(tmp_path, 
     control = ["run", "--backend", "sdpa-math", "--max-examples", "20", "--seed", "0", "--corpus", str(tmp_path)]
     assert main(control) == 0
     assert "[sdpa-math] 20/20 examples, " in capsys.readouterr().err  # control: no failure, nothing but new draws
+
+
+def test_a_run_keeps_its_example_database_out_of_the_working_folder(tmp_path, monkeypatch, capsys):
+    """Unseeded, a run reads and writes Hypothesis's example database: in the per-user data folder, not the working
+    folder, and keyed by the findings folder, so a failure replays first where it was found and nowhere else."""
+    from attnfuzz.store.examples import examples_dir
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = ["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--corpus"]
+    assert main(argv + [str(tmp_path / "a")]) == 1
+    assert list(work.iterdir()) == [] and any(examples_dir().rglob("*")), list(work.iterdir())
+    capsys.readouterr()
+    assert main(argv + [str(tmp_path / "b")]) == 1
+    assert "from the example database" not in capsys.readouterr().err  # another findings folder: nothing replayed
+    assert main(argv + [str(tmp_path / "a")]) == 1
+    assert "from the example database" in capsys.readouterr().err  # control: the same folder replays its failure

@@ -263,3 +263,13 @@ def test_the_drawn_distribution_is_reported_per_backend(campaign):
             counts = [int(row[column].split("(")[1].rstrip(")")) for row in rows.values() if row[column] != "-"]
             assert sum(counts) == sum(expected[name].values()), (title, name, rows)
     assert "## Drawn cases that repeat an earlier one" in markdown
+
+
+def test_a_log_files_report_lands_where_the_help_says(tmp_path, capsys):
+    from attnfuzz.cli import main
+    log = tmp_path / "run.jsonl"
+    log.write_text(_line("picky", Case(), Verdict("UNSUPPORTED", None, "no float32"), None))
+    assert main(["report", "--help"]) == 0
+    assert "report/ beside a single log file" in " ".join(capsys.readouterr().out.split())
+    assert main(["report", str(log)]) == 0
+    assert f"report written: {tmp_path / 'report' / 'index.html'}" in capsys.readouterr().out

@@ -1,5 +1,5 @@
 """The campaign report: `attnfuzz report DIR` reads a campaign directory (or one `attnfuzz run --log` file) and
-writes report.md and index.html, with PNG plots beside them, into DIR/report (or --out).
+writes report.md and index.html, with PNG plots beside them, into DIR/report (report/ beside a log file; or --out).
 
 Read as a stream, so a campaign of millions of cases fits in memory: per backend the labels, the refusal reasons,
 the graded error ratios and the coverage cells. A line that does not parse (the last one of a killed process) is
@@ -350,7 +350,8 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("report", help="write report.md and index.html (with plots) for a campaign")
     p.add_argument("source", type=Path, help="a campaign directory, or one `attnfuzz run --log` JSONL file")
-    p.add_argument("--out", type=Path, help="where to write the report (default SOURCE/report)")
+    p.add_argument("--out", type=Path, help="where to write the report (default: SOURCE/report for a campaign "
+                   "directory or a folder of logs, report/ beside a single log file)")
     p.add_argument("--corpus", type=Path, help="read findings from here (default SOURCE/corpus)")
     return p
 

@@ -356,16 +356,16 @@ def _hidden(tmp_path, *modules: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(hide)}
 
 
-def _ran(script: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+def _ran(repro: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
 def test_a_script_exits_2_naming_torch_where_torch_cannot_be_imported(tmp_path):
     """Exit 1 says the bug is there; a script that cannot even start says 2, and which module it lacks."""
     case = Case(sq=2, skv=3, d_qk=8, d_v=8, causal=True)
-    script = corpus_io.save(tmp_path, corpus_io.Entry("sdpa-math", case, PLANTED)).with_suffix(".py")
-    assert _ran(script, {**os.environ}, tmp_path).returncode == 0  # control: with torch, a correct backend passes
-    ran = _ran(script, _hidden(tmp_path, "torch"), tmp_path)
+    repro = corpus_io.save(tmp_path, corpus_io.Entry("sdpa-math", case, PLANTED)).with_suffix(".py")
+    assert _ran(repro, {**os.environ}, tmp_path).returncode == 0  # control: with torch, a correct backend passes
+    ran = _ran(repro, _hidden(tmp_path, "torch"), tmp_path)
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "sdpa-math: cannot run this repro here: No module named 'torch'" in ran.stderr and "Traceback" not in \
         ran.stderr, ran.stderr
@@ -376,8 +376,8 @@ def test_a_script_exits_2_naming_the_backends_library_where_it_cannot_be_importe
     An entry whose bug is an import error (CRASH:ModuleNotFoundError) still exits 1 when it comes back."""
     case = Case(sq=2, skv=3, d_qk=8, d_v=8, dtype="float16")
     env = _hidden(tmp_path, "flash_attn")
-    script = corpus_io.save(tmp_path, corpus_io.Entry("fa2", case, PLANTED, device="cpu")).with_suffix(".py")
-    ran = _ran(script, env, tmp_path)
+    repro = corpus_io.save(tmp_path, corpus_io.Entry("fa2", case, PLANTED, device="cpu")).with_suffix(".py")
+    ran = _ran(repro, env, tmp_path)
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "fa2: cannot run this repro here: No module named 'flash_attn'" in ran.stderr, ran.stderr
     crash = V.Verdict(V.CRASH, "ModuleNotFoundError", "ModuleNotFoundError: No module named 'flash_attn'")

@@ -75,12 +75,13 @@ def first_finding(backend: str, device: str, timeout: float, corpus_from: Path |
             for entry in corpus_from.glob("*.json"):
                 if not any(entry.match(pattern) or entry.stem == pattern for pattern in drop):
                     shutil.copy(entry, known)
-        # run from an empty folder, as a new user does: Hypothesis keeps its example database in ./.hypothesis, and a
-        # failure an earlier run saved there is replayed first (found and saved at case 1); modules named
-        # package.module:function still import from this folder
+        # run from an empty folder with a data folder of its own, as a new user does: a failure an earlier run saved
+        # in Hypothesis's example database ($XDG_DATA_HOME/attnfuzz/examples) would be replayed first (found and
+        # saved at case 1); modules named package.module:function still import from this folder
         cwd = Path(tmp) / "cwd"
         cwd.mkdir()
         env = {**os.environ, "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(Path(tmp) / "fa4-cache"),
+               "XDG_DATA_HOME": str(Path(tmp) / "data"),
                "ATTNFUZZ_SHIPPED_CORPUS": str(known),
                "PYTHONPATH": os.pathsep.join(filter(None, (os.getcwd(), os.environ.get("PYTHONPATH"))))}
         start = time.perf_counter()

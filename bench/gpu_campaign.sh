@@ -10,9 +10,9 @@ export PYTHONWARNINGS=ignore PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
 single=sdpa-math,sdpa-flash,sdpa-efficient,sdpa-cudnn,flex-compiled,fa4,te-flash,te-fused,te-unfused
 cp=${CP_BACKENDS:-te-cp-all_gather-flash,te-cp-p2p-flash}
 timeout -k 5 "$secs" python3 -m attnfuzz campaign --dir /tmp/camp-gpu --backends "$single" --device cuda --gpus all \
-  --workers 2 --hours "$hours" --round-examples 100 --round-seconds 120 --case-timeout 120 >> "$out/camp-gpu.out" 2>&1 &
+  --skip-unavailable --workers 2 --hours "$hours" --round-examples 100 --round-seconds 120 --case-timeout 120 >> "$out/camp-gpu.out" 2>&1 &
 timeout -k 5 "$secs" python3 -m attnfuzz campaign --dir /tmp/camp-cp --backends "$cp" --device cuda --gpus 1 \
-  --hours "$hours" --round-examples 100 --case-timeout 180 >> "$out/camp-cp.out" 2>&1 &
+  --skip-unavailable --hours "$hours" --round-examples 100 --case-timeout 180 >> "$out/camp-cp.out" 2>&1 &
 wait
 for c in camp-gpu camp-cp; do
   python3 -m attnfuzz report "/tmp/$c" > /dev/null 2>&1

@@ -8,7 +8,8 @@ functions included, and that no modules import each other in a circle):
     tools/report  attnfuzz.tools (shrink, versiondiff, crosscheck, bugreport, bugwords), attnfuzz.report (build,
                   plots, coverage, triage, catalog, table)
     store         attnfuzz.store: corpus entries, known bugs, replay, repro scripts, case logs
-    engine        attnfuzz.engine: harness, tally, compiled_search, isolate, poison, profiles, interrupt, and options
+    engine        attnfuzz.engine: harness, tally, hooks, compiled_search, isolate, poison, profiles, interrupt, and
+                  options
                   (every option several front ends share, declared once; the CLI adds --NAME, the plugin
                   --attnfuzz-NAME)
     backends      attnfuzz.backends: the Backend protocol (base), the registry, shared layout and source helpers,

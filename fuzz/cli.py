@@ -6,47 +6,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
 from pathlib import Path
 
+from attnfuzz import exits
+from attnfuzz.progress import CaseLog, Progress
+from attnfuzz.exits import UsageError
 from attnfuzz.tools import bugreport, shrink, versiondiff
 from attnfuzz.campaign import supervisor as campaign
-from attnfuzz.store import caselog
 from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
+from attnfuzz.store import examples, paths
 from attnfuzz.store.known import TRAITS, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
-from attnfuzz.engine.harness import Tally, fuzz
+from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.isolate import Workers, isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
-from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
 
 DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded default: CPU, small
 
 
-class UsageError(Exception):
-    """Bad usage: the message names the option and the fix (exit 2)."""
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnfuzz", description="Property-based differential fuzzer for attention "
                                 "kernels, graded against an independent float64 oracle.")
+    p.add_argument("--version", action="version", version=f"attnfuzz {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
     options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
-                "first-bug", "isolate", "case-timeout", "poison-memory",
+                "first-bug", "isolate", "case-timeout", "poison-memory", "skip-unavailable",
                 backend={"help": "registry name or package.module:function (repeatable; default: "
                                  f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
-    replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed")
+    replay = sub.add_parser("replay", help="replay corpus entries; exit 1 when one regressed, 2 when "
+                            "one cannot be read")
     replay.add_argument("paths", nargs="*", type=Path, help="entry files or folders (default: the shipped corpus "
                         "and the findings folder of --corpus)")
     options.add(replay, "corpus", "device", "isolate", "case-timeout", "poison-memory",
@@ -76,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip installed it)."""
+    from importlib import metadata
+    try:
+        return metadata.version("attnfuzz")
+    except metadata.PackageNotFoundError:
+        return "(unknown: not installed as a distribution)"
+
+
 def _check_device(device: str) -> None:
     import torch
     if device == "cpu":
@@ -86,69 +95,31 @@ def _check_device(device: str) -> None:
         raise UsageError(f"--device={device!r}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu")
 
 
-class Progress:
-    """One status line on stderr, redrawn at most every 0.2 s (a plain line every 10 s when not a terminal)."""
-
-    def __init__(self, name: str, total: int):
-        self.name, self.total, self.last, self.start = name, total, 0.0, time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def update(self, tally: Tally, final: bool = False) -> None:
-        now = time.perf_counter()
-        if not final and now - self.last < (0.2 if self.tty else 10.0):
-            return
-        self.last = now
-        rate = tally.examples / max(now - self.start, 1e-9)
-        counts = "  ".join(f"{k} {v}" for k, v in sorted(tally.labels.items()))
-        line = f"[{self.name}] {tally.examples}/{self.total} examples, {rate:.1f}/s  {counts}"
-        sys.stderr.write(("\r" + line[:150].ljust(150)) if self.tty else line + "\n")
-        if final and self.tty:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
-class CaseLog:
-    """One JSON line per case run, flushed as it goes, so a run that is killed still leaves its record."""
-
-    def __init__(self, path: Path | None, backend: str):
-        self.file = path.open("a") if path else None
-        self.backend, self.last = backend, time.perf_counter()
-
-    def write(self, case: Case, verdict: Verdict) -> None:
-        if self.file is None:
-            return
-        now = time.perf_counter()
-        self.file.write(caselog.record(self.backend, case, verdict, now - self.last, verdict=verdict.to_dict()))
-        self.file.flush()
-        self.last = now
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+def findings_option(given: Path | None) -> str:
+    """How the findings folder was named, for a message: --corpus, $ATTNFUZZ_CORPUS, or neither (the default)."""
+    return "--corpus" if given else "$ATTNFUZZ_CORPUS" if os.environ.get("ATTNFUZZ_CORPUS") else "the default --corpus"
 
 
 def cmd_run(args) -> int:
     _check_device(args.device)
+    paths.writable_folder(args.corpus, args.corpus_named)  # before the search: its findings must have a place
+    if args.log is not None:
+        paths.writable_file(args.log, "--log", "run.jsonl")
     import torch
     torch.set_num_threads(args.threads)
-    settings = profile(args.profile, max_examples=args.max_examples, report_multiple_bugs=not args.first_bug)
+    settings = examples.kept_here(profile(args.profile, max_examples=args.max_examples,
+                                          report_multiple_bugs=not args.first_bug))
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space.for_device(args.device, args.max_len)
+    backends, first_worker, unavailable = runnable(args, names)
+    known = corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus)  # an unreadable corpus file stops it here
     summary, found = {}, 0
-    for name in names:
-        try:
-            backend = get(name, args.device)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        # the worker imports the backend's library while this process does the same to ask about availability
-        worker = isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
-        why = backend.available()
-        if why is not None:
-            if worker is not None:
-                worker.close()
-            print(f"[{name}] skipped: {why}", file=sys.stderr)
-            summary[name] = {"skipped": why}
+    for i, (name, backend) in enumerate(zip(names, backends)):
+        if name in unavailable:
+            print(f"[{name}] skipped: {unavailable[name]}", file=sys.stderr)
+            summary[name] = {"skipped": unavailable[name]}
             continue
+        worker = first_worker if i == 0 else isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
         args.corpus.mkdir(parents=True, exist_ok=True)
         recovered = inflight_io.recover_inflight(args.corpus, backend)
         for r in recovered:
@@ -169,7 +140,7 @@ def cmd_run(args) -> int:
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
                                    seed=args.seed, inflight=inflight, on_case=on_case,
-                                   known=corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus), worker=worker)
+                                   known=known, worker=worker, database_key=examples.key(backend, args.corpus))
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
                   f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
@@ -204,6 +175,29 @@ def cmd_run(args) -> int:
     return 1 if found else 0
 
 
+def runnable(args, names: list[str]) -> tuple[list, object, dict[str, str]]:
+    """The backends to run, the first one's isolated worker (started first, so that it imports the backend's library
+    while this process does the same to ask about availability) and why each that cannot run here cannot. A backend
+    named with --backend that cannot run is bad usage unless --skip-unavailable; a run where none can is too."""
+    try:
+        backends = [get(name, args.device) for name in names]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    first_worker = isolated(backends[0], args.device, args.case_timeout, enabled=args.isolate) if backends else None
+    unavailable = {name: why for name, b in zip(names, backends) if (why := b.available()) is not None}
+    named = [name for name in unavailable if args.backend and not args.skip_unavailable]
+    if first_worker is not None and (named or names[0] in unavailable):
+        first_worker.close()
+        first_worker = None
+    if named:
+        raise UsageError(f"--backend={named[0]} cannot run here: {unavailable[named[0]]} (or pass "
+                         f"--skip-unavailable to skip it)")
+    if len(unavailable) == len(names):
+        raise UsageError(f"no backend can run here ({'; '.join(f'{n}: {w}' for n, w in unavailable.items())}); "
+                         f"`attnfuzz backends --device {args.device}` lists what can")
+    return backends, first_worker, unavailable
+
+
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly),
     'unreproduced' (a known FLAKY bug, or one of unwritten output replayed without --poison-memory, that did not come
@@ -228,31 +222,39 @@ def changed_label(entry: corpus_io.Entry, verdict: Verdict) -> str:
 
 
 def cmd_replay(args) -> int:
-    paths = []
+    entries = []
+    paths.folder(args.corpus, args.corpus_named)
     shipped_and_findings = [corpus_io.shipped_dir()] + [args.corpus] * args.corpus.is_dir()
     for path in args.paths or shipped_and_findings:
         if path.is_dir():
-            paths.extend(corpus_io.entry_paths(path))
+            entries.extend(corpus_io.entry_paths(path))
         elif path.exists():
-            paths.append(path)
+            entries.append(path)
         else:
             raise UsageError(f"replay: {path} does not exist; give corpus entry files or folders")
     if args.device:
         _check_device(args.device)
-    rows, bad = [], 0
+    for path in args.paths:
+        if path.is_file():
+            corpus_io.load(path)  # an entry named on its own that cannot be read: CorpusError, exit 2
+    rows, bad, errors = [], 0, 0
     workers = Workers(args.case_timeout) if args.isolate else (lambda backend, device: None)
-    for path in paths:
+    for path in entries:
         try:
             entry = corpus_io.load(path)
-        except corpus_io.CorpusError as e:
+        except corpus_io.CorpusError as e:  # one file of a folder: listed, and the others replayed
             rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
-            bad += 1
+            errors += 1
             continue
         device = args.device or entry.device
         try:
             verdict = replay_io.replay(entry, device, worker=workers(entry.backend, device))
-        except ValueError as e:  # a backend name this attnfuzz does not know
-            verdict = Verdict(V.UNSUPPORTED, None, str(e))
+        except ValueError as e:
+            if ":" in entry.backend:  # the user's kernel does not import here: say how to fix it, not skip it
+                rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
+                errors += 1
+                continue
+            verdict = Verdict(V.UNSUPPORTED, None, str(e))  # a backend name this attnfuzz does not know
         outcome = replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "saved": entry.verdict.label,
@@ -266,9 +268,10 @@ def cmd_replay(args) -> int:
     else:
         for row in rows:
             note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else row.get("changed", "")
-            print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {row['message'][:160]}")
-        print(f"{len(rows)} entries, {bad} regressed or unreadable")
-    return 1 if bad else 0
+            message = row["message"] if row["outcome"] == "error" else row["message"][:160]  # an error: its fix
+            print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {message}")
+        print(f"{len(rows)} entries, {bad} regressed, {errors} unreadable or not importable")
+    return 1 if bad else 2 if errors else 0
 
 
 def cmd_known(args) -> int:
@@ -309,13 +312,19 @@ def cmd_backends(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
+        width = max((len(row["name"]) for row in rows), default=0)  # the longest name sets the column
         for row in rows:
             state = f"yes  {row['version']}" if row["available"] else f"no   {row['why_not']}"
-            print(f"{row['name']:<22} {state}")
+            print(f"{row['name']:<{width}}  {state}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    command = next((a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("-")), "")
+    return exits.run(command, lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -328,16 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "poison_memory", False):
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
     if args.command in ("run", "replay"):
+        args.corpus_named = findings_option(args.corpus)
         args.corpus = corpus_io.findings_dir(args.corpus)
-    try:
-        with interrupt.interruptible():  # SIGINT / SIGTERM end the command as an interruption, not a crash
-            return commands[args.command](args)
-    except interrupt.Interrupted as e:
-        print(f"attnfuzz {args.command}: {e}", file=sys.stderr)
-        return e.exit_code
-    except (UsageError, corpus_io.CorpusError) as e:  # a corpus file that cannot be read would drop its known bug
-        print(f"attnfuzz: {e}", file=sys.stderr)
-        return 2
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

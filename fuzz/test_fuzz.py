@@ -18,6 +18,7 @@ import warnings
 import pytest
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import examples
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
@@ -40,8 +41,9 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
         if worker is not None:
             worker.close()
         pytest.skip(f"{fuzz_backend} cannot run on {attnfuzz.device}: {why}")
-    settings = for_backend(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples,
-                                   report_multiple_bugs=not attnfuzz.first_bug), backend.cost, attnfuzz.max_examples)
+    settings = for_backend(examples.kept_here(profile(attnfuzz.profile, max_examples=attnfuzz.max_examples,
+                                                      report_multiple_bugs=not attnfuzz.first_bug)),
+                           backend.cost, attnfuzz.max_examples)
     findings_dir = corpus_io.findings_dir(attnfuzz.corpus)
     findings_dir.mkdir(parents=True, exist_ok=True)
     recovered = inflight_io.recover_inflight(findings_dir, backend)  # the case a killed session was running
@@ -55,7 +57,8 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
             tally, findings = fuzz(backend, device=attnfuzz.device, space=space, settings=settings,
                                    seed=attnfuzz.seed, worker=worker, on_case=as_found.see,
                                    known=corpus_io.known_bugs(corpus_io.shipped_dir(), findings_dir),
-                                   inflight=inflight_io.inflight_path(findings_dir, backend.name))
+                                   inflight=inflight_io.inflight_path(findings_dir, backend.name),
+                                   database_key=examples.key(backend, findings_dir))
     except interrupt.Interrupted:
         saved = as_found.save(findings_dir)
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")   # None under -p no:capture

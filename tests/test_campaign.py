@@ -133,3 +133,18 @@ def test_a_context_parallel_backend_runs_in_a_campaign_without_a_worker_around_i
     result = run_campaign(tmp_path / "c", "--backends", "ring-allgather", "--hours", "0.002", "--round-examples", "20")
     assert result.returncode in (0, 1), result.stderr
     assert Counter(r["label"] for r in logged(tmp_path / "c"))["PASS"] > 0, result.stderr
+
+
+def test_the_reports_progress_counts_the_cases_its_totals_count(tmp_path):
+    """The totals count the cases run (logged lines); Progress counted Hypothesis's examples, which include every
+    case drawn again and answered from the log, and read as the same number. Progress now counts both, and its cases
+    are the totals' but for the round the deadline cut short."""
+    from tests.test_report import table_rows
+    result = run_campaign(tmp_path / "c", "--backends", "sdpa-math", "--hours", "0.003", "--round-examples", "20")
+    assert result.returncode == 0, result.stderr
+    markdown = (tmp_path / "c" / "report" / "report.md").read_text()
+    totals = table_rows(markdown, "Totals per backend")["sdpa-math"]
+    progress = table_rows(markdown, "Progress (state/)")["sdpa-math"]
+    rounds, cases, examples = int(progress[2]), int(progress[3]), int(progress[4])
+    assert rounds >= 2 and examples >= cases, progress
+    assert 0 <= int(totals[2]) - cases <= 20, (totals, progress)  # a cut round runs at most its 20 new cases

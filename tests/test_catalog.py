@@ -34,3 +34,13 @@ def test_one_row_per_known_bug_and_per_unknown_label(tmp_path):
 def test_catalog_of_a_missing_folder_exits_2(tmp_path, capsys):
     assert main(["catalog", str(tmp_path / "nope")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_users_catalog_gets_a_preamble_of_its_own(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    corpus_io.save(mine, corpus_io.Entry("k", Case(), V.Verdict(V.FAIL, V.SCALE)), repro=False)
+    assert main(["catalog", str(mine)]) == 0
+    page = capsys.readouterr().out
+    assert page.startswith("# Findings in mine\n") and f"`attnfuzz catalog {mine}`" in page, page[:400]
+    assert "shipped" not in page and "docs/findings.md" not in page and "| `k` |" in page
+    assert catalog.markdown(corpus_io.shipped_dir()).startswith(catalog.HEADER)  # control: the shipped corpus's own

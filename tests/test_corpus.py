@@ -64,6 +64,41 @@ def test_one_corrupt_file_does_not_stop_the_others(tmp_path):
     assert len(entries) == 1 and len(errors) == 1 and "broken.json: not valid JSON" in str(errors[0])
 
 
+NOT_UTF8 = b"\xff\xfe{\"schema\": 1}"
+
+
+def test_a_file_that_is_not_utf8_is_named_as_unreadable(tmp_path):
+    corpus_io.save(tmp_path, _entry(), repro=False)
+    (tmp_path / "binary.json").write_bytes(NOT_UTF8)
+    with pytest.raises(corpus_io.CorpusError, match="binary.json: not UTF-8 text"):
+        corpus_io.load(tmp_path / "binary.json")
+    entries, errors = corpus_io.load_all(tmp_path)
+    assert len(entries) == 1 and len(errors) == 1 and "binary.json: not UTF-8" in str(errors[0])
+    other = _entry(case=CASE.replace(sq=2))
+    (tmp_path / other.filename).write_bytes(NOT_UTF8)  # a finding whose file is such: replaced, as one not JSON is
+    assert corpus_io.load(corpus_io.save(tmp_path, other, repro=False)).case == other.case
+
+
+@pytest.mark.parametrize("content", [NOT_UTF8, b"{not json"], ids=["not UTF-8", "not JSON"])
+def test_an_unreadable_entry_exits_2_not_1(tmp_path, capsys, content):
+    """Named on its own it is bad input (2) for every command that reads one; in a folder it is listed and the others
+    replay, and it makes the exit 2 unless something regressed (1)."""
+    good = corpus_io.save(tmp_path, _entry(backend="sdpa-math", case=CASE.replace(sq=4)), repro=False)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    for argv in (["replay", str(bad)], ["report-bug", str(bad)], ["shrink", str(bad)],
+                 ["known", str(bad), "--link", "l"]):
+        assert main(argv) == 2, argv
+        assert "bad.json" in capsys.readouterr().err, argv
+    assert main(["replay", str(good)]) == 0  # control: a readable entry whose bug is not there (sdpa-math is right)
+    assert main(["replay", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "bad.json" in out and "pass " in out and "0 regressed, 1 unreadable or not importable" in out
+    corpus_io.save(tmp_path, _entry(backend="sdpa-math", case=CASE.replace(sq=5), known_bug={"link": "l"}),
+                   repro=False)  # a known bug that no longer fails: that regression outranks the unreadable file
+    assert main(["replay", str(tmp_path)]) == 1
+
+
 def test_replay_passes_on_a_correct_backend_and_reports_loudly(tmp_path, capsys):
     corpus_io.save(tmp_path, _entry(backend="sdpa-math"), repro=False)            # sdpa-math is correct here
     known = _entry(backend="sdpa-math", case=CASE.replace(sq=4), known_bug={"link": "https://example.org/1"})

@@ -96,6 +96,7 @@ def test_attnfuzz_run_interrupted_mid_case_leaves_no_finding(tmp_path, sig, spec
     assert stopped.returncode == 128 + sig, stopped.stdout[-3000:]  # 130 / 143
     assert f"interrupted by {signal.Signals(sig).name}" in stopped.stdout, stopped.stdout[-3000:]
     assert "Traceback" not in stopped.stdout, stopped.stdout[-3000:]
+    assert "@seed" not in stopped.stdout, stopped.stdout[-3000:]  # Hypothesis's advice to reproduce a failure: none
 
 
 FOUND_THEN_NAPS = "tests.misbehaving:zero_when_causal_then_naps"

@@ -75,7 +75,8 @@ def campaign(tmp_path_factory):
     with (root / "cases" / "lane1.jsonl").open("a") as f:
         f.write('{"backend": "broken-zero-causal", "label": "PA')          # a killed process's last line
     for lane, (name, labels) in enumerate(expected.items()):
-        progress = {name: {"rounds": 1, "examples": sum(labels.values()), "seconds": 1.5}}
+        progress = {name: {"rounds": 1, "cases": sum(labels.values()), "examples": sum(labels.values()) + 7,
+                           "seconds": 1.5}}  # 7 examples answered from the log
         (root / "state" / f"lane{lane}.json").write_text(json.dumps({"elapsed": 2.0, "backends": progress}))
     assert findings, "the planted bug must give a finding to save"
     for i, f in enumerate(findings):
@@ -150,7 +151,8 @@ def test_progress_and_settings_are_shown(campaign):
     markdown = index.with_name("report.md").read_text()
     progress = table_rows(markdown, "Progress (state/)")
     for name, labels in expected.items():
-        assert progress[name][1:] == ["1", "1", str(sum(labels.values())), "2"], progress
+        cases = sum(labels.values())
+        assert progress[name][1:] == ["1", "1", str(cases), str(cases + 7), "2"], progress
     assert "- **skipped**: fa4: needs CUDA" in markdown
 
 
@@ -161,7 +163,7 @@ def test_per_backend_state_files_add_up(tmp_path):
                                                                                           "examples": 50}}}))
     (tmp_path / "state" / "lane1.json").write_text("{\"backends\": ")
     c = read_campaign(tmp_path)
-    assert c.state == {"sdpa-math": {"rounds": 5, "examples": 650, "seconds": 9.0, "lanes": 2}}
+    assert c.state == {"sdpa-math": {"rounds": 5, "cases": None, "examples": 650, "seconds": 9.0, "lanes": 2}}
     assert len(c.unreadable) == 1 and "lane1.json" in c.unreadable[0]
 
 
@@ -261,3 +263,13 @@ def test_the_drawn_distribution_is_reported_per_backend(campaign):
             counts = [int(row[column].split("(")[1].rstrip(")")) for row in rows.values() if row[column] != "-"]
             assert sum(counts) == sum(expected[name].values()), (title, name, rows)
     assert "## Drawn cases that repeat an earlier one" in markdown
+
+
+def test_a_log_files_report_lands_where_the_help_says(tmp_path, capsys):
+    from attnfuzz.cli import main
+    log = tmp_path / "run.jsonl"
+    log.write_text(_line("picky", Case(), Verdict("UNSUPPORTED", None, "no float32"), None))
+    assert main(["report", "--help"]) == 0
+    assert "report/ beside a single log file" in " ".join(capsys.readouterr().out.split())
+    assert main(["report", str(log)]) == 0
+    assert f"report written: {tmp_path / 'report' / 'index.html'}" in capsys.readouterr().out

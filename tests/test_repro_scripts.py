@@ -346,3 +346,42 @@ def test_a_hang_entrys_script_gives_up_and_exits_1_while_the_hang_is_there(tmp_p
     assert time.perf_counter() - start < 60
     fine = corpus_io.save(tmp_path, corpus_io.Entry("sdpa-math", case, PLANTED)).with_suffix(".py")
     assert "WATCHDOG" not in fine.read_text()          # only a hang's script carries the watchdog
+
+
+def _hidden(tmp_path, *modules: str) -> dict:
+    """An environment in which importing each of `modules` fails as a missing module does (a folder of stand-ins that
+    raise, first on PYTHONPATH), the rest as it is."""
+    hide = tmp_path / "hide"
+    hide.mkdir(exist_ok=True)
+    for name in modules:
+        (hide / f"{name}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", name={name!r})\n")
+    return {**os.environ, "PYTHONPATH": str(hide)}
+
+
+def _ran(repro: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_a_script_exits_2_naming_torch_where_torch_cannot_be_imported(tmp_path):
+    """Exit 1 says the bug is there; a script that cannot even start says 2, and which module it lacks."""
+    case = Case(sq=2, skv=3, d_qk=8, d_v=8, causal=True)
+    repro = corpus_io.save(tmp_path, corpus_io.Entry("sdpa-math", case, PLANTED)).with_suffix(".py")
+    assert _ran(repro, {**os.environ}, tmp_path).returncode == 0  # control: with torch, a correct backend passes
+    ran = _ran(repro, _hidden(tmp_path, "torch"), tmp_path)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert "sdpa-math: cannot run this repro here: No module named 'torch'" in ran.stderr and "Traceback" not in \
+        ran.stderr, ran.stderr
+
+
+def test_a_script_exits_2_naming_the_backends_library_where_it_cannot_be_imported(tmp_path):
+    """FA2's call imports flash_attn when it runs; hidden here (installed or not), the script says so and exits 2.
+    An entry whose bug is an import error (CRASH:ModuleNotFoundError) still exits 1 when it comes back."""
+    case = Case(sq=2, skv=3, d_qk=8, d_v=8, dtype="float16")
+    env = _hidden(tmp_path, "flash_attn")
+    repro = corpus_io.save(tmp_path, corpus_io.Entry("fa2", case, PLANTED, device="cpu")).with_suffix(".py")
+    ran = _ran(repro, env, tmp_path)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert "fa2: cannot run this repro here: No module named 'flash_attn'" in ran.stderr, ran.stderr
+    crash = V.Verdict(V.CRASH, "ModuleNotFoundError", "ModuleNotFoundError: No module named 'flash_attn'")
+    crashed = corpus_io.save(tmp_path / "crash", corpus_io.Entry("fa2", case, crash, device="cpu")).with_suffix(".py")
+    assert _ran(crashed, env, tmp_path).returncode == 1  # the control: that import error is the bug, still there

@@ -4,7 +4,8 @@ Everything a lane does is on disk as it happens, so a lane (or the whole campaig
 without losing a finding or repeating finished work:
 
     cases/lane<i>.jsonl     every case run, with its verdict (appended and flushed per case)
-    state/lane<i>.json      rounds finished per backend, seconds spent
+    state/lane<i>.json      per backend: rounds finished, the cases they ran (logged) and the examples Hypothesis ran
+                            (a case drawn again is an example answered from the log, not a case run), seconds
     .inflight-lane<i>.json  the case running now (write-ahead); on resume it runs first
     corpus/                 findings, saved when a round ends (shrunk) or when time runs out (as found)
     db/ or Redis            Hypothesis's example database: failures replay in later rounds, resumes, other lanes
@@ -86,6 +87,7 @@ class Resumable:
         self.backend, self._run, self.log, self.inflight = backend, run, log, inflight
         self.done, self.deadline, self.lane = done, deadline, lane
         self.known = None
+        self.ran = 0  # cases run and logged (not answered from the log)
 
     def rerun(self, case: Case) -> V.Verdict:
         """Run again, past the cache: the harness's confirming reruns of a finding."""
@@ -107,6 +109,7 @@ class Resumable:
             self.log.write(caselog.record(self.backend, case, verdict, time.perf_counter() - start, lane=self.lane,
                                           time=round(time.time(), 3), verdict=verdict.to_dict()))
             self.log.flush()
+            self.ran += 1
         finally:
             self.inflight.unlink(missing_ok=True)
         return verdict
@@ -237,6 +240,7 @@ class Lane:
         if cfg.get("replay_only"):
             settings = type(settings)(settings, phases=(Phase.reuse, Phase.shrink))
         runner.known = either(corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir), seen_in(self.corpus))
+        ran_before = runner.ran
         try:
             tally, findings = fuzz(backend, device=self.device, space=space, settings=settings, worker=runner,
                                    database_key=backend.name)  # no seed: Hypothesis ignores the database if seeded
@@ -248,7 +252,10 @@ class Lane:
         for f in findings:
             path = self.save_finding(backend, f.case, f.verdict, f.attached)
             print(f"[lane {self.index}] {backend.name}: {f.verdict.label} saved as {path}", file=sys.stderr)
-        entry = self.state["backends"].setdefault(backend.name, {"rounds": 0, "examples": 0, "seconds": 0.0})
+        entry = self.state["backends"].setdefault(backend.name, {"rounds": 0, "cases": 0, "examples": 0,
+                                                                 "seconds": 0.0})
+        if "cases" in entry:  # a state saved before lanes counted cases run has none: left unknown
+            entry["cases"] += runner.ran - ran_before
         entry["rounds"] = r + 1
         entry["examples"] += tally.examples
         entry["seconds"] = round(entry["seconds"] + tally.seconds, 3)

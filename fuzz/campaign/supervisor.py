@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.engine import options, poison
 from attnfuzz.report.coverage import Coverage
 from attnfuzz.report.build import build_report
@@ -50,7 +51,8 @@ def add_parser(sub) -> None:
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "
                    "restart and is saved as PROCESS_DIED)")
-    options.add(p, "case-timeout", "max-len", "poison-memory", case_timeout={"default": None, "shown_default": 120})
+    options.add(p, "case-timeout", "max-len", "poison-memory", "skip-unavailable",
+                case_timeout={"default": None, "shown_default": 120})
     p.add_argument("--replay-only", action="store_true", help="replay the database's failures once, draw nothing new")
     p.add_argument("--known", type=Path, help="a corpus whose known bugs are expected failures, beside the corpus "
                    "shipped with attnfuzz (default: the findings folder, see `attnfuzz run --help`)")
@@ -89,8 +91,10 @@ def new_config(args) -> dict:
         why = backend.available()
         if why is None:
             versions[name] = backend.version()
-        else:
+        elif args.skip_unavailable:
             skipped[name] = why
+        else:
+            raise CampaignError(f"--backends: {name} cannot run here: {why} (or pass --skip-unavailable to skip it)")
     if not versions:
         raise CampaignError(f"--backends: none can run here: {skipped}")
     if device == "cuda" and lanes > 1 and any(n.startswith(("ring-", "te-cp-")) for n in versions):
@@ -222,6 +226,10 @@ def warm_jit_backends(config: dict) -> None:
 
 def run_campaign(args) -> int:
     campaign: Path = args.dir
+    try:
+        paths.writable_folder(campaign, "--dir")  # a file there, or no way to write: before anything starts
+    except paths.PathError as e:
+        raise CampaignError(str(e)) from None
     stored_path = campaign / "campaign.json"
     if stored_path.exists():
         config = resumed_config(args, json.loads(stored_path.read_text()))

@@ -21,7 +21,7 @@ import hypothesis
 import torch
 from hypothesis import strategies as st
 
-from attnfuzz.engine import batch, interrupt, poison
+from attnfuzz.engine import batch, hooks, interrupt, poison
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
@@ -321,7 +321,8 @@ def _search(prop, tally: Tally) -> list[Finding]:
     start = time.perf_counter()
     findings: list[Finding] = []
     try:
-        prop()
+        with hooks.listening(tally.note_phases):
+            prop()
     except hypothesis.errors.FlakyFailure as e:
         flaky_findings = findings_of(e)
         if not flaky_findings:

@@ -107,6 +107,8 @@ OPTIONS = {o.name: o for o in (
     Option("isolate", _ISOLATE, action="store_true"),
     Option("case-timeout", _CASE_TIMEOUT, type=positive, default=300.0, metavar="SECONDS"),
     Option("poison-memory", POISON_HELP, action="store_true"),
+    Option("skip-unavailable", "skip a backend named that cannot run here, saying why, instead of stopping with exit "
+           "2 (a run that can run none of its backends still stops)", action="store_true"),
     Option("replay-workers", "corpus entries replayed at once, each in an isolated worker of its own (default 1; "
            "more than 1 implies --isolate)", type=count, default=1, metavar="N"),
     Option("replay-hang-timeout", "seconds a corpus entry saved as a HANG gets when replayed isolated (default "

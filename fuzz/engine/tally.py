@@ -15,7 +15,10 @@ NOTE_WIDTH = 72  # characters of a known bug's note on its summary line
 class Tally:
     """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio (error / bound;
     error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), how many of the
-    batch-checked cases were batch invariant (attnfuzz.engine.batch), and the KNOWN ones per label and entry."""
+    batch-checked cases were batch invariant (attnfuzz.engine.batch), the KNOWN ones per label and entry, and once
+    the search has ended, how many of the examples were new draws (the budget, max_examples, counts these) and how
+    many replayed failures from the example database; the rest shrank failures, and ran each shrunk one once more to
+    report it (engine/hooks.py)."""
 
     examples: int = 0
     labels: Counter = field(default_factory=Counter)
@@ -25,6 +28,8 @@ class Tally:
     batch_checked: int = 0
     batch_invariant: int = 0
     known: dict = field(default_factory=dict)  # (KNOWN label, entry id) -> {"count", "note", "link"}
+    new: int | None = None       # None until the search ends
+    replayed: int = 0
 
     def add(self, verdict: V.Verdict) -> None:
         self.examples += 1
@@ -36,6 +41,9 @@ class Tally:
             self.unsupported[verdict.message] += 1
         elif verdict.status == V.PASS:
             self.worst_ratio = max(self.worst_ratio, verdict.ratio)
+
+    def note_phases(self, new: int, replayed: int) -> None:
+        self.new, self.replayed = new, replayed
 
     def add_known(self, label: str, hit: dict) -> None:
         """One failure, counted as KNOWN under `label`, that the known bug `hit` took (store/known.py's record)."""
@@ -55,7 +63,8 @@ class Tally:
         return lines
 
     def to_dict(self) -> dict:
-        return {"examples": self.examples, "labels": dict(self.labels), "unsupported": dict(self.unsupported),
+        return {"examples": self.examples, "new_examples": self.new, "replayed_examples": self.replayed,
+                "labels": dict(self.labels), "unsupported": dict(self.unsupported),
                 "worst_pass_ratio": self.worst_ratio, "seconds": round(self.seconds, 3),
                 "batch_invariance": {"checked": self.batch_checked, "invariant": self.batch_invariant},
                 "known": [{"label": label, "entry": entry, **seen}

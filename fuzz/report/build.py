@@ -1,5 +1,5 @@
 """The campaign report: `attnfuzz report DIR` reads a campaign directory (or one `attnfuzz run --log` file) and
-writes report.md and index.html, with PNG plots beside them, into DIR/report (or --out).
+writes report.md and index.html, with PNG plots beside them, into DIR/report (report/ beside a log file; or --out).
 
 Read as a stream, so a campaign of millions of cases fits in memory: per backend the labels, the refusal reasons,
 the graded error ratios and the coverage cells. A line that does not parse (the last one of a killed process) is
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
@@ -113,13 +114,15 @@ def _read_lines(campaign: Campaign, path: Path) -> None:
 
 
 def _add_state(state: dict[str, dict], stem: str, data: dict) -> None:
-    """Sum a progress file into per-backend rounds / examples / seconds / lanes: a lane's file holds
-    {"backends": {name: progress}}, a backend's own file (state/<backend>.json) the progress itself."""
+    """Sum a progress file into per-backend rounds / cases / examples / seconds / lanes: a lane's file holds
+    {"backends": {name: progress}}, a backend's own file (state/<backend>.json) the progress itself. Cases are None
+    where a file does not count them (written before lanes did)."""
     per_backend = data["backends"] if "backends" in data else {stem: data}
     for name, progress in per_backend.items():
-        into = state.setdefault(name, {"rounds": 0, "examples": 0, "seconds": 0.0, "lanes": 0})
+        into = state.setdefault(name, {"rounds": 0, "cases": 0, "examples": 0, "seconds": 0.0, "lanes": 0})
         for key in ("rounds", "examples", "seconds"):
             into[key] += progress.get(key) or 0
+        into["cases"] = None if into["cases"] is None or "cases" not in progress else into["cases"] + progress["cases"]
         into["lanes"] += 1
 
 
@@ -136,8 +139,8 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
         if meta.exists():
             try:
                 campaign.meta = json.loads(meta.read_text())
-            except json.JSONDecodeError as e:
-                campaign.unreadable.append(f"{meta}: {e.msg}")
+            except ValueError as e:  # not JSON, not UTF-8
+                campaign.unreadable.append(f"{meta}: {type(e).__name__}: {e}")
         for path in sorted((source / "state").glob("*.json")):
             try:
                 _add_state(campaign.state, path.stem, json.loads(path.read_text()))
@@ -164,9 +167,11 @@ def totals_table(c: Campaign) -> Table:
                      known, str(t.count(*CRASHED)), str(t.count("UNSUPPORTED")),
                      f"{cells['covered']}", f"{cells['failing']}", rate,
                      f"{t.worst_pass:.3g}" if t.count("PASS") else "-", _batch_cell(c.coverage.batch.get(name))])
-    return Table("Totals per backend", ["backend", "version", "examples", "PASS", "FAIL", "KNOWN (found here)",
+    return Table("Totals per backend", ["backend", "version", "cases", "PASS", "FAIL", "KNOWN (found here)",
                                         "CRASH/HANG/FLAKY", "UNSUPPORTED", "cells covered", "cells failing",
                                         "cases/s", "worst PASS ratio", "batch invariant"], rows,
+                 "cases: the cases run, one per logged line (a case Hypothesis draws again is answered from the log, "
+                 "not run again: Progress's examples count it); "
                  f"KNOWN (found here): failures of known bugs; in brackets, those known only because this campaign "
                  f"had saved them already; cells of {SPACE_SIZE} (fuzz/report/coverage.py); cases/s over the seconds the "
                  "backend's lanes spent; worst PASS ratio: how close the passing cases came to the bound (1); batch invariant: of the "
@@ -233,11 +238,13 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
 
 
 def state_table(c: Campaign) -> Table:
-    rows = [[name, str(s["lanes"]), str(s["rounds"]), str(s["examples"]), f"{s['seconds']:.0f}"]
-            for name, s in sorted(c.state.items())]
-    return Table("Progress (state/)", ["backend", "lanes", "rounds", "examples", "seconds"], rows,
-                 "rounds finished and their examples, summed over lanes; a round cut short by the deadline is not "
-                 "counted here, its cases are in the totals above")
+    rows = [[name, str(s["lanes"]), str(s["rounds"]), "-" if s["cases"] is None else str(s["cases"]),
+             str(s["examples"]), f"{s['seconds']:.0f}"] for name, s in sorted(c.state.items())]
+    return Table("Progress (state/)", ["backend", "lanes", "rounds", "cases", "examples", "seconds"], rows,
+                 "rounds finished, summed over lanes: the cases they ran, as the totals above count them (a round cut "
+                 "short by the deadline is not counted here, its cases are in the totals), and the examples Hypothesis "
+                 "ran in them, which also count each case drawn again (a repeat, a shrink step, a replay from the "
+                 "example database), answered from the log")
 
 
 def marginal_tables(c: Campaign) -> list[Table]:
@@ -343,7 +350,8 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("report", help="write report.md and index.html (with plots) for a campaign")
     p.add_argument("source", type=Path, help="a campaign directory, or one `attnfuzz run --log` JSONL file")
-    p.add_argument("--out", type=Path, help="where to write the report (default SOURCE/report)")
+    p.add_argument("--out", type=Path, help="where to write the report (default: SOURCE/report for a campaign "
+                   "directory or a folder of logs, report/ beside a single log file)")
     p.add_argument("--corpus", type=Path, help="read findings from here (default SOURCE/corpus)")
     return p
 
@@ -353,6 +361,8 @@ def cmd_report(args) -> int:
         print(f"attnfuzz report: {args.source} does not exist; give a campaign directory or a --log file",
               file=sys.stderr)
         return 2
+    if args.out:
+        paths.writable_folder(args.out, "--out")
     index = build_report(args.source, args.out, args.corpus)
     print(f"report written: {index} (and report.md beside it)")
     return 0

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.report.build import _short_link
 from attnfuzz.report.table import md_text
 
@@ -19,6 +20,14 @@ Every row is a bug of a backend, with its entries in the shipped corpus (`corpus
 (JSON) and a standalone repro script beside it (`python3 corpus/ENTRY.py` exits 1 while the bug is there). Entries
 marked with a link are known bugs: `pytest corpus` expects them to fail, and every run counts their failures as
 KNOWN. Made by `attnfuzz catalog corpus --out docs/findings.md` from the entries themselves.
+
+"""
+USER_HEADER = """# Findings in {name}
+
+Every row is a bug of a backend, with its entries in `{directory}`: each entry is a minimal case (JSON), with a
+standalone repro script beside it where one was saved (`python3 ENTRY.py` exits 1 while the bug is there). Entries
+marked with a link are known bugs: runs that read this folder count their failures as KNOWN.
+Made by `attnfuzz catalog {directory}` from the entries themselves.
 
 """
 
@@ -65,9 +74,19 @@ def rows(directory: Path) -> list[list[str]]:
 
 
 def markdown(directory: Path) -> str:
+    """The catalog page: the shipped corpus's with its own preamble (docs/findings.md), any other with a neutral one."""
     lines = ["| backend | what | labels | smallest case | link | entries |", "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows(directory)]
-    return HEADER + "\n".join(lines) + "\n"
+    header = HEADER if _is_shipped(directory) else USER_HEADER.format(name=Path(directory).resolve().name,
+                                                                      directory=directory)
+    return header + "\n".join(lines) + "\n"
+
+
+def _is_shipped(directory: Path) -> bool:
+    """Whether `directory` is the corpus attnfuzz ships (corpus/ in a checkout), whatever $ATTNFUZZ_SHIPPED_CORPUS
+    names in its place."""
+    from importlib.resources import files
+    return Path(directory).resolve() == Path(str(files("attnfuzz.shipped_corpus"))).resolve()
 
 
 def add_parser(sub) -> None:
@@ -81,6 +100,8 @@ def cmd_catalog(args) -> int:
     if not directory.is_dir():
         print(f"attnfuzz catalog: {directory} is not a folder; give a corpus folder", file=sys.stderr)
         return 2
+    if args.out:
+        paths.writable_file(args.out, "--out", "findings.md")
     text = markdown(directory)
     if args.out:
         args.out.write_text(text)

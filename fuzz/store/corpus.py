@@ -3,8 +3,10 @@
 Entry fields: schema, signature, backend, backend_version, device, environment, case, verdict, found, last_seen,
 seen, known_bug (null, or a record of what failures count as this known bug: store/known.py). Optional: attached
 ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the entry, each
-a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none. `environment`
-records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it (store/replay.py)."""
+a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none; kernel_path (a
+bring-your-own kernel's: the folder on sys.path its module was imported from, for replaying it from elsewhere).
+`environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
+(store/replay.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class Entry:
     seen: int = 1
     known_bug: dict | None = None
     attached: list[tuple[Case, Verdict]] = field(default_factory=list)  # other labels of the same root cause
+    kernel_path: str | None = None  # a bring-your-own kernel's import folder (store/replay.py's backend_of)
 
     @property
     def signature(self) -> str:
@@ -66,7 +69,8 @@ class Entry:
                 "case": self.case.to_dict(), "verdict": self.verdict.to_dict(), "found": self.found,
                 "last_seen": self.last_seen, "seen": self.seen, "known_bug": self.known_bug,
                 **({"attached": [{"case": c.to_dict(), "verdict": v.to_dict()} for c, v in self.attached]}
-                   if self.attached else {})}
+                   if self.attached else {}),
+                **({"kernel_path": self.kernel_path} if self.kernel_path else {})}
 
     @classmethod
     def from_dict(cls, data, where: str) -> Entry:
@@ -99,10 +103,13 @@ class Entry:
                          Verdict.from_dict(a["verdict"])) for i, a in enumerate(attached)]
         except (KeyError, TypeError, ValueError) as e:
             raise CorpusError(f"{where}: field 'attached' is malformed ({type(e).__name__}: {e})") from None
+        kernel_path = data.get("kernel_path")
+        if kernel_path is not None and not isinstance(kernel_path, str):
+            raise CorpusError(f"{where}: field 'kernel_path' must be a folder's path, got {kernel_path!r}")
         return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
                    backend_version=data.get("backend_version", ""), environment=data.get("environment"),
                    found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
-                   known_bug=known, attached=attached)
+                   known_bug=known, attached=attached, kernel_path=kernel_path)
 
 
 def environment(device: str) -> dict:
@@ -144,11 +151,14 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
             first.attached += [(c, v) for c, v in entry.attached if v.label not in labels]
             path.write_text(json.dumps(first.to_dict(), indent=2, sort_keys=True) + "\n")
             return path
-        except (CorpusError, json.JSONDecodeError):
+        except (CorpusError, ValueError):  # not JSON, not UTF-8
             pass  # an unreadable old file is replaced by the fresh finding
     entry.found = entry.found or stamp
     entry.last_seen = stamp
     entry.environment = entry.environment or environment(entry.device)
+    if entry.kernel_path is None and ":" in entry.backend:  # a bring-your-own kernel: where its module came from
+        from attnfuzz.store.repro import kernel_path
+        entry.kernel_path = kernel_path(entry)
     path.write_text(json.dumps(entry.to_dict(), indent=2, sort_keys=True) + "\n")
     if repro:
         from attnfuzz.store.repro import write_repro
@@ -222,6 +232,9 @@ def load(path: Path) -> Entry:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CorpusError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}), so not a "
+                          f"corpus entry") from None
     except OSError as e:
         raise CorpusError(f"{path}: cannot be read ({e.strerror})") from None
     return Entry.from_dict(data, str(path))

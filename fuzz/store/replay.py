@@ -26,10 +26,28 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     return _replay_here(entry, device, worker)
 
 
-def _replay_here(entry: Entry, device: str, worker=None) -> Verdict:
+def backend_of(entry: Entry, device: str):
+    """The entry's backend. A bring-your-own kernel whose module does not import from here is imported from the
+    folder the entry recorded (kernel_path; the repro script, which goes into bug reports, records none); ValueError
+    says how to fix it where it is not there. (A worker started later inherits this process's sys.path.)"""
     from attnfuzz.backends import get
+    try:
+        return get(entry.backend, device)
+    except ValueError as e:
+        folder = entry.kernel_path
+        if ":" not in entry.backend:
+            raise
+        if folder and os.path.isdir(folder) and folder not in sys.path:
+            sys.path.append(folder)
+            return get(entry.backend, device)
+        where = (f"the entry records {folder}, which is not a folder here" if folder and not os.path.isdir(folder)
+                 else "the entry records no folder it was imported from" if not folder else f"nor from {folder}")
+        raise ValueError(f"{e}; {where}: replay from the folder that holds the module") from None
+
+
+def _replay_here(entry: Entry, device: str, worker=None) -> Verdict:
     from attnfuzz.engine.harness import run_case
-    backend = get(entry.backend, device)
+    backend = backend_of(entry, device)
     if worker is not None and not backend.own_processes:
         return worker.run(entry.case)  # the worker judges availability in its own process (TE after cuDNN fails here)
     why = backend.available()

@@ -1,4 +1,6 @@
-"""Standalone repro scripts for corpus entries: torch and the backend are all they need.
+"""Standalone repro scripts for corpus entries: torch and the backend are all they need. A script exits 1 while the
+bug is there, 0 once it is gone, and 2, naming the module, where what it needs cannot be imported (torch, the
+backend's library, and where the script needs them attnfuzz and a bring-your-own kernel's module).
 
 The script embeds the inputs exactly as the fuzzer drew them, in the memory format the backend saw (for cases up to
 INLINE elements; larger ones are regenerated from the seed, which needs attnfuzz importable) and the float64
@@ -162,9 +164,9 @@ def script(entry) -> str:
     through = call is None
     if through:
         call = _ADAPTER_CALL
-        exits = "exits 1 while the bug is there, 2 when attnfuzz or the kernel cannot be imported here"
+        exits = "exits 1 while the bug is there, 2 when torch, attnfuzz or the kernel cannot be imported here"
     else:
-        exits = "exits 1 while the bug is there"
+        exits = "exits 1 while the bug is there, 2 when torch or the backend's library cannot be imported here"
     rows_list = list(case.lens_q)
     batch = entry.verdict.diagnosis == "BATCH_VARIANT"
     if batch:
@@ -182,11 +184,16 @@ Run with: python3 {Path(entry.filename).with_suffix(".py").name}   ({exits}){whe
 """
 {_isa_pin(entry)}import sys
 
-import torch
-
 BACKEND = {entry.backend!r}
 DEVICE = {entry.device!r}
 CASE = {case.to_dict()!r}
+
+try:
+    import torch
+except ImportError as e:
+    print(f"{{BACKEND}}: cannot run this repro here: {{e}}; install it or run the script where it is", file=sys.stderr)
+    sys.exit(2)  # not 1: 1 says the bug is there
+
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
 ROW_BOUNDS = {literal(c.row_bounds)}  # per output row (batch, query, head): k * naive same-dtype error + rounding floor
 BOUND = {float(c.row_bounds[torch.isfinite(c.row_bounds)].max()) if bool(torch.isfinite(c.row_bounds).any()) else 0.0!r}  # the largest, for the summary line
@@ -232,8 +239,25 @@ def main():
 {_CHECK_LSE}
 {_CHECK_GRADS if case.grads else ""}
 if __name__ == "__main__":  # the guard lets backends that spawn processes (context parallelism) import this file
-{_WATCHDOG if entry.verdict.status == "HANG" else ""}    sys.exit(main())
-'''
+{_WATCHDOG if entry.verdict.status == "HANG" else ""}{_main_call(entry)}'''
+
+
+_MAIN_CALL = """    try:
+        code = main()
+    except ImportError as e:  # the backend's library (imported by the call), or attnfuzz where the script needs it
+        print(f"{BACKEND}: cannot run this repro here: {e}; install it or run the script where it is",
+              file=sys.stderr)
+        sys.exit(2)  # not 1: 1 says the bug is there
+    sys.exit(code)
+"""
+
+
+def _main_call(entry) -> str:
+    """The guard's call of main(): exit 2 when what the call needs cannot be imported, except for an entry whose
+    failure is an import error (a library that fails to import a part of itself on some case): that is its bug."""
+    if any(name in (entry.verdict.diagnosis or "") for name in ("ImportError", "ModuleNotFoundError")):
+        return "    sys.exit(main())\n"
+    return _MAIN_CALL
 
 
 def _isa(entry) -> str | None:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.engine import options
 from attnfuzz.tools.bugwords import (features, joined, library, now_sentence, num, others_sentence, shape,
                                      what_went_wrong)
@@ -54,6 +55,8 @@ def cmd_report_bug(args) -> int:
     except corpus_io.CorpusError as e:
         print(f"attnfuzz report-bug: {e}; give a corpus entry's .json file", file=sys.stderr)
         return 2
+    if args.out:
+        paths.writable_file(args.out, "--out", "bug.md")  # before the cross-check runs every backend
     device, moved = args.device or entry.device, ""
     if device.startswith("cuda") and not torch.cuda.is_available():
         if args.device:

@@ -20,6 +20,7 @@ from pathlib import Path
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import known_bugs_of
+from attnfuzz.store.replay import backend_of
 from attnfuzz.engine import options
 from attnfuzz.oracles import verdict as V
 from attnfuzz.engine.reshrink import as_clear, candidates, shrink  # noqa: F401  (candidates: the steps, for tests)
@@ -36,13 +37,12 @@ def add_parser(sub) -> None:
 
 
 def cmd_shrink(args) -> int:
-    from attnfuzz.backends import get
     from attnfuzz.engine.harness import run_case
     from attnfuzz.engine.isolate import isolated
     try:
         entry = corpus_io.load(args.entry)
         device = args.device or entry.device
-        backend = get(entry.backend, device)
+        backend = backend_of(entry, device)  # a bring-your-own kernel: from the folder the entry recorded, if need be
     except (corpus_io.CorpusError, ValueError) as e:
         print(f"attnfuzz shrink: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from pathlib import Path
 from attnfuzz.store import caselog
 from attnfuzz.engine import options
 from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store import paths
 from attnfuzz.engine.isolate import isolated
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -158,6 +159,7 @@ def markdown(old: dict, new: dict, changes: dict[str, list[dict]]) -> str:
 
 
 def cmd_snapshot(args) -> int:
+    paths.writable_file(args.out, "--out", "snapshot.json")  # before the cases run, not after
     try:
         snap = snapshot(args.sources, label=args.label, device=args.device, max_cases=args.max_cases,
                         case_timeout=args.case_timeout)
@@ -176,7 +178,7 @@ def cmd_snapshot(args) -> int:
 def cmd_diff(args) -> int:
     try:
         old, new = (json.loads(p.read_text()) for p in (args.old, args.new))
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # missing, not JSON, not UTF-8
         print(f"attnfuzz diff: cannot read a snapshot ({e}); make them with `attnfuzz snapshot`", file=sys.stderr)
         return 2
     changes = diff(old, new)

@@ -1,0 +1,70 @@
+"""What `attnfuzz run` shows and keeps as it goes: the status line per backend, and the case log of --log."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from attnfuzz.engine.harness import Tally
+from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.store import caselog
+from attnfuzz.strategies.case import Case
+
+
+class Progress:
+    """One status line on stderr, redrawn at most every 0.2 s (a plain line every 10 s when not a terminal)."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.last, self.start = name, total, 0.0, time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, tally: Tally, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not final and now - self.last < (0.2 if self.tty else 10.0):
+            return
+        self.last = now
+        rate = tally.examples / max(now - self.start, 1e-9)
+        counts = "  ".join(f"{k} {v}" for k, v in sorted(tally.labels.items()))
+        line = f"[{self.name}] {examples(tally, self.total)}, {rate:.1f}/s  {counts}"
+        sys.stderr.write(("\r" + line[:150].ljust(150)) if self.tty else line + "\n")
+        if final and self.tty:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def examples(tally: Tally, budget: int) -> str:
+    """'57/100 examples' while that is all there is to say; where Hypothesis ran more than its budget of new draws,
+    what the others did: replay failures from the example database, shrink failures and report them."""
+    if tally.new is None:  # during the search: only the budget is known
+        if tally.examples <= budget:
+            return f"{tally.examples}/{budget} examples"
+        return f"{tally.examples} examples (at most {budget} new; the rest replay or shrink failures)"
+    shrinking = tally.examples - tally.new - tally.replayed
+    if not tally.replayed and not shrinking:
+        return f"{tally.examples}/{budget} examples"
+    parts = [f"{tally.new} new of {budget}"] + [f"{tally.replayed} from the example database"] * bool(
+        tally.replayed) + [f"{shrinking} shrinking"] * bool(shrinking)
+    return f"{tally.examples} examples ({', '.join(parts)})"
+
+
+class CaseLog:
+    """One JSON line per case run, flushed as it goes, so a run that is killed still leaves its record."""
+
+    def __init__(self, path: Path | None, backend: str):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("a") if path else None
+        self.backend, self.last = backend, time.perf_counter()
+
+    def write(self, case: Case, verdict: Verdict) -> None:
+        if self.file is None:
+            return
+        now = time.perf_counter()
+        self.file.write(caselog.record(self.backend, case, verdict, now - self.last, verdict=verdict.to_dict()))
+        self.file.flush()
+        self.last = now
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()

@@ -157,13 +157,21 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
     entry.last_seen = stamp
     entry.environment = entry.environment or environment(entry.device)
     if entry.kernel_path is None and ":" in entry.backend:  # a bring-your-own kernel: where its module came from
-        from attnfuzz.store.repro import kernel_path
-        entry.kernel_path = kernel_path(entry)
+        entry.kernel_path = _import_folder(entry)
     path.write_text(json.dumps(entry.to_dict(), indent=2, sort_keys=True) + "\n")
     if repro:
         from attnfuzz.store.repro import write_repro
         write_repro(entry, path.with_suffix(".py"))
     return path
+
+
+def _import_folder(entry: Entry) -> str | None:
+    """The folder on sys.path that this process imported a bring-your-own kernel's module from (replay's fallback)."""
+    from attnfuzz.backends import get
+    try:
+        return getattr(get(entry.backend, entry.device), "import_path", None)
+    except ValueError:
+        return None
 
 
 class AsFound:

@@ -86,6 +86,7 @@ def test_eager_every_feature_and_spelling_passes():
     assert passed >= 20 and {"", "score_mask", "repeat_kv"} <= spellings, (passed, spellings)
 
 
+@pytest.mark.slow
 def test_eager_random_cases_never_fail():
     backend = get("flex-eager", "cpu")
     space = Space(max_batch=2, max_len=32, max_heads=4, max_head_dim=32)

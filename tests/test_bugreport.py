@@ -63,6 +63,7 @@ def _entry(tmp_path, backend, case, verdict, **fields):
     return corpus_io.save(tmp_path, corpus_io.Entry(backend, case, verdict, **fields))
 
 
+@pytest.mark.slow
 def test_report_has_the_repro_the_worst_element_and_a_row_per_backend_and_shows_the_disagreement(tmp_path, monkeypatch):
     verdict = run_case(get(ZERO, "cpu"), CAUSAL)
     assert verdict.label == "FAIL:ALL_ZERO"

@@ -164,6 +164,7 @@ def test_the_compile_key_tells_knobs_apart():
     assert len({backend.compile_key(case.replace(spelling=s)) for s in spellings}) == len(spellings) == 28
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [
     cuda_case(sq=12, skv=20, causal=True, seed=1, **GQA),
     cuda_case(b=3, sq=16, skv=20, seqlens_q=(5, 16, 2), seqlens_kv=(16, 4, 20), layout="thd", causal=True, seed=2,
@@ -185,6 +186,7 @@ def test_knob_spellings_run_and_pass_through_inductor_on_cpu(case):
                                                                 if v.status != V.PASS}
 
 
+@pytest.mark.slow
 def test_the_repro_script_passes_the_kernel_options(tmp_path):
     case = Case(sq=16, skv=16, causal=True, dtype="float32", seed=1, spelling="tiles32", d_qk=16, d_v=16)
     path = write(tmp_path, "flex-compiled", case)

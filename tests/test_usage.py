@@ -4,6 +4,7 @@ way, findings never land in the shipped corpus, and the shipped known bugs are k
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -297,18 +298,24 @@ def test_the_progress_line_says_what_the_examples_past_the_budget_did(tmp_path, 
     assert "[sdpa-math] 20/20 examples, " in capsys.readouterr().err  # control: no failure, nothing but new draws
 
 
-def test_a_run_keeps_its_example_database_out_of_the_working_folder(tmp_path, monkeypatch, capsys):
+def test_a_run_keeps_its_example_database_out_of_the_working_folder(tmp_path):
     """Unseeded, a run reads and writes Hypothesis's example database: in the per-user data folder, not the working
-    folder, and keyed by the findings folder, so a failure replays first where it was found and nowhere else."""
+    folder, and keyed by the findings folder, so a failure replays first where it was found and nowhere else. (Run
+    outside a CI environment: there Hypothesis's own ci profile, the base of attnfuzz's, keeps no database.)"""
     from attnfuzz.store.examples import examples_dir
     work = tmp_path / "work"
     work.mkdir()
-    monkeypatch.chdir(work)
-    argv = ["run", "--backend", "tests.misbehaving:zero_when_causal", "--max-examples", "60", "--corpus"]
-    assert main(argv + [str(tmp_path / "a")]) == 1
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])  # tests.misbehaving from the working folder
+
+    def run(findings: str) -> str:
+        ran = subprocess.run([sys.executable, "-m", "attnfuzz", "run", "--backend", "tests.misbehaving:zero_when_causal",
+                              "--max-examples", "60", "--corpus", str(tmp_path / findings)], cwd=work, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 1, ran.stderr[-3000:]
+        return ran.stderr
+
+    run("a")
     assert list(work.iterdir()) == [] and any(examples_dir().rglob("*")), list(work.iterdir())
-    capsys.readouterr()
-    assert main(argv + [str(tmp_path / "b")]) == 1
-    assert "from the example database" not in capsys.readouterr().err  # another findings folder: nothing replayed
-    assert main(argv + [str(tmp_path / "a")]) == 1
-    assert "from the example database" in capsys.readouterr().err  # control: the same folder replays its failure
+    assert "from the example database" not in run("b")  # another findings folder: nothing replayed
+    assert "from the example database" in run("a")  # control: the same folder replays its failure

@@ -47,8 +47,8 @@ class Tally:
 
     def add_known(self, label: str, hit: dict) -> None:
         """One failure, counted as KNOWN under `label`, that the known bug `hit` took (store/known.py's record)."""
-        seen = self.known.setdefault((label, hit.get("id") or hit["link"]),
-                                     {"count": 0, "note": hit.get("note", ""), "link": hit["link"]})
+        seen = self.known.setdefault((label, hit.get("id") or hit.get("link", "")),
+                                     {"count": 0, "note": hit.get("note", ""), "link": hit.get("link", "")})
         seen["count"] += 1
 
     def known_lines(self) -> list[str]:
@@ -88,7 +88,7 @@ class CountedKnown:
         hit = self.known(backend, case, verdict)
         self.last = (case, hit) if hit is not None else None
         if hit is not None:
-            self.tally.add_known(V.as_known(verdict, hit["link"], None).label, hit)
+            self.tally.add_known(V.as_known(verdict, hit.get("link", ""), None).label, hit)
         return hit
 
     def named(self, case: Case, verdict: V.Verdict) -> V.Verdict:
@@ -96,4 +96,4 @@ class CountedKnown:
         if verdict.status != V.KNOWN or self.last is None or self.last[0] is not case:
             return verdict
         hit = self.last[1]
-        return V.as_known(verdict, hit["link"], hit.get("id"))
+        return V.as_known(verdict, hit.get("link", ""), hit.get("id"))

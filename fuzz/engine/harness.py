@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import sys
 import time
 import traceback
 from collections import Counter
@@ -34,6 +35,9 @@ from attnfuzz.strategies.cases import attention_cases, pick
 from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
 from attnfuzz.strategies.streams import seed_only_streams
+
+if sys.version_info < (3, 11):  # Python 3.10: the backport Hypothesis depends on there
+    from exceptiongroup import BaseExceptionGroup
 
 
 class Finding(AssertionError):

@@ -9,6 +9,9 @@ import sys
 
 from hypothesis import reporting, statistics
 
+if sys.version_info < (3, 11):  # Python 3.10: the backport Hypothesis depends on there
+    from exceptiongroup import BaseExceptionGroup
+
 
 def phase_counts(stats: dict) -> tuple[int, int]:
     """(new, replayed): the calls of the generate and target phases, which the budget (max_examples) counts, and of

@@ -9,7 +9,6 @@ with the right diagnosis, cases needing a field the kernel lacks are refused, an
 from __future__ import annotations
 
 import math
-import json
 import os
 import subprocess
 import sys
@@ -371,41 +370,3 @@ def test_a_kernel_declares_the_fused_gradient_baseline():
     """fn.family = "fused" is the backend's tolerance family (oracles/tolerance.py, FUSED_BACKWARD); else "custom"."""
     assert load_custom(f"{HERE}:fused_attention").family == "fused"
     assert load_custom(f"{HERE}:example_attention").family == "custom"
-
-
-KERNEL = """import torch
-
-
-def attention(q, k, v, *, causal, window, bottom_right, scale):
-    return torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
-"""
-
-
-def test_a_custom_kernels_entry_replays_from_any_folder(tmp_path, monkeypatch):
-    """The entry records the folder its kernel's module was imported from, and replay imports it from there where
-    it does not import otherwise (as the repro script does): the bug is still there, exit 1, not a skip and exit 0.
-    An entry that records no folder exits 2 saying how to fix it."""
-    from attnfuzz.store import corpus as corpus_io
-    kernels, elsewhere = tmp_path / "kernels", tmp_path / "elsewhere"
-    kernels.mkdir()
-    elsewhere.mkdir()
-    (kernels / "replayed_kernel.py").write_text(KERNEL)
-    monkeypatch.syspath_prepend(str(kernels))
-    entry = corpus_io.Entry("replayed_kernel:attention", Case(sq=4, skv=4, d_qk=8, d_v=8),
-                            V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0"))
-    path = corpus_io.save(tmp_path / "corpus", entry, repro=False)
-    assert json.loads(path.read_text())["kernel_path"] == str(kernels)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-    def replay(cwd):
-        return subprocess.run([sys.executable, "-m", "attnfuzz", "replay", str(path)], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=300)
-
-    ran = replay(elsewhere)
-    assert ran.returncode == 1 and "FAIL:ALL_ZERO" in ran.stdout, ran.stdout + ran.stderr
-    data = json.loads(path.read_text())
-    data.pop("kernel_path")
-    path.write_text(json.dumps(data))  # as an entry saved before entries recorded it
-    ran = replay(elsewhere)
-    assert ran.returncode == 2 and "replay from the folder that holds the module" in ran.stdout, ran.stdout
-    assert replay(kernels).returncode == 1  # control: from the folder that holds it, it imports as it is

@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnfuzz.strategies.cases import SMALL_LEN
+from attnfuzz.strategies.lengths import SMALL_LEN
 from attnfuzz.strategies.space import Space
 
 SMALL = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)

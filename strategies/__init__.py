@@ -1,7 +1,8 @@
 """The case language and the strategies that draw it."""
 
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import attention_cases, lengths
+from attnfuzz.strategies.cases import attention_cases
+from attnfuzz.strategies.lengths import lengths
 from attnfuzz.strategies.materialize import Tensors, materialize
 from attnfuzz.strategies.space import Space, narrow_to
 

@@ -29,7 +29,9 @@ from typing import Callable
 from hypothesis import strategies as st
 
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import _uniform_from, alibi_slopes, work
+from attnfuzz.strategies.cases import alibi_slopes
+from attnfuzz.strategies.choices import _uniform_from
+from attnfuzz.strategies.lengths import work
 
 INDEXES = 2**16  # the range of the index choice (two base-256 digits): CompiledConfigs.named maps it to one
 

@@ -13,7 +13,8 @@ from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.report.coverage import Distribution, shape_class
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import DECODE_MAX_QUERIES, DECODE_MIN_KEYS, SMALL_LEN, _keys, attention_cases, work
+from attnfuzz.strategies.cases import attention_cases
+from attnfuzz.strategies.lengths import DECODE_MAX_QUERIES, DECODE_MIN_KEYS, SMALL_LEN, _keys, work
 from attnfuzz.strategies.space import GPU_MAX_DECODE_LEN, GPU_MAX_LEN, Space, narrow_to
 from tests import broken
 

@@ -19,7 +19,7 @@ from attnfuzz.engine import reshrink
 from attnfuzz.backends.base import Backend
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import work
+from attnfuzz.strategies.lengths import work
 from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
 from attnfuzz.strategies.space import Space
 

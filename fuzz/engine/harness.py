@@ -31,7 +31,8 @@ from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import Oracle, grade
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.cases import attention_cases, pick
+from attnfuzz.strategies.cases import attention_cases
+from attnfuzz.strategies.choices import pick
 from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
 from attnfuzz.strategies.streams import seed_only_streams

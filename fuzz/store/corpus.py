@@ -21,7 +21,7 @@ from pathlib import Path
 from attnfuzz.store.known import known_bugs_of, record_problem
 from attnfuzz.oracles.verdict import CRASH, FLAKY, HANG, Verdict
 from attnfuzz.strategies.case import SCHEMA, Case
-from attnfuzz.strategies.cases import work
+from attnfuzz.strategies.lengths import work
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
 

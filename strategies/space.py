@@ -34,9 +34,9 @@ def _subset(name: str, value, allowed) -> None:
 class Space:
     """Bounds and feature switches for attention_cases(). Defaults are a CPU's (`for_device` gives a GPU's).
 
-    max_len: the longest sequence; past attnfuzz.strategies.cases.SMALL_LEN only the one case in `long_one_in` that
+    max_len: the longest sequence; past attnfuzz.strategies.lengths.SMALL_LEN only the one case in `long_one_in` that
     draws a long shape reaches it. max_decode_len: the most keys a decode shape draws (default: max_len). max_work:
-    what a case may cost the float64 oracle, in multiply-adds (attnfuzz.strategies.cases.work: b * h * sq * skv *
+    what a case may cost the float64 oracle, in multiply-adds (attnfuzz.strategies.lengths.work: b * h * sq * skv *
     (d_qk + d_v + 32); 2**24 is about 0.1 to 0.3 s on one CPU core). head_dims: the head dims a backend takes on
     their own (narrow_to), None for every listed one up to max_head_dim."""
 
@@ -188,3 +188,30 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     changes["alignments"] = tuple(a for a in space.alignments if takes(causal=True, sq=16, alignment=a)
                                   or takes(causal=True, skv=16, alignment=a)) or space.alignments[:1]
     return space.replace(**changes)
+
+
+def draws(space: Space, case: Case) -> bool:
+    """Whether attention_cases(space) can draw `case`'s features: each one the space turns on, each choice among the
+    space's, its lengths and head dims within bounds (its exact lengths and cost are not checked: a witness of a
+    feature combination, fuzz/report/combos.py, needs the combination drawable, not the case)."""
+    family = case.values not in ("gaussian", "probe")
+    longest = case.skv if case.sq <= 16 else max(case.sq, case.skv)
+    heads = space.head_dims is None or (case.d_qk in space.head_dims and case.d_v in space.head_dims)
+    checks = (
+        case.dtype in space.dtypes, case.layout in space.layouts, case.memory in space.memory,
+        case.softmax in space.softmaxes, all(s in space.storages for s in case.storage),
+        not case.causal or space.causal, case.window == (None, None) or space.windows,
+        not case.padded or case.layout == "thd" or case.paged or space.padding,
+        case.mask_density is None or space.explicit_mask, case.softcap is None or space.softcap,
+        case.alibi_slopes is None or space.alibi, case.h == case.hk or space.gqa,
+        case.d_qk == case.d_v or space.split_head_dims, not case.grads or space.grads,
+        case.values != "probe" or space.probes, not family or space.value_families,
+        space.paged if case.paged else space.unpaged,
+        case.page_size is None or case.page_size in space.page_sizes,
+        max(case.d_qk, case.d_v) <= space.max_head_dim and heads,
+        case.sq <= space.max_len and longest <= (space.decode_len if case.sq <= 16 else space.max_len),
+        case.alignment in space.alignments or (case.right is None and case.alibi_slopes is None),
+        # the float64 oracle's cost with one sequence and one group of heads (attnfuzz.strategies.lengths.work)
+        case.sq * case.skv * (case.d_qk + case.d_v + 32) * (case.h // case.hk) <= space.max_work,
+    )
+    return all(checks)

@@ -20,8 +20,24 @@ from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
 _NO_SINK_FAMILIES = tuple(f for f in FAMILIES if f != "large_sink")
 HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
 WIDE_ONE_IN = 5        # one head dim in 5 is above 128, where the Space has such
-STORAGE_ONE_IN = 6     # one bshd case without a paged cache in 6 lays q, k, v out in drawn buffers (Case.storage)
+STORAGE_ONE_IN = 3     # one bshd case without a paged cache in 3 lays q, k, v out in drawn buffers (Case.storage)
 SOFTCAPS = (5.0, 30.0, 0.5)  # the softcaps drawn; shrinks toward the first
+# A case's richness, drawn first: the odds of every optional feature (a mask, a window, padding, a softcap, ALiBi,
+# gradients, probe and family values, a paged cache, drawn buffers, a wide head dim, a long shape), times its everyday
+# odds: none (plain, each at MIN_ODDS), the everyday odds, or twice them, by two fair coins (a weighted or uniform
+# integer choice came out on its last value 38-39 % of the time in Hypothesis's generation; its coins keep their
+# odds better). As drawn (bench/combos.py, 2,000 cases): plain 41 %, everyday 25 %, twice 34 %, a mean of about 1, so
+# each feature keeps its share of the cases and of the time (gradients 24.2 % against 24.7 % without richness, long
+# shapes 8.1 % against 8.0 %), while cases that combine several rare features come 2 to 4 times as often (outlier
+# channels with a head dim over 128 and gradients: 58 against 29 in 10,000; probe values over long keys in bf16: 57
+# against 15). Richness is a swarm configuration with one knob: it correlates the features without moving their
+# marginals. Each feature's coin is drawn either way, so a shrink of the richness leaves the case as it is.
+RICHNESS = (0.0, 1.0, 2.0)
+
+
+def _richness(draw) -> float:
+    """The case's RICHNESS: plain on the first coin, else the everyday odds or twice them on the second."""
+    return (RICHNESS[2] if coin(draw, 2) else RICHNESS[1]) if coin(draw, 2) else RICHNESS[0]
 
 
 @lru_cache(maxsize=None)
@@ -38,28 +54,28 @@ def _head_dim_lists(space: Space) -> tuple[tuple[tuple[int, ...], ...], tuple[in
     return narrow or (wide,), wide if narrow else ()
 
 
-def _one_head_dim(draw, space: Space, room: int) -> int:
+def _one_head_dim(draw, space: Space, room: int, odds: float) -> int:
     """Above 128 one time in WIDE_ONE_IN (where the space has such), else usual or odd; no larger than `room` (the
     smallest one where none fits). The list is picked before the coin, so a shrink to a narrow head dim does not
     add a choice (see uniform)."""
     narrow, wide = _head_dim_lists(space)
     base = pick(draw, narrow)
-    options = wide if wide and coin(draw, WIDE_ONE_IN) else base
+    options = wide if wide and coin(draw, WIDE_ONE_IN, odds) else base
     # where no wide one fits the room, the narrow list's (a wide head dim on a long case passed max_work)
     return pick(draw, tuple(d for d in options if d <= room) or tuple(d for d in base if d <= room) or (min(base),))
 
 
-def _head_dim(draw, space: Space, room: int, d_qk: int | None = None) -> int:
+def _head_dim(draw, space: Space, room: int, odds: float, d_qk: int | None = None) -> int:
     """d_qk (`d_qk` None), or d_v: the same as d_qk, another one, or d_qk's special partner (HEAD_DIM_PAIRS) where
     the space has it."""
     if d_qk is None:
-        return _one_head_dim(draw, space, room)
+        return _one_head_dim(draw, space, room, odds)
     partner = HEAD_DIM_PAIRS.get(d_qk)
     narrow, wide = _head_dim_lists(space)
     partner = partner if partner in wide or any(partner in dims for dims in narrow) else None
     branch = pick(draw, (0, 1, 2) if partner is not None else (0, 1))
     if branch == 1:
-        return _one_head_dim(draw, space, room)
+        return _one_head_dim(draw, space, room, odds)
     return partner if branch == 2 and partner <= room else d_qk
 
 
@@ -74,9 +90,10 @@ def _bound_branches(seq: int) -> tuple[st.SearchStrategy[int | None], ...]:
     return st.none(), st.just(0), st.integers(1, 8), st.sampled_from([max(seq - 1, 0), seq, seq + 7])
 
 
-def _sometimes(draw, one_in: int) -> bool:
-    """True once in `one_in` draws (coin); shrinks to False, so a shrunk case keeps only the features it needs."""
-    return coin(draw, one_in)
+def _sometimes(draw, one_in: int, odds: float = 1.0) -> bool:
+    """True once in `one_in` draws, times `odds` (coin); shrinks to False, so a shrunk case keeps only the features it
+    needs."""
+    return coin(draw, one_in, odds)
 
 
 def _seqlens(draw, b: int, full: int) -> tuple[int, ...]:
@@ -96,12 +113,13 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     dtypes, causal masks at both alignments, sliding windows (0, small, larger than the sequence), padding and
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
-    sq, skv = _lengths(draw, space)
+    odds = _richness(draw)   # first, so that a shrink toward plain does not move the other choices
+    sq, skv = _lengths(draw, space, odds)
     # Head dims, then batch and heads, within space.max_work (see work()): the float64 oracle's cost, which a long
     # case would otherwise multiply by thousands
     room = max(1, space.max_work // (sq * skv) - SCORE_COST)
-    d_qk = _head_dim(draw, space, room // 2)
-    d_v = _head_dim(draw, space, room - d_qk, d_qk) if space.split_head_dims else d_qk
+    d_qk = _head_dim(draw, space, room // 2, odds)
+    d_v = _head_dim(draw, space, room - d_qk, odds, d_qk) if space.split_head_dims else d_qk
     room = max(1, space.max_work // (sq * skv * (d_qk + d_v + SCORE_COST)))
     b = uniform(draw, 1, max(1, min(space.max_batch, room)))
     heads = max(1, min(space.max_heads, room // b))
@@ -114,58 +132,59 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     dtype = draw(_one_of(tuple(space.dtypes)))
     layout = draw(_one_of(tuple(space.layouts)))
 
-    if layout == "thd" or (space.padding and _sometimes(draw, 4)):
+    if layout == "thd" or (space.padding and _sometimes(draw, 4, odds)):
         seqlens_q = _seqlens(draw, b, sq)
         seqlens_kv = _seqlens(draw, b, skv)
     else:
         seqlens_q = seqlens_kv = None
 
-    causal = space.causal and _sometimes(draw, 3)
+    causal = space.causal and _sometimes(draw, 3, odds)
     window: tuple[int | None, int | None] = (None, None)
-    if space.windows and _sometimes(draw, 4):
+    if space.windows and _sometimes(draw, 4, odds):
         left = _either(draw, _bound_branches(skv))
         window = (left, None if causal else _either(draw, _bound_branches(skv)))
     alignment = draw(_one_of(tuple(space.alignments)))
     mask_density = None
-    if space.explicit_mask and _sometimes(draw, 8):
+    if space.explicit_mask and _sometimes(draw, 8, odds):
         mask_density = draw(_one_of((0.5, 0.9, 0.1, 0.0, 1.0)))
 
     scale = None
-    if space.custom_scale and _sometimes(draw, 6):
+    if space.custom_scale and _sometimes(draw, 6, odds):
         scale = draw(_one_of((1.0, 0.5 / math.sqrt(d_qk), 2.0 / math.sqrt(d_qk), 0.01)))
-    softcap = draw(_one_of(SOFTCAPS)) if space.softcap and _sometimes(draw, 6) else None
+    softcap = draw(_one_of(SOFTCAPS)) if space.softcap and _sometimes(draw, 6, odds) else None
     alibi = None
-    if space.alibi and _sometimes(draw, 6):
+    if space.alibi and _sometimes(draw, 6, odds):
         alibi = alibi_slopes(h)
     softmax = draw(_one_of(tuple(space.softmaxes)))
     memory = draw(_one_of(tuple(m for m in space.memory if m != "expanded_kv" or hk > 1) or ("contiguous",)))
 
     mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-    if space.extreme_logits and _sometimes(draw, 5):
+    if space.extreme_logits and _sometimes(draw, 5, odds):
         qk_std = draw(_one_of((0.01, 4.0, 10.0)))
         std = (qk_std, qk_std, draw(_one_of((1.0, 0.001, 100.0))))
         mean = (0.0, draw(_one_of((0.0, 3.0))), 0.0)
-    grads = space.grads and _sometimes(draw, 4)
+    grads = space.grads and _sometimes(draw, 4, odds)
     seed = draw(_ints(0, 2**32 - 1))
     # Probes one case in five: enough to meet every band, padding and GQA shape often, and few enough that the
     # random values keep testing weights and rounding. Drawn last, so every other field of a stream is as before;
     # shrinks toward "gaussian", so a probe case stays one only when the failure needs it.
-    values = "probe" if space.probes and _sometimes(draw, 5) else "gaussian"
-    # A value family (strategies/materialize.py) one non-probe case in four, so a fifth of all cases: split evenly
-    # over the six families, 1/30 each; large_sink makes the softmax learnable, the only one it takes (off-by-one's
-    # sink is 0 by definition). Drawn after the probe switch, so probe and gaussian cases keep
-    # their fields; shrinks toward "gaussian", then toward the first family (far_negative).
-    if values == "gaussian" and space.value_families and _sometimes(draw, 4):
+    values = "probe" if space.probes and _sometimes(draw, 5, odds) else "gaussian"
+    # A value family (strategies/materialize.py) one non-probe case in two, so two fifths of all cases: split evenly
+    # over the six families, 1/15 each (they cost no more than Gaussian values and reach the extreme logits where
+    # kernels break, so each meets the other rare features often); large_sink makes the softmax learnable, the only
+    # one it takes (off-by-one's sink is 0 by definition). Drawn after the probe switch, so probe and gaussian cases
+    # keep their fields; shrinks toward "gaussian", then toward the first family (far_negative).
+    if values == "gaussian" and space.value_families and _sometimes(draw, 2, odds):
         values = pick(draw, FAMILIES if "learnable" in space.softmaxes else _NO_SINK_FAMILIES)
-        if values == "large_sink":  # sinks need a learnable softmax: one case in 30, whatever softmax was drawn
+        if values == "large_sink":  # sinks need a learnable softmax: one case in 15, whatever softmax was drawn
             softmax = "learnable"
     page_size, shared = None, 0
-    if space.paged and (not space.unpaged or _sometimes(draw, 3)):  # drawn after `values`, the stream's end
+    if space.paged and (not space.unpaged or _sometimes(draw, 3, odds)):  # drawn after `values`, the stream's end
         page_size, shared, sq, seqlens_q, seqlens_kv, alignment = _paged(draw, space, b, sq, skv, seqlens_q,
                                                                            seqlens_kv, alignment)
         grads = False
     storage = PLAIN_STORAGE
-    if len(space.storages) > 1 and layout == "bshd" and page_size is None and _sometimes(draw, STORAGE_ONE_IN):
+    if len(space.storages) > 1 and layout == "bshd" and page_size is None and _sometimes(draw, STORAGE_ONE_IN, odds):
         storage = tuple(pick(draw, space.storages) for _ in range(3))   # per tensor; each shrinks toward "plain"
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,

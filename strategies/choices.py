@@ -41,12 +41,17 @@ class _span:
         return False
 
 
-def coin(draw, one_in: int) -> bool:
-    """True once in `one_in` draws, as one weighted boolean choice: an index drawn from range(n) would give n - 1
-    choices that all mean False, and Hypothesis, which never repeats a choice sequence but does not know they alias,
-    drew the same case again through them (a third of a run's cases, measured). Shrinks to False."""
+MIN_ODDS, MAX_ODDS = 1 / 256, 0.9  # a coin's chance, at least and at most: never certain either way, so a replayed
+#                                   choice is one the coin can make whatever the odds it was drawn with
+
+
+def coin(draw, one_in: int, odds: float = 1.0) -> bool:
+    """True once in `one_in` draws (`odds` times that, within MIN_ODDS..MAX_ODDS), as one weighted boolean choice: an
+    index drawn from range(n) would give n - 1 choices that all mean False, and Hypothesis, which never repeats a
+    choice sequence but does not know they alias, drew the same case again through them (a third of a run's cases,
+    measured). Shrinks to False."""
     with _span(_source(draw)) as data:
-        return data.draw_boolean(1 / one_in)
+        return data.draw_boolean(min(MAX_ODDS, max(MIN_ODDS, odds / one_in)))
 
 
 def _digits(span: int) -> int:

@@ -85,15 +85,15 @@ def ladder_length(draw, lo: int, hi: int) -> int:
     return n
 
 
-def _lengths(draw, space: Space) -> tuple[int, int]:
-    """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in space.long_one_in,
-    where space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries
+def _lengths(draw, space: Space, odds: float = 1.0) -> tuple[int, int]:
+    """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in space.long_one_in
+    (`odds` times that: the case's richness, attnfuzz.strategies.cases.RICHNESS), where space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries
     over DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Keys stop where even one head of the
     narrowest head dims would pass space.max_work (on a CPU, squares up to about 700). Shrinks toward the short
     cases."""
     short = min(space.max_len, SMALL_LEN)
     kinds = _long_kinds(space)
-    if kinds and coin(draw, space.long_one_in):
+    if kinds and coin(draw, space.long_one_in, odds):
         kind = pick(draw, kinds)
         if kind == "decode":
             sq = uniform(draw, 1, DECODE_MAX_QUERIES)

@@ -147,7 +147,10 @@ SETTINGS = profile("ci", max_examples=1000)  # each family is one case in 30
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_a_bug_only_a_family_reaches_is_found_and_shrunk_to_its_plainest_case(name):
     families, labels = PLANTED[name]
-    tally, findings = fuzz(load_custom(f"tests.value_kernels:{name}", "cpu"), space=SPACE, settings=SETTINGS)
+    # one-wide fp16 keys repeat among a few dozen Gaussian draws, where dedup_keys is wrong without any family
+    # (found so: sq = skv = 78, d = 1): from 8 columns up a repeat takes a family
+    space = SPACE.replace(head_dims=(8, 16, 32, 64)) if name == "dedup_keys" else SPACE
+    tally, findings = fuzz(load_custom(f"tests.value_kernels:{name}", "cpu"), space=space, settings=SETTINGS)
     assert findings, f"{name}: nothing found in {tally.to_dict()}"
     # families overlap (a large sink pulls rows far below zero, an anti-aligned key with d = 1 is a zero key, a row
     # shift of -1024 needs fp32 logits): every finding is in some family, never on plain or probe values, and one at

@@ -16,6 +16,7 @@ from attnfuzz.exits import UsageError
 from attnfuzz.tools import bugreport, shrink, versiondiff
 from attnfuzz.campaign import supervisor as campaign
 from attnfuzz.report import catalog, build as report, triage
+from attnfuzz.report.combos import Combos, describe, feasible_of
 from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
@@ -131,11 +132,14 @@ def cmd_run(args) -> int:
         log = CaseLog(args.log, name)
 
         as_found = corpus_io.AsFound(name, args.device, backend.version())
+        graded = Combos()
 
         def on_case(case, verdict, seen):
             progress.update(seen)
             log.write(case, verdict)
             as_found.see(case, verdict)
+            if args.json and verdict.status != V.UNSUPPORTED:
+                graded.add(case)
 
         try:
             tally, findings = fuzz(backend, device=args.device, space=space, settings=backend_settings,
@@ -165,6 +169,9 @@ def cmd_run(args) -> int:
             print(f"[{name}] met before the shrunk finding, saved as found: {said}", file=sys.stderr)
         found += len(saved)
         summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
+        if args.json:   # which feature combinations the graded cases reached, of those the backend can take
+            summary[name]["combinations"] = graded.report(feasible_of(backend, space))
+            print(f"[{name}] {describe(summary[name]['combinations'])}", file=sys.stderr)
         print(f"[{name}] {tally.examples} examples in {tally.seconds:.1f}s; "
               f"{len(saved)} finding(s) saved to {args.corpus}", file=sys.stderr)
         if tally.batch_checked:  # the property as observed; a backend that claims it fails where it breaks

@@ -24,6 +24,8 @@ from attnfuzz.store import paths
 from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
+from attnfuzz.report.combos import Combos, campaign_reports, combos_table
+from attnfuzz.strategies.case import Case
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
 CRASHED = ("CRASH", "HANG", "FLAKY")
@@ -63,6 +65,7 @@ class Campaign:
     state: dict[str, dict] = field(default_factory=dict)
     totals: dict[str, BackendTotals] = field(default_factory=dict)
     coverage: Coverage = field(default_factory=Coverage)
+    combos: dict[str, Combos] = field(default_factory=dict)   # per backend, its graded cases' features
     findings: list[tuple[Path, corpus_io.Entry]] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     span: tuple[float, float] | None = None     # first and last case time (unix), where the lines carry one
@@ -73,6 +76,8 @@ class Campaign:
                           batch_invariant=(row.get("verdict") or {}).get("batch_invariant"))
         totals = self.totals.setdefault(backend, BackendTotals())
         totals.labels[label] += 1
+        if not label.startswith("UNSUPPORTED"):
+            self.combos.setdefault(backend, Combos()).add(Case.from_dict(row["case"]))
         totals.seconds += float(row.get("seconds") or 0.0)
         status = label.split(":", 1)[0]
         if status == "KNOWN" and caselog.seen_here(row):
@@ -304,7 +309,7 @@ def _header(c: Campaign) -> list[tuple[str, str]]:
 
 
 PLOTS = (("ratios.png", "Error / bound per backend"), ("outcomes.png", "Outcomes per backend"),
-         ("coverage.png", "Coverage by axis value"))
+         ("coverage.png", "Coverage by axis value"), ("combinations.png", "Feature combinations against cases"))
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:.5em 0}"
          "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left;vertical-align:top}"
          "th{background:#eee}.note{color:#555;font-size:13px}img{max-width:100%}")
@@ -321,7 +326,10 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     plots.plot_ratios({name: t.ratios for name, t in c.totals.items()}, out_dir / PLOTS[0][0])
     plots.plot_outcomes({name: t.outcomes() for name, t in c.totals.items()}, out_dir / PLOTS[1][0])
     plots.plot_coverage(c.coverage, out_dir / PLOTS[2][0])
-    tables = [totals_table(c), labels_table(c), refusals_table(c), findings_table(c, out_dir)]
+    reports = campaign_reports(c.combos, str(c.meta.get("device") or "cpu"), c.meta.get("max_len"))
+    combos = combos_table(reports)
+    plots.plot_combinations(reports, out_dir / PLOTS[3][0])
+    tables = [totals_table(c), labels_table(c), refusals_table(c), combos, findings_table(c, out_dir)]
     if c.state:
         tables.append(state_table(c))
     if c.meta.get("known") and campaign_dir.is_dir():

@@ -141,3 +141,28 @@ def _colour(counts, cmap) -> tuple[float, ...]:
     if ran == 0:
         return (0.75, 0.75, 0.75, 1.0)
     return tuple(cmap(counts.passed / ran))
+
+
+def plot_combinations(reports: dict[str, dict], path: Path) -> Path:
+    """Per backend, the share of its feasible 2-, 3- and 4-way feature combinations graded, against the number of
+    graded cases (fuzz/report/combos.py), on a log scale of cases."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4), layout="constrained")
+    drawn = False
+    for name, report in sorted(reports.items()):
+        for way, style in (("2-way", ":"), ("3-way", "-"), ("4-way", "--")):
+            row = report.get(way) or {}
+            curve = row.get("curve") or []
+            if curve and row.get("feasible"):
+                ax.plot([n for n, _ in curve], [100 * k / row["feasible"] for _, k in curve], style, marker=".",
+                        label=f"{name} {way}")
+                drawn = True
+    if not drawn:
+        _empty(ax, "no graded cases")
+        return _save(fig, path)
+    ax.set_xscale("log")
+    ax.set_xlabel("graded cases")
+    ax.set_ylabel("% of feasible combinations graded")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)

@@ -120,15 +120,17 @@ def _finite_where(naive: Reference, ref: Reference) -> bool:
 
 
 def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, name: str = "out",
-              where: torch.Tensor | None = None, floor_first: bool = False) -> Check:
+              where: torch.Tensor | None = None, floor_first: bool = False, bounds: Reference | None = None) -> Check:
     """The output graded row by row against `ref_out` (the oracle's, or an alternative's with the oracle's own
-    baseline), on the valid rows or on `where` [b, sq]. `floor_first`: the baseline only where an error passes the
-    floor (tolerance.check)."""
+    baseline), on the valid rows or on `where` [b, sq]; each row's bound from `bounds`' row terms (an alternative's
+    rows see other keys, larger logits among them), the oracle's unless given. `floor_first`: the baseline only
+    where an error passes the floor (tolerance.check)."""
     rows = (valid_rows(o.case, ref_out.device) if where is None else where)[:, :, None, None]
-    size = o.ref.row_logit_size.transpose(1, 2) if o.ref.row_logit_size is not None else o.ref.logit_size
+    r = o.ref if bounds is None else bounds
+    size = r.row_logit_size.transpose(1, 2) if r.row_logit_size is not None else r.logit_size
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
-                 dtype=o.case.dtype, logit_size=size, spread=o.ref.row_spread, bias_max=o.ref.bias_max,
-                 baseline=lambda: o.out_baseline, keys=o.case.skv, rms=o.ref.row_rms,
+                 dtype=o.case.dtype, logit_size=size, spread=r.row_spread, bias_max=r.bias_max,
+                 baseline=lambda: o.out_baseline, keys=o.case.skv, rms=r.row_rms,
                  dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first)
 
 
@@ -156,8 +158,8 @@ def _matching(o: Oracle, out: torch.Tensor, family: str, rows: torch.Tensor | No
         if any(diagnosis == d for d, _ in matched):
             continue  # one match per diagnosis is enough
         alt_case = overrides.pop("case", o.case)
-        alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
-        if check_out(o, out, alt.out, family, where=rows).ok:  # every row within its own bound of the alternative
+        alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)
+        if check_out(o, out, alt.out, family, where=rows, bounds=alt).ok:  # each row within its bound of the alternative
             matched.append((diagnosis, description))
     return matched
 
@@ -233,13 +235,12 @@ def _empty_rows(o: Oracle, out: torch.Tensor, family: str) -> V.Verdict | None:
     seen = rows & ~o.ref.empty
     alone = torch.where(o.ref.empty[:, :, None, None], o.ref.out.to(out.dtype), out)
     verdict = _graded_out(o, alone, family, [], seen)
-    where = f"{wrong.got:.6g} at {list(wrong.index)}"
     if verdict is None:
-        verdict = fail(V.EMPTY_ROWS, f"rows that see no key must be 0, got {where}; every other row passes", wrong,
-                       wrong.ratio)
+        verdict = fail(V.EMPTY_ROWS, f"rows that see no key must be 0 (every other row passes); {wrong.describe()}",
+                       wrong, wrong.ratio)
         return dataclasses.replace(verdict, also=tuple(d for d, _ in _matching(o, out, family)))
     return dataclasses.replace(verdict, message=f"{verdict.message}; the rows that see no key are wrong too (they "
-                                                f"must be 0, got {where})")
+                                                f"must be 0, got {wrong.got:.6g} at {list(wrong.index)})")
 
 
 def lse_check(o: Oracle, lse: torch.Tensor, family: str, floor_first: bool = False) -> Check:

@@ -29,7 +29,7 @@ def test_nan_on_the_rows_that_see_no_key_alone_is_empty_rows(case):
     """NaN on those rows and nowhere else: EMPTY_ROWS, not NONFINITE (the same bug as a non-zero row there)."""
     verdict = _verdict(NanOnEmptyRows(), case)
     assert verdict.label == "FAIL:EMPTY_ROWS", verdict
-    assert "got nan" in verdict.message and verdict.worst.index[:2] in {(0, 0), (1, 0)}, verdict
+    assert "got=nan" in verdict.message and verdict.worst.index[:2] in {(0, 0), (1, 0)}, verdict
     assert _verdict(Correct(), case).status == V.PASS   # the control
 
 

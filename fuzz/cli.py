@@ -21,7 +21,7 @@ from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store import examples, paths
-from attnfuzz.store.known import TRAITS, predates, when_fields
+from attnfuzz.store.known import TRAITS, known_bugs_of, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import fuzz
@@ -300,13 +300,27 @@ def cmd_known(args) -> int:
     if bad:
         raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
     entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
-    if args.label:
-        entry.known_bug["labels"] = sorted(set(args.label) - {entry.verdict.label})
+    # the labels the run attached to this finding are the same root cause: the record takes them too
+    labels = set(args.label) | {verdict.label for _, verdict in entry.attached}
+    if labels - {entry.verdict.label}:
+        entry.known_bug["labels"] = sorted(labels - {entry.verdict.label})
+    missed = unanswered(args.entry, entry)
+    if missed:
+        raise UsageError(f"the record would not take {', '.join(missed)} of this finding's own failures: widen or "
+                         f"drop --when / --match")
     data = json.loads(args.entry.read_text())
     data["known_bug"] = entry.known_bug
     args.entry.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     print(f"{args.entry}: marked as known bug {args.link}")
     return 0
+
+
+def unanswered(path: Path, entry: corpus_io.Entry) -> list[str]:
+    """The failures of a finding (its own, then each attached one) that its known_bug record would not take: a
+    `when` or `match` narrower than the bug the run found."""
+    known = known_bugs_of([(path, entry)])
+    failures = [(entry.case, entry.verdict), *entry.attached]
+    return [f"{v.label} on {c!r}" for c, v in failures if known(entry.backend, c, v) is None]
 
 
 def cmd_backends(args) -> int:

@@ -37,15 +37,16 @@ def _counts(o) -> torch.Tensor:
     return torch.exp(o.ref.lse)
 
 
-def out_check(o, out: torch.Tensor, ref_out: torch.Tensor | None = None) -> Check:
-    """Each valid row's output, element by element, within R * expected (exactly 0 where expected is 0)."""
+def out_check(o, out: torch.Tensor, ref_out: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> Check:
+    """Each valid row's output (each of `rows` [b, sq] where given), element by element, within R * expected
+    (exactly 0 where expected is 0)."""
     ref = (o.ref.out if ref_out is None else ref_out).to(torch.float64)
     got = out.to(ref.device, torch.float64)
     logit_eps = EPS["float64"] if o.case.dtype == "float64" else EPS["float32"]
     rel = EPS[o.case.dtype] + (_counts(o).transpose(1, 2)[..., None] + 4) * logit_eps   # [b, sq, h, 1]
     bound = rel * ref.abs()
     diff = (got - ref).abs().nan_to_num(nan=math.inf)
-    where = valid_rows(o.case, ref.device)[:, :, None, None].expand_as(diff)
+    where = (valid_rows(o.case, ref.device) if rows is None else rows)[:, :, None, None].expand_as(diff)
     ratio = torch.where(bound > 0, diff / bound, torch.where(diff > 0, math.inf, 0.0))
     ratio = torch.where(where, ratio, -1.0)
     if not bool(where.any()):   # no row is graded (every query of the batch is padding): nothing to read
@@ -56,9 +57,10 @@ def out_check(o, out: torch.Tensor, ref_out: torch.Tensor | None = None) -> Chec
                  ref[index].item(), int(where[..., 0].sum().item()))
 
 
-def grade_out(o, out: torch.Tensor, checks: list) -> V.Verdict | None:
+def grade_out(o, out: torch.Tensor, checks: list, rows: torch.Tensor | None = None) -> V.Verdict | None:
     """None when the probe's output is exact to rounding; else a FAIL named by the alternative reference it
-    matches (an alignment, a window bound moved by one, the modulo head mapping), else by `_named`."""
+    matches on `rows` (the valid rows unless given: an alignment, a window bound moved by one, the modulo head
+    mapping), else by `_named`."""
     c = out_check(o, out)
     checks.append(c)
     if c.ok:
@@ -70,7 +72,7 @@ def grade_out(o, out: torch.Tensor, checks: list) -> V.Verdict | None:
     for diagnosis, description, overrides in alternatives(o.case):
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, terms=False, **overrides)
-        if out_check(o, out, alt.out).ok:
+        if out_check(o, out, alt.out, rows).ok:
             return fail(diagnosis, f"probe: {description}; {where}", c, c.ratio, [x.describe() for x in checks])
     return _named(o, out, c, where, checks)
 

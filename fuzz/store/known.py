@@ -2,8 +2,11 @@
 
 A record, {"link": ..., "note": ..., "match": ..., "when": {...}, "labels": [...]}, is an expected failure until the
 bug is fixed: while fuzzing, a failure of the entry's backend and verdict label (or one of `labels`: a bug whose
-output is garbage reads 0, NaN or wrong values from run to run) whose message contains `match` and whose case has
-the values in `when` (each optional) counts as this known bug, and the search goes on past it. `when` names Case
+output is garbage reads 0, NaN or wrong values from run to run; or, for a label naming an alternative reference, a
+failure whose output matched it too: `answers`) whose message contains `match` and whose case has the values in
+`when` (each optional) counts as this known bug, and the search goes on past it. `when` states the bug's defining
+condition; what only the failure shows (which rows failed) is the label's: EMPTY_ROWS is a failure confined to the
+rows that see no key. `when` names Case
 fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). `since`, as
 {"torch": "2.13"}, says which release of a package brought the bug: where an older one is installed, an entry that
 passes is not affected there (its replay is skipped, saying so) rather than fixed. `unwritten: true` says the bug
@@ -20,6 +23,19 @@ from typing import Callable
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
+def _band_empties_a_row(c: Case) -> bool:
+    """Whether a valid query row of some sequence sees no key by the band, the alignment or the lengths alone. The
+    band's rows that see keys are contiguous, so only the first and the last row can fall off the key range."""
+    for sq_n, skv_n in zip(c.lens_q, c.lens_kv):
+        if sq_n == 0:
+            continue
+        off = 0 if c.alignment == "top_left" else skv_n - sq_n
+        if (skv_n == 0 or (c.right is not None and off + c.right < 0)
+                or (c.left is not None and sq_n - 1 + off - c.left > skv_n - 1)):
+            return True
+    return False
+
+
 # Derived facts about a case that a known bug's `when` may name beside the Case fields.
 TRAITS = {
     "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
@@ -27,6 +43,14 @@ TRAITS = {
     "split_head_dims": lambda c: c.d_qk != c.d_v,
     "gqa": lambda c: c.h != c.hk,
     "sq_longer": lambda c: c.sq > c.skv,
+    # the band's right bound is 0, spelled causal=True or as window (left, 0): one mask either way
+    "causal_band": lambda c: c.right == 0,
+    # a valid query row sees no key by band, alignment or lengths, or may by an explicit random mask (the drawn mask
+    # alone tells): a known bug of such rows needs it; its failure confined to them is the label FAIL:EMPTY_ROWS
+    "empty_rows": lambda c: _band_empties_a_row(c) or (c.mask_density is not None and c.mask_density < 1),
+    "no_query_tokens": lambda c: sum(c.lens_q) == 0,   # every sequence of the batch has no query token
+    "d_v_narrower": lambda c: c.d_v < c.d_qk,          # the value head dim below the query / key one
+    "head_dim_under_16": lambda c: min(c.d_qk, c.d_v) < 16,   # a query / key or value head dim below 16
     "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
     # an unbounded window side spelled as the legacy -1 sentinel, whatever else the spelling says ("seqused+neg")
     "negative_bound": lambda c: "neg" in c.spelling.split("+"),
@@ -102,6 +126,15 @@ def _labels(saved: V.Verdict, bug: dict | None = None) -> tuple[str, ...]:
     return own + tuple((bug or {}).get("labels", ()))
 
 
+def answers(labels: tuple[str, ...], verdict: V.Verdict) -> bool:
+    """Whether a failure is of one of a known bug's labels: its own label, or, for a bug named by an alternative
+    reference (MASK_IGNORED, say), a FAIL whose output matched that reference too (its `also`), as a run attaches
+    it to the same root cause (attnfuzz.engine.rootcause): a dropped causal mask is MASK_ALIGNMENT on sq = 1,
+    skv = 2 and WINDOW_OFF_BY_ONE on sq = skv = 2, and matches no mask at all on both."""
+    return verdict.label in labels or (verdict.status == V.FAIL and any(
+        f"{V.FAIL}:{d}" in labels for d in verdict.also if d in V.ALTERNATIVE))
+
+
 def known_bugs_of(entries: list[tuple]):
     """The harness's `known` predicate (attnfuzz.engine.harness.KnownBugs) over (path, corpus Entry) pairs: the
     known_bug record that a (backend, case, verdict) failure matches, with the file name of its entry under "entry"
@@ -112,7 +145,7 @@ def known_bugs_of(entries: list[tuple]):
         fields = when_fields(case)
         for path, e in entries:
             bug = e.known_bug
-            if (e.backend == backend and verdict.label in _labels(e.verdict, bug)
+            if (e.backend == backend and answers(_labels(e.verdict, bug), verdict)
                     and bug.get("match", "") in verdict.message
                     and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
                 return {**bug, "entry": path.name, "id": path.stem}

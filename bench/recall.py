@@ -55,11 +55,16 @@ class Stop(BaseException):
         self.found = found
 
 
-def plan(corpus: str, device: str, patterns: list[str]) -> dict:
+def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "quick") -> dict:
     """The entries to run (file name -> its backend and the held-out group) and why the others are not run."""
+    from attnfuzz.engine.profiles import profile
     from attnfuzz.store import corpus as corpus_io
     from attnfuzz.store.known import known_bugs_of, predates
     from attnfuzz.store.replay import backend_of
+    try:
+        profile(profile_name)
+    except ValueError as e:
+        return {"error": str(e)}
     entries, errors = corpus_io.load_all(Path(corpus))
     if errors:
         return {"error": "; ".join(str(e) for e in errors)}
@@ -197,7 +202,7 @@ def show(build: str, summary: dict, width: int) -> str:
         secs = "-" if t["median_seconds"] is None else f"{t['median_seconds']:.1f}"
         matched = sorted({r["matched"] for r in t["runs"] if r.get("matched")} - {Path(name).stem})
         errors = sorted({r["error"] for r in t["runs"] if r.get("error")})
-        note = ("via " + ", ".join(matched) if matched else "") + ("; ".join(errors) if errors else "")
+        note = "; ".join((["via " + ", ".join(matched)] if matched else []) + errors)
         lines.append(f"{name:<{width}}  {t['found']}/{t['seeds']:<3}  {cases:>10}  {secs:>6}  {note}")
     med = "-" if summary["median_seconds"] is None else f"{summary['median_seconds']:.1f} s"
     lines.append(f"recalled (found in at least half the seeds): {summary['recalled']} of {summary['run']} entries; "
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"{spec!r}: give NAME=DIR, DIR holding an installed attnfuzz (DIR/attnfuzz)")
         builds.append((name, Path(folder).resolve()))
     builds = builds or [("here", None)]
-    chosen = child(builds[0][1], "plan", str(args.corpus.resolve()), args.device, args.entries)
+    chosen = child(builds[0][1], "plan", str(args.corpus.resolve()), args.device, args.entries, args.profile)
     if "error" in chosen:
         fail(chosen["error"])
     runs = {name: {entry: [] for entry in chosen["run"]} for name, _ in builds}
@@ -251,9 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                             args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
                             args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S)
                 runs[name][entry].append({"seed": seed, **{k: v for k, v in row.items() if k != "module"}})
-                if not args.json:
-                    print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
-                          if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
+                print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
+                      if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
             turn += 1
     summaries = {name: summarize(r, args.seeds) for name, r in runs.items()}
     if args.json:
@@ -269,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{entry}: held out with {', '.join(n for n in what['held_out'] if n != entry)}")
     for entry, why in chosen["not_run"].items():
         print(f"{entry}: not run: {why}")
+    if not chosen["run"]:
+        print(f"no entry can run on {args.device}")
     return 0
 
 

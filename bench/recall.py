@@ -90,7 +90,7 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
         else:
             mine = known_bugs_of([(path, entry)])
             group = [p.name for p, e in bugs if p == path or e.backend == entry.backend and (
-                mine(e.backend, e.case, e.verdict) or known_bugs_of([(p, e)])(entry.backend, entry.case, entry.verdict))]
+                mine(e.backend, e.case, e.verdict) or known_bugs_of([(p, e)])(e.backend, entry.case, entry.verdict))]
             run[path.name] = {"backend": entry.backend, "held_out": group}
     return {"run": run, "not_run": not_run}
 

@@ -1,0 +1,282 @@
+"""Recall: does a fuzz run find each known bug of the corpus when it is not told about it, and how soon?
+
+    python3 bench/recall.py [--device cpu] [--entries GLOB] [--corpus DIR] [--seeds 5] [--budget-s 600]
+                            [--budget-cases N] [--profile quick] [--max-examples N] [--json] [NAME=DIR ...]
+
+For each corpus entry with a known_bug record (selected by --entries, a glob on the file name; default all) whose
+backend is available on --device and which was found on that kind of device, the entry and its duplicates are held
+out: every other entry of the corpus stays known, so its failures are passed over as KNOWN. A duplicate is an entry
+of the same backend whose record matches the held-out entry's saved failure, or whose saved failure the held-out
+entry's record matches: the two records answer for one failure at least, and the one left known would hide it.
+(Links are no test: a link names a folder or a PR that several unrelated bugs share.) A failure that a held-out
+record matches is never marked KNOWN, whatever other record matches it too.
+
+Each seed is a fresh process that fuzzes the backend, isolated (--isolate: a crash or a hang costs one case), with
+the profile's settings, not derandomized and without an example database, one Hypothesis run after another with
+new seeds (as a user re-runs `attnfuzz run` after a finding) until a failing verdict that a held-out record matches
+(found: the cases drawn and the seconds since the process started, imports and compiles included) or the budget
+(--budget-s, --budget-cases) runs out (not found). The process is killed if it outlives the budget by 60 s.
+
+Per entry: found in k of N seeds, the median cases and seconds to the match over the seeds that found it. An entry
+is recalled when found in at least half its seeds: then the lower median over all seeds, a seed that did not find
+counted as never, is within the budget. Overall: the recalled entries of those run, and the median of their median
+seconds. Entries not run are listed with why (backend unavailable, found on another device, an older release).
+
+A/B: NAME=DIR arguments, each DIR holding an installed attnfuzz (`pip wheel --no-deps --no-build-isolation -w W .`
+in a checkout, then `pip install --no-deps --target DIR W/*.whl`), run every seed of every entry once per build,
+taking turns from a rotating position; each process imports attnfuzz from its DIR alone. The entries and their
+duplicates are chosen with the first build (or, without builds, the attnfuzz installed here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GRACE_S = 60.0   # past the budget, a seed's process is killed (a case that will not return)
+MARK = "RECALL "  # the prefix of a child's result line on stdout
+
+
+class Stop(BaseException):
+    """Ends a seed's search from inside the property: not an Exception, so Hypothesis does not shrink it."""
+
+    def __init__(self, found: dict | None = None):
+        super().__init__()
+        self.found = found
+
+
+def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "quick") -> dict:
+    """The entries to run (file name -> its backend and the held-out group) and why the others are not run."""
+    from attnfuzz.engine.profiles import profile
+    from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store.known import known_bugs_of, predates
+    from attnfuzz.store.replay import backend_of
+    try:
+        profile(profile_name)
+    except ValueError as e:
+        return {"error": str(e)}
+    entries, errors = corpus_io.load_all(Path(corpus))
+    if errors:
+        return {"error": "; ".join(str(e) for e in errors)}
+    bugs = [(p, e) for p, e in entries if e.known_bug]
+    chosen = [(p, e) for p, e in bugs if any(fnmatch.fnmatch(p.name, g) or fnmatch.fnmatch(p.stem, g)
+                                            for g in patterns or ["*"])]
+    unmatched = [g for g in patterns if not any(fnmatch.fnmatch(p.name, g) or fnmatch.fnmatch(p.stem, g)
+                                                for p, _ in bugs)]
+    if unmatched:
+        return {"error": f"--entries {unmatched[0]!r} matches no entry with a known_bug record in {corpus}"}
+    run, not_run, kind = {}, {}, device.split(":")[0]
+    for path, entry in chosen:
+        try:
+            why = backend_of(entry, device).available()
+        except Exception as e:  # an unknown name, a kernel's module that does not import
+            why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            not_run[path.name] = f"backend unavailable: {why}"
+        elif entry.device.split(":")[0] != kind:
+            not_run[path.name] = f"found on {entry.device}, not {device}"
+        elif predates(entry.known_bug):
+            not_run[path.name] = predates(entry.known_bug)
+        else:
+            mine = known_bugs_of([(path, entry)])
+            group = [p.name for p, e in bugs if p == path or e.backend == entry.backend and (
+                mine(e.backend, e.case, e.verdict) or known_bugs_of([(p, e)])(e.backend, entry.case, entry.verdict))]
+            run[path.name] = {"backend": entry.backend, "held_out": group}
+    return {"run": run, "not_run": not_run}
+
+
+def search(corpus: str, entry_name: str, held_out: list[str], device: str, profile_name: str,
+           max_examples: int | None, seed: int, budget_s: float, budget_cases: int | None, case_timeout: float,
+           started: float) -> dict:
+    """One seed: fuzz the entry's backend, the held-out entries unknown, until a held-out record matches a failure
+    or the budget runs out. `started`: the wall clock (time.time()) when the process was spawned."""
+    import attnfuzz
+    from attnfuzz.engine.harness import fuzz
+    from attnfuzz.engine.isolate import isolated
+    from attnfuzz.engine.profiles import for_backend, profile
+    from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store.known import known_bugs_of
+    from attnfuzz.store.replay import backend_of
+    from attnfuzz.strategies.space import Space
+    import torch
+    torch.set_num_threads(1)
+    entries, _ = corpus_io.load_all(Path(corpus))
+    held = known_bugs_of([(p, e) for p, e in entries if p.name in held_out])
+    rest = known_bugs_of([(p, e) for p, e in entries if p.name not in held_out])
+
+    def known(backend, case, verdict):
+        return None if held(backend, case, verdict) is not None else rest(backend, case, verdict)
+
+    [entry] = [e for p, e in entries if p.name == entry_name]
+    backend = backend_of(entry, device)
+    worker = isolated(backend, device, case_timeout)
+    settings = for_backend(profile(profile_name, max_examples=max_examples, derandomize=False, database=None),
+                           backend.cost, max_examples)
+    cases, rounds, result = 0, 0, {"found": False}
+
+    def on_case(case, verdict, tally) -> None:
+        nonlocal cases
+        cases += 1
+        hit = held(backend.name, case, verdict) if verdict.failed else None
+        if hit is not None:
+            raise Stop({"found": True, "matched": hit["id"], "label": verdict.label,
+                        "cases": cases, "seconds": round(time.time() - started, 2)})
+        if time.time() - started >= budget_s or (budget_cases is not None and cases >= budget_cases):
+            raise Stop()
+
+    try:
+        while time.time() - started < budget_s:
+            rounds += 1
+            fuzz(backend, device=device, space=Space.for_device(device), settings=settings,
+                 seed=seed * 1_000_003 + rounds, on_case=on_case, known=known, worker=worker, reruns=0)
+    except Stop as stop:
+        result = stop.found or result
+    finally:
+        if worker is not None:
+            worker.close()
+    return {**result, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
+
+
+def child(site: Path | None, task: str, *args, timeout: float | None = None) -> dict:
+    """Run `task` (plan or search) in a fresh process from an empty folder, importing attnfuzz from `site` alone
+    where given; its result, or {"error": ...} with the process's last words. Killed after `timeout` seconds."""
+    env = {**os.environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(site)} if site else dict(os.environ)
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "
+            f"print(recall.MARK + json.dumps(recall.{task}(*json.loads(sys.argv[1]))), flush=True)")
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return {"found": False, "error": f"killed {GRACE_S:.0f} s past the budget: {err.strip()[-300:]}"}
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)   # what the process left behind (its worker, its fork server)
+            except ProcessLookupError:
+                pass
+    lines = [line[len(MARK):] for line in out.splitlines() if line.startswith(MARK)]
+    if not lines:
+        return {"found": False, "error": f"exited {proc.returncode}: {err.strip()[-600:]}"}
+    row = json.loads(lines[-1])
+    if site and "module" in row and not Path(os.path.abspath(row["module"])).is_relative_to(os.path.abspath(site)):
+        raise SystemExit(f"recall.py: error: {site}: attnfuzz was imported from {row['module']}, not from this folder")
+    return row
+
+
+def median_low(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2] if values else math.inf
+
+
+def summarize(runs: dict[str, list[dict]], seeds: int) -> dict:
+    """Per entry: found k of N, median cases and seconds over the seeds that found it, recalled or not; overall:
+    the recalled entries and the median of their median seconds."""
+    table = {}
+    for name, rows in runs.items():
+        hits = [r for r in rows if r.get("found")]
+        table[name] = {"found": len(hits), "seeds": seeds, "recalled": median_low(
+            [r["seconds"] if r.get("found") else math.inf for r in rows]) < math.inf,
+            "median_cases": median_low([r["cases"] for r in hits]) if hits else None,
+            "median_seconds": median_low([r["seconds"] for r in hits]) if hits else None, "runs": rows}
+    recalled = [t for t in table.values() if t["recalled"]]
+    return {"entries": table, "recalled": len(recalled), "run": len(table),
+            "median_seconds": median_low([t["median_seconds"] for t in recalled]) if recalled else None}
+
+
+def show(build: str, summary: dict, width: int) -> str:
+    lines = [f"[{build}]", f"{'entry':<{width}}  found  med. cases  med. s  matched"]
+    for name, t in summary["entries"].items():
+        cases = "-" if t["median_cases"] is None else str(t["median_cases"])
+        secs = "-" if t["median_seconds"] is None else f"{t['median_seconds']:.1f}"
+        matched = sorted({r["matched"] for r in t["runs"] if r.get("matched")} - {Path(name).stem})
+        errors = sorted({r["error"] for r in t["runs"] if r.get("error")})
+        note = "; ".join((["via " + ", ".join(matched)] if matched else []) + errors)
+        lines.append(f"{name:<{width}}  {t['found']}/{t['seeds']:<3}  {cases:>10}  {secs:>6}  {note}")
+    med = "-" if summary["median_seconds"] is None else f"{summary['median_seconds']:.1f} s"
+    lines.append(f"recalled (found in at least half the seeds): {summary['recalled']} of {summary['run']} entries; "
+                 f"median seconds to the match over those: {med}")
+    return "\n".join(lines)
+
+
+def fail(message: str) -> None:
+    print(f"recall.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("builds", nargs="*", metavar="NAME=DIR", help="A/B: a name and the folder attnfuzz is installed in")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--entries", action="append", default=[], metavar="GLOB",
+                   help="entries to run, a glob on the file name (repeatable; default every one that can run)")
+    p.add_argument("--corpus", type=Path, default=REPO / "corpus", help="the corpus folder (default corpus/)")
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--budget-s", type=float, default=600.0, help="seconds a seed may search (default 600)")
+    p.add_argument("--budget-cases", type=int, help="cases a seed may draw (default: no limit but --budget-s)")
+    p.add_argument("--profile", default="quick", help="attnfuzz profile of each run (default quick)")
+    p.add_argument("--max-examples", type=int, help="examples per Hypothesis run (default: the profile's)")
+    p.add_argument("--case-timeout", type=float, default=60.0, help="seconds an isolated case may take (default 60)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    args = p.parse_args(argv)
+    if args.device.split(":")[0] not in ("cpu", "cuda"):
+        fail(f"--device {args.device!r}: use cpu or cuda")
+    if not args.corpus.is_dir():
+        fail(f"--corpus {args.corpus}: not a folder")
+    if min(args.seeds, args.budget_s, args.budget_cases or 1, args.max_examples or 1) <= 0:
+        fail("--seeds, --budget-s, --budget-cases and --max-examples must be above 0")
+    builds = []
+    for spec in args.builds:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not Path(folder, "attnfuzz").is_dir():
+            fail(f"{spec!r}: give NAME=DIR, DIR holding an installed attnfuzz (DIR/attnfuzz)")
+        builds.append((name, Path(folder).resolve()))
+    builds = builds or [("here", None)]
+    chosen = child(builds[0][1], "plan", str(args.corpus.resolve()), args.device, args.entries, args.profile)
+    if "error" in chosen:
+        fail(chosen["error"])
+    runs = {name: {entry: [] for entry in chosen["run"]} for name, _ in builds}
+    turn = 0
+    for entry, what in chosen["run"].items():
+        for seed in range(1, args.seeds + 1):
+            for i in range(len(builds)):
+                name, site = builds[(i + turn) % len(builds)]
+                row = child(site, "search", str(args.corpus.resolve()), entry, what["held_out"], args.device,
+                            args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
+                            args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S)
+                runs[name][entry].append({"seed": seed, **{k: v for k, v in row.items() if k != "module"}})
+                print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
+                      if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
+            turn += 1
+    summaries = {name: summarize(r, args.seeds) for name, r in runs.items()}
+    if args.json:
+        print(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                          "held_out": {e: w["held_out"] for e, w in chosen["run"].items()},
+                          "builds": summaries, "not_run": chosen["not_run"]}, indent=2))
+        return 0
+    width = max([len(e) for e in chosen["run"]] + [5])
+    for name, summary in summaries.items():
+        print(show(name, summary, width))
+    for entry, what in chosen["run"].items():
+        if len(what["held_out"]) > 1:
+            print(f"{entry}: held out with {', '.join(n for n in what['held_out'] if n != entry)}")
+    for entry, why in chosen["not_run"].items():
+        print(f"{entry}: not run: {why}")
+    if not chosen["run"]:
+        print(f"no entry can run on {args.device}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

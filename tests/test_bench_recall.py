@@ -1,0 +1,71 @@
+"""bench/recall.py against a planted kernel: a held-out record the kernel's failure matches is found in every seed,
+one it cannot match is not found within a small budget, what the held-out group holds, and bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from attnfuzz.oracles import verdict as V
+from attnfuzz.store import corpus as corpus_io
+from attnfuzz.strategies.case import Case
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = "tests.misbehaving:zero_when_causal"   # all zeros whenever the case is causal
+ENTRY = corpus_io.Entry(SPEC, Case(sq=4, skv=6, d_qk=8, d_v=8, causal=True, seed=2),
+                        V.Verdict(V.FAIL, V.ALL_ZERO, "every graded output element is 0"),
+                        known_bug={"link": "https://example.org/zeros", "match": "every graded output element is 0"},
+                        kernel_path=str(REPO))
+
+
+def _recall(corpus: Path, *options: str) -> dict:
+    ran = subprocess.run([sys.executable, str(REPO / "bench" / "recall.py"), "--corpus", str(corpus), "--json",
+                          *options], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    return json.loads(ran.stdout)
+
+
+def test_a_planted_bug_is_found_blind_and_a_record_it_cannot_match_is_not(tmp_path):
+    found = corpus_io.save(tmp_path, ENTRY, repro=False)
+    never = corpus_io.save(tmp_path, dataclasses.replace(   # an LSE bug: this kernel returns no LSE to get wrong
+        ENTRY, verdict=V.Verdict(V.FAIL, V.LSE, "lse: got=-0.27 expected=-0.19"),
+        known_bug={"link": "https://example.org/lse", "match": "lse"}), repro=False)
+    out = _recall(tmp_path, "--seeds", "1", "--budget-cases", "30", "--budget-s", "60")
+    assert out["held_out"] == {found.name: [found.name], never.name: [never.name]}
+    entries = out["builds"]["here"]["entries"]
+    hit, miss = entries[found.name], entries[never.name]   # (one seed each: the test's time)
+    assert hit["found"] == 1 and hit["recalled"], hit
+    assert all(r["matched"] == found.stem and r["label"] == "FAIL:ALL_ZERO" and r["cases"] <= 30 for r in hit["runs"])
+    assert hit["median_cases"] == sorted(r["cases"] for r in hit["runs"])[0]
+    # the unmatched record is searched to the end of its budget (the planted bug, known there, passed over)
+    assert miss["found"] == 0 and not miss["recalled"] and miss["median_seconds"] is None, miss
+    assert all(r["cases_run"] == 30 and "error" not in r for r in miss["runs"]), miss
+    assert out["builds"]["here"]["recalled"] == 1 and out["builds"]["here"]["run"] == 2
+
+
+def test_a_record_that_answers_for_the_held_out_failure_is_held_out_with_it(tmp_path):
+    """A second record that matches the entry's saved failure would mark the bug KNOWN: it is a duplicate. The
+    second record here is a broader one of the same failure (no match string)."""
+    spec = importlib.util.spec_from_file_location("recall", REPO / "bench" / "recall.py")
+    recall = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recall)
+    first = corpus_io.save(tmp_path, ENTRY, repro=False)
+    broad = corpus_io.save(tmp_path, dataclasses.replace(ENTRY, case=ENTRY.case.replace(sq=3), known_bug={
+        "link": "https://example.org/other"}), repro=False)
+    other_backend = corpus_io.save(tmp_path, dataclasses.replace(ENTRY, backend="tests.misbehaving:nan_when_long"),
+                                   repro=False)
+    plan = recall.plan(str(tmp_path), "cpu", [first.name])
+    assert plan["run"] == {first.name: {"backend": SPEC, "held_out": sorted([first.name, broad.name])}}
+    assert other_backend.name not in plan["run"][first.name]["held_out"]
+    assert "error" in recall.plan(str(tmp_path), "cpu", ["no-such-entry*"])
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for options in (["A=" + str(tmp_path / "missing")], ["--corpus", str(tmp_path / "no")], ["--seeds", "0"]):
+        ran = subprocess.run([sys.executable, str(REPO / "bench" / "recall.py"), *options], capture_output=True,
+                             text=True, timeout=60)
+        assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, (options, ran.stderr)

@@ -178,14 +178,19 @@ def test_the_efficient_kernels_own_alignment_check_is_a_refusal_and_a_fault_stay
 
 def test_spellings_follow_the_case():
     flash = get("sdpa-flash", "cpu")
-    assert flash.spellings(Case(sq=8, skv=12, causal=True)) == ("", "causal_upper_left", "bool_mask", "float_mask")
+    # the spellings of before come first, in their order; the mask forms, explicit scale and module calls follow
+    # (their own tests: tests/test_sdpa_forms.py)
+    assert flash.spellings(Case(sq=8, skv=12, causal=True))[:4] == ("", "causal_upper_left", "bool_mask", "float_mask")
     assert sdpa_spelling.parse(Case(sq=8, skv=12, causal=True, spelling="bool_mask")).mask == "bool_mask"
     br = Case(sq=8, skv=12, causal=True, alignment="bottom_right")
-    assert flash.spellings(br) == ("", "bool_mask", "float_mask")      # "" is causal_lower_right; no is_causal
+    assert flash.spellings(br)[:3] == ("", "bool_mask", "float_mask")  # "" is causal_lower_right; no is_causal
+    assert not any(s.startswith(("is_causal", "causal_upper_left")) for s in flash.spellings(br))
     assert flash._resolve(br).mask == "causal_lower_right"
     square = set(flash.spellings(Case(sq=8, skv=8, causal=True, alignment="bottom_right")))
     assert {"causal_upper_left", "causal_lower_right"} <= square
-    assert flash.spellings(Case(alibi_slopes=(0.5,))) == ("",)          # ALiBi: an additive float mask only
+    alibi = Case(alibi_slopes=(0.5,))                                   # ALiBi: an additive float mask only
+    assert {s.split("+")[0] for s in flash.spellings(alibi)[1:]} == {"float_mask"}
+    assert flash._resolve(alibi).name == "float_mask"
     assert "bool_mask+repeat_kv" in flash.spellings(Case(window=(2, 2), **GQA))
     assert flash.spellings(Case(softcap=1.0)) == ("",)
 

@@ -17,7 +17,10 @@ from attnfuzz.strategies.case import Case
 CASES = [Case(sq=3, skv=5, h=2, hk=1, d_qk=8, d_v=8, causal=True, alignment="bottom_right", layout="sbhd", grads=True),
          Case(sq=4, skv=4, h=2, hk=2, d_qk=8, d_v=8, alibi_slopes=(0.5, 0.25), dtype="float32"),
          Case(sq=4, skv=4, h=2, hk=2, d_qk=8, d_v=8, causal=True)]
-SPELLED = [(c.replace(spelling=s.name)) for c in CASES for s in all_spellings(c)]
+# the mask and GQA spellings; the mask forms, explicit scale and module calls (tens of spellings per case, a process
+# each) are written out in test_a_mask_form_and_a_module_call_are_written_out below
+SPELLED = [(c.replace(spelling=s.name)) for c in CASES for s in all_spellings(c)
+           if not (s.form or s.scale or s.module or s.mask == "float32_mask")]
 
 
 @pytest.mark.parametrize("case", SPELLED, ids=[f"{c.spelling or 'plain'}-{c.layout}" for c in SPELLED])
@@ -30,5 +33,38 @@ def test_every_sdpa_spelling_is_written_out(case):
     ok = subprocess.run([sys.executable, "-I", "-c", source], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     broken = source.replace("return out.transpose(1, 2)", "return 0.5 * out.transpose(1, 2)")
+    bad = subprocess.run([sys.executable, "-I", "-c", broken], capture_output=True, text=True)
+    assert bad.returncode == 1 and "> bound" in bad.stdout, bad.stdout + bad.stderr
+
+
+FORMS = [Case(b=2, sq=4, skv=6, h=2, hk=2, d_qk=8, d_v=8, window=(1, 1), alibi_slopes=(0.5, 0.25), dtype="float16",
+              grads=True, spelling="float32_mask+mask_expanded+explicit_scale"),
+         Case(sq=4, skv=6, h=2, hk=1, d_qk=8, d_v=8, window=(1, 1), spelling="bool_mask+mask_transposed+enable_gqa"),
+         Case(b=2, sq=5, skv=5, h=2, hk=2, d_qk=8, d_v=8, causal=True, dtype="bfloat16",
+              spelling="is_causal+mha_batch_first"),
+         Case(b=2, sq=4, skv=6, h=2, hk=2, d_qk=8, d_v=8, seqlens_kv=(6, 3), layout="sbhd", grads=True,
+              spelling="no_mask+key_padding_mask+mha_seq_first")]
+
+
+@pytest.mark.parametrize("case", FORMS, ids=[c.spelling for c in FORMS])
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash"])
+def test_a_mask_form_and_a_module_call_are_written_out(name, case):
+    """The script spells the form (the mask's shape, strides and dtype; the explicit scale; the module) as run()
+    does: it passes; the same script with the form undone in a way that changes the answer fails."""
+    backend = get(name)
+    assert backend.unsupported(case) is None, backend.unsupported(case)
+    source = script(corpus_io.Entry(name, case, Verdict("FAIL", "TOLERANCE")))
+    assert "fuzz." not in source and "strategies" not in source and "oracles" not in source
+    if "mha" in case.spelling:
+        assert "torch.nn.MultiheadAttention(" in source and "need_weights=False" in source
+        broken = source.replace("mha.out_proj.bias.zero_()", "mha.out_proj.bias.fill_(0.5)")
+    else:
+        form = case.spelling.split("+")[1]
+        assert {"mask_expanded": ".expand(", "mask_transposed": ".transpose(-1, -2)"}[form] in source
+        broken = source.replace("mask = mask[", "mask = mask.flip(-1)[").replace(
+            "mask = mask.transpose(-1, -2).contiguous()", "mask = mask.flip(-1).transpose(-1, -2).contiguous()")
+    assert broken != source
+    ok = subprocess.run([sys.executable, "-I", "-c", source], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run([sys.executable, "-I", "-c", broken], capture_output=True, text=True)
     assert bad.returncode == 1 and "> bound" in bad.stdout, bad.stdout + bad.stderr

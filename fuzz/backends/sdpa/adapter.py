@@ -8,7 +8,8 @@ aten op called on the same inputs (math has none); a refusal there is reported i
 an error.
 
 A case is run in one of its spellings (fuzz/backends/sdpa/spelling.py); which of them the kernel takes, torch's
-dispatcher says, asked once per shape on empty tensors.
+dispatcher says, asked once per shape on empty tensors (for the nn.MultiheadAttention spellings, the module itself,
+run once per shape on zeros: fuzz/backends/sdpa/modules.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import torch
 
 from attnfuzz.backends import layout
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
-from attnfuzz.backends.sdpa.spelling import (Spelling, additive_mask, aligned_bias, all_spellings, logical_grad,
-                                             parse, public_mask, sdpa_inputs, skeleton)
+from attnfuzz.backends.sdpa import modules
+from attnfuzz.backends.sdpa.spelling import (Spelling, additive_mask, aligned_bias, all_spellings, dense_mask,
+                                             form_source, formed, logical_grad, parse, public_mask, same_per_head,
+                                             same_per_sequence, sdpa_inputs, skeleton)
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
@@ -72,6 +75,7 @@ class SdpaBackend(Backend):
         self._device_type = torch.device(self.device).type
         self._probed: dict[tuple, str | None] = {}
         self._kept_mask: tuple | None = None  # (the inputs, weakly; the case; the spelling; the mask)
+        self._modules: dict[tuple, torch.nn.Module] = {}  # identity nn.MultiheadAttention per shape and dtype
 
     def _sdp(self):
         from torch.nn.attention import SDPBackend
@@ -136,7 +140,7 @@ class SdpaBackend(Backend):
         if self.kernel == "MATH" or self.available() is not None:
             return [None] * len(spellings)
         shape = (case.b, case.sq, case.skv, case.h, case.hk, case.d_qk, case.d_v, case.dtype, case.memory,
-                 case.grads, case.scale, case.storage)
+                 case.grads, case.scale, case.storage, case.layout, same_per_head(case), same_per_sequence(case))
         missing = [s for s in spellings if (s, *shape) not in self._probed]
         if missing:
             if len(self._probed) > 100_000:
@@ -152,19 +156,25 @@ class SdpaBackend(Backend):
         q, k, v = skeleton(case, self.device)
         views, dense = {}, {}
 
-        def mask(dtype):
-            if dtype not in dense:
-                dense[dtype] = torch.empty(case.b, 1, case.sq, case.skv, dtype=dtype, device=self.device)
-            return dense[dtype]
+        def mask(dtype, form=""):
+            if (dtype, form) not in dense:
+                heads = 1 if same_per_head(case) else case.h
+                shape = (case.b, 1, 1, case.skv) if form == "mask_key_row" else (case.b, heads, case.sq, case.skv)
+                dense[dtype, form] = formed(torch.empty(shape, dtype=dtype, device=self.device), case, form)
+            return dense[dtype, form]
 
         answers = []
         with self._forced():
             for spelling in spellings:
+                if spelling.module:
+                    answers.append(self._module_probe(case, spelling))
+                    continue
                 if spelling.heads not in views:
                     views[spelling.heads] = sdpa_inputs(case, q, k, v, spelling, grads=case.grads)[1]
                 qh, kh, vh = views[spelling.heads]
-                if spelling.mask in ("bool_mask", "float_mask"):
-                    routes = [(mask(torch.bool if spelling.mask == "bool_mask" else qh.dtype), False)]
+                if spelling.dense:
+                    dtype = {"bool_mask": torch.bool, "float32_mask": torch.float32}.get(spelling.mask, qh.dtype)
+                    routes = [(mask(dtype, spelling.form), False)]
                 elif spelling.mask == "causal_lower_right" and case.sq != case.skv:
                     routes = [(None, False), (mask(torch.bool), False)]
                 else:  # no_mask; is_causal, causal_upper_left and a square causal_lower_right are SDPA's causal
@@ -179,7 +189,7 @@ class SdpaBackend(Backend):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    chosen = choose(q, k, v, mask, 0.0, is_causal, scale=case.scale,
+                    chosen = choose(q, k, v, mask, 0.0, is_causal, scale=self._scale(case, spelling),
                                     enable_gqa=spelling.heads == "enable_gqa")
                 except RuntimeError as e:
                     reasons.append(_torch_reason(caught, e))
@@ -188,6 +198,36 @@ class SdpaBackend(Backend):
                 return None
             reasons.append(f"torch's dispatcher chose backend {chosen}, not {self.kernel}")
         return f"{self.kernel} refuses spelling {spelling.name or 'plain'!r}: {' / '.join(reasons)}"
+
+    def _module_probe(self, case: Case, spelling: Spelling) -> str | None:
+        """None when the kernel runs the module call on zeros of the case's shapes, else torch's reasons."""
+        q, k, v = skeleton(case, self.device)
+        leaves = sdpa_inputs(case, q.zero_(), k.zero_(), v.zero_(), spelling, grads=case.grads)[0]
+        mha = self._mha(case, q.dtype)
+        masks = modules.module_masks(case, None, spelling, q.dtype, self.device)
+        with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(case.grads):
+            warnings.simplefilter("always")
+            try:
+                modules.call(mha, *(modules.embedded(case, x) for x in leaves), masks)
+            except RuntimeError as e:
+                if "No available kernel" not in str(e) and "No viable backend" not in str(e):
+                    raise
+                return f"{self.kernel} refuses spelling {spelling.name!r}: {_torch_reason(caught, e)}"
+        return None
+
+    def _mha(self, case: Case, dtype) -> torch.nn.Module:
+        """The identity nn.MultiheadAttention for the case, built once per (embed_dim, heads, dtype, batch_first)."""
+        key = (case.h, case.d_qk, dtype, case.layout == "bshd")
+        if key not in self._modules:
+            if len(self._modules) > 64:
+                self._modules.clear()
+            self._modules[key] = modules.identity_mha(case, case.layout == "bshd", dtype, self.device)
+        return self._modules[key]
+
+    @staticmethod
+    def _scale(case: Case, spelling: Spelling) -> float | None:
+        """The scale argument: the case's, or the default's value as a number for explicit_scale."""
+        return case.softmax_scale if spelling.scale == "explicit_scale" else case.scale
 
     def _forced(self):
         from torch.nn.attention import sdpa_kernel
@@ -201,20 +241,30 @@ class SdpaBackend(Backend):
         if spelling is None:
             raise Unsupported(self.unsupported(case) or f"unknown spelling {case.spelling!r}")
         leaves, (qh, kh, vh) = sdpa_inputs(case, tensors.q, tensors.k, tensors.v, spelling, grads=case.grads)
-        mask = self._mask(case, tensors, spelling, qh.dtype, qh.device)
+        if spelling.module:
+            mha = self._mha(case, qh.dtype)
+            masks = modules.module_masks(case, tensors, spelling, qh.dtype, qh.device)
+        else:
+            mask = self._mask(case, tensors, spelling, qh.dtype, qh.device)
         with self._forced(), warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(case.grads):
             warnings.simplefilter("always")
             try:
-                out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=spelling.mask == "is_causal",
-                                                     scale=case.scale, enable_gqa=spelling.heads == "enable_gqa")
+                if spelling.module:
+                    out = modules.call(mha, *(modules.embedded(case, x) for x in leaves), masks)
+                else:
+                    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask,
+                                                         is_causal=spelling.mask == "is_causal",
+                                                         scale=self._scale(case, spelling),
+                                                         enable_gqa=spelling.heads == "enable_gqa")
             except RuntimeError as e:
                 if "No available kernel" in str(e) or "No viable backend" in str(e):
                     raise Unsupported(f"{self.kernel} refused at call time: {_torch_reason(caught, e)}") from None
                 _refuse_misaligned(self.kernel, e)
                 raise
-        result = Output(out=out.detach().transpose(1, 2), ran=self.kernel)
+        out = modules.unembedded(case, out) if spelling.module else out.transpose(1, 2)  # logical [b, sq, h, d]
+        result = Output(out=out.detach(), ran=self.kernel)
         if case.grads:
-            dout = tensors.dout.transpose(1, 2)
+            dout = tensors.dout
             try:
                 grads = torch.autograd.grad(out, leaves, dout)
             except RuntimeError as e:
@@ -222,6 +272,9 @@ class SdpaBackend(Backend):
                 raise
             lengths = (case.sq, case.skv, case.skv)
             result.dq, result.dk, result.dv = (logical_grad(case, g, s) for g, s in zip(grads, lengths))
+        if spelling.module:
+            result.ran = f"{self.kernel} (through nn.MultiheadAttention; no lse: the module returns none)"
+            return result
         with torch.no_grad():
             result.lse, note = self._lse(case, tensors, spelling, qh, kh, vh)
         result.ran = f"{self.kernel} ({note})"
@@ -249,13 +302,15 @@ class SdpaBackend(Backend):
         from attnfuzz.backends.source import literal
         from attnfuzz.strategies.materialize import materialize, torch_dtype
         t = materialize(case, "cpu")
+        if spelling.module:
+            return modules.repro_source(case, spelling, self.kernel, t)
         masks = {"no_mask": "None", "is_causal": "None",
                  "causal_upper_left": f"torch.nn.attention.bias.causal_upper_left({case.sq}, {case.skv})",
                  "causal_lower_right": f"torch.nn.attention.bias.causal_lower_right({case.sq}, {case.skv})"}
-        if spelling.mask == "bool_mask":
-            masks["bool_mask"] = literal(layout.visibility_mask(case, t, "cpu"))
-        if spelling.mask == "float_mask":
-            masks["float_mask"] = literal(additive_mask(case, t, torch_dtype(case), "cpu"))
+        if spelling.dense:
+            masks[spelling.mask] = literal(dense_mask(case, t, spelling, torch_dtype(case), "cpu"))
+        shaped = (f"    mask = {form_source(case, spelling.form).replace('MASK', 'mask')}\n"
+                  if spelling.dense and spelling.form else "")  # on the device: a copy keeps no stride-0 view
         view = ("x.transpose(0, 1).contiguous().permute(1, 2, 0, 3)" if case.layout == "sbhd"  # seq-major buffers
                 else "x.transpose(1, 2)")
         bias_import = "import torch.nn.attention.bias\n\n" if spelling.mask.startswith("causal_") else ""
@@ -267,9 +322,11 @@ class SdpaBackend(Backend):
                 + ("    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))\n"
                    if spelling.heads == "repeat_kv" else "")
                 + "    mask = MASK.to(q.device) if isinstance(MASK, torch.Tensor) else MASK\n"
-                f"    with sdpa_kernel([SDPBackend.{self.kernel}]):\n"
+                + shaped
+                + f"    with sdpa_kernel([SDPBackend.{self.kernel}]):\n"
                 "        out = torch.nn.functional.scaled_dot_product_attention(\n"
-                f"            q, k, v, attn_mask=mask, is_causal={spelling.mask == 'is_causal'}, scale={case.scale!r}, "
+                f"            q, k, v, attn_mask=mask, is_causal={spelling.mask == 'is_causal'}, "
+                f"scale={self._scale(case, spelling)!r}, "
                 f"enable_gqa={spelling.heads == 'enable_gqa'})\n"
                 f"    return out.transpose(1, 2)\n")
 
@@ -290,7 +347,7 @@ class SdpaBackend(Backend):
         bias = None
         if spelling.mask == "causal_lower_right" and self._device_type == "cuda" and self.kernel == "FLASH_ATTENTION":
             is_causal = True  # the aten flash op's causal is bottom-right (torch/nn/attention/bias.py does the same)
-        elif spelling.mask in ("bool_mask", "float_mask", "causal_lower_right"):
+        elif spelling.dense or spelling.mask == "causal_lower_right":
             bias = additive_mask(case, tensors, q.dtype, q.device)
         kwargs = {"query": q, "key": k, "value": v, "dropout_p": 0.0, "is_causal": is_causal,
                   "scale": case.softmax_scale}

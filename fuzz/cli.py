@@ -29,6 +29,7 @@ from attnfuzz.engine.isolate import Workers, isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
+from attnfuzz.strategies.features import NAMES
 from attnfuzz.strategies.space import Space
 
 DEFAULT_BACKENDS = ("sdpa-math", "sdpa-flash", "flex-eager")  # the embedded default: CPU, small
@@ -59,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     mark.add_argument("--note", default="", help="what the bug is, in a sentence")
     mark.add_argument("--match", default="", help="count a new failure as this bug only if its message contains this")
     mark.add_argument("--when", action="append", default=[], metavar="FIELD=JSON",
-                      help="count it only for cases with this field or trait value, e.g. dtype='\"float64\"' or "
-                           "empty_q_sequence=true (repeatable; traits: " + ", ".join(TRAITS) + ")")
+                      help="count it only for cases with this field, feature or trait value, e.g. "
+                           "dtype='\"float64\"' or empty_q_sequence=true (repeatable; features: " + ", ".join(NAMES)
+                           + "; traits: " + ", ".join(TRAITS) + ")")
     mark.add_argument("--label", action="append", default=[], metavar="LABEL",
                       help="count failures with this verdict label too, e.g. FAIL:NONFINITE, for a bug whose output "
                            "reads 0, NaN or wrong values from run to run (repeatable)")
@@ -129,7 +131,7 @@ def cmd_run(args) -> int:
         inflight = inflight_io.inflight_path(args.corpus, backend.name)
         backend_settings = for_backend(settings, backend.cost, args.max_examples)
         progress = Progress(name, backend_settings.max_examples)
-        log = CaseLog(args.log, name)
+        log = CaseLog(args.log, name, args.device)
 
         as_found = corpus_io.AsFound(name, args.device, backend.version())
         graded = Combos()

@@ -51,17 +51,18 @@ def examples(tally: Tally, budget: int) -> str:
 class CaseLog:
     """One JSON line per case run, flushed as it goes, so a run that is killed still leaves its record."""
 
-    def __init__(self, path: Path | None, backend: str):
+    def __init__(self, path: Path | None, backend: str, device: str = "cpu"):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self.file = path.open("a") if path else None
-        self.backend, self.last = backend, time.perf_counter()
+        self.backend, self.device, self.last = backend, device, time.perf_counter()
 
     def write(self, case: Case, verdict: Verdict) -> None:
         if self.file is None:
             return
         now = time.perf_counter()
-        self.file.write(caselog.record(self.backend, case, verdict, now - self.last, verdict=verdict.to_dict()))
+        self.file.write(caselog.record(self.backend, case, verdict, now - self.last, verdict=verdict.to_dict(),
+                                       device=self.device))
         self.file.flush()
         self.last = now
 

@@ -203,11 +203,23 @@ def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Cas
     @st.composite
     def spelled(draw) -> Case:  # a flatmap would build a strategy per case, which costs more than drawing it
         case = draw(drawn)
-        return case.replace(spelling=pick(draw, tuple(backend.spellings(case))))
+        return case.replace(spelling=spelling_of(draw, tuple(backend.spellings(case))))
 
     if not is_compile_aware(backend, space):
         return spelled()
     return compile_aware_cases(backend, spelled(), space)
+
+
+def spelling_of(draw, spellings: tuple[str, ...]) -> str:
+    """One of a case's spellings. Where several share their first '+'-joined part (SDPA's mask spellings, each in up
+    to a dozen argument forms), the first part is drawn first and then one spelling of it, so that each way to spell
+    the mask keeps its share however many forms it has; else one spelling, uniformly."""
+    heads: dict[str, list[str]] = {}
+    for spelling in spellings:
+        heads.setdefault(spelling.split("+", 1)[0], []).append(spelling)
+    if len(heads) == len(spellings):
+        return pick(draw, spellings)
+    return pick(draw, tuple(heads[pick(draw, tuple(heads))]))
 
 
 KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]

@@ -78,6 +78,8 @@ class Campaign:
         totals.labels[label] += 1
         if not label.startswith("UNSUPPORTED"):
             self.combos.setdefault(backend, Combos()).add(Case.from_dict(row["case"]))
+        if isinstance(row.get("device"), str):   # a run's log names its device (a campaign's campaign.json does)
+            self.meta.setdefault("device", row["device"])
         totals.seconds += float(row.get("seconds") or 0.0)
         status = label.split(":", 1)[0]
         if status == "KNOWN" and caselog.seen_here(row):

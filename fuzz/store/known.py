@@ -7,7 +7,8 @@ failure whose output matched it too: `answers`) whose message contains `match` a
 `when` (each optional) counts as this known bug, and the search goes on past it. `when` states the bug's defining
 condition; what only the failure shows (which rows failed) is the label's: EMPTY_ROWS is a failure confined to the
 rows that see no key. `when` names Case
-fields or the TRAITS below, which say what field equality cannot ("some sequence has no query"). `since`, as
+fields, case features (strategies/features.py: "band": "causal_bottom_right" holds however the band is spelled) or
+the TRAITS below, which say what field equality cannot ("some sequence has no query"). `since`, as
 {"torch": "2.13"}, says which release of a package brought the bug: where an older one is installed, an entry that
 passes is not affected there (its replay is skipped, saying so) rather than fixed. `unwritten: true` says the bug
 is output the kernel never writes: it fails where that memory held garbage and passes where it held zeros, so a replay
@@ -22,6 +23,7 @@ from typing import Callable
 
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.features import features
 
 def _band_empties_a_row(c: Case) -> bool:
     """Whether a valid query row of some sequence sees no key by the band, the alignment or the lengths alone. The
@@ -74,8 +76,10 @@ TRAITS = {
 
 
 def when_fields(case: Case) -> dict:
-    """What a known bug's `when` is matched against: the case's fields and its TRAITS."""
-    return {**case.to_dict(), **{name: trait(case) for name, trait in TRAITS.items()}}
+    """What a known bug's `when` is matched against: the case's fields, its features (strategies/features.py: the
+    classes the strategies and the coverage report use, e.g. "band": "causal_bottom_right", "len_kv": "long_edge")
+    and its TRAITS."""
+    return {**case.to_dict(), **features(case), **{name: trait(case) for name, trait in TRAITS.items()}}
 
 
 def record_problem(record, case: Case) -> str | None:

@@ -134,12 +134,12 @@ def _len_q(value: str, c: Case) -> Case:
     if value == "decode":   # keys kept where they are decode's already, else the fewest of their class
         skv = c.skv if c.skv >= DECODE_KEYS else 600 if length_class(c.skv) == "long" else DECODE_KEYS
         return c.replace(sq=4, skv=skv, seqlens_q=None, seqlens_kv=None)
-    n = {"1": 1, "small": 32, "edge": 64, "long": 300, "long_edge": 257}[value]
+    n = {"1": 1, "small": 8, "edge": 64, "long": 300, "long_edge": 257}[value]
     return c.replace(sq=n, seqlens_q=None if c.seqlens_q is None else tuple(min(x, n) for x in c.seqlens_q))
 
 
 def _len_kv(value: str, c: Case) -> Case:
-    n = {"1": 1, "small": 32, "edge": 65, "long": 300, "long_edge": 449}[value]
+    n = {"1": 1, "small": 8, "edge": 65, "long": 300, "long_edge": 449}[value]
     return c.replace(skv=n, seqlens_kv=None if c.seqlens_kv is None else tuple(min(x, n) for x in c.seqlens_kv))
 
 
@@ -194,7 +194,7 @@ WITNESS_ORDER = ("len_kv", "len_q", "sequences", "layout", "heads", "memory", "h
                  "value_family", "softmax", "explicit_mask", "gradients", "dtype", "softcapped", "alibi_bias",
                  "spelling_form")
 assert sorted(WITNESS_ORDER) == sorted(NAMES)
-WITNESS_BASE = Case(b=1, sq=32, skv=32, h=1, hk=1, d_qk=16, d_v=16, dtype="float16")
+WITNESS_BASE = Case(b=1, sq=8, skv=8, h=1, hk=1, d_qk=16, d_v=16, dtype="float16")
 
 
 def features(case: Case) -> dict[str, str]:

@@ -121,3 +121,36 @@ def test_four_way_feasibility_needs_every_three_way_part():
     grid = table.reshape(sizes)
     paged, on = FEATURES[quad[0]].values.index("paged"), FEATURES[quad[1]].values.index("on")
     assert not grid[paged, on].any() and grid[0, on].any()
+
+
+def no_causal_gradients(q, k, v, *, causal, window, bottom_right, scale):
+    """A correct plain kernel that refuses windows outright and causal cases with gradients in combination."""
+    from tests.misbehaving import _plain
+    return _plain(q, k, v, scale, causal, bottom_right)
+
+
+no_causal_gradients.supports = lambda case: (case.window == (None, None) and not (case.causal and case.grads)
+                                             and not case.padded and case.mask_density is None
+                                             and case.alibi_slopes is None and case.softmax == "vanilla"
+                                             and case.softcap is None) or "a plain kernel"
+
+
+def test_run_json_counts_graded_cases_only_and_leaves_refused_combinations_out(tmp_path, capsys):
+    import json
+    from attnfuzz.cli import main
+    spec = "tests.test_features:no_causal_gradients"
+    code = main(["run", "--backend", spec, "--max-examples", "80", "--max-len", "24", "--profile", "ci",
+                 "--corpus", str(tmp_path / "c"), "--json"])
+    summary = json.loads(capsys.readouterr().out)[spec]
+    tally, combos = summary["tally"], summary["combinations"]
+    assert code == 0, tally
+    refused = sum(tally["unsupported"].values())
+    assert refused > 0, tally                         # the combination the kernel refuses was drawn
+    assert combos["cases"] == tally["labels"]["PASS"] == tally["examples"] - refused
+    # causal with gradients is refused, so it is not a feasible pair: every feasible pair is one the kernel takes
+    names = [f.name for f in FEATURES]
+    pair = tuple(sorted((names.index("band"), names.index("gradients"))))
+    from attnfuzz.backends import get
+    from attnfuzz.report.combos import feasible_of
+    table = feasible_of(get(spec, "cpu"), Space.for_device("cpu", 24)).table(pair).reshape(4, 2)
+    assert not table[FEATURES[pair[0]].values.index("causal"), 1] and table[0, 1] and table[1, 0]

@@ -23,15 +23,16 @@ WIDE_ONE_IN = 5        # one head dim in 5 is above 128, where the Space has suc
 STORAGE_ONE_IN = 3     # one bshd case without a paged cache in 3 lays q, k, v out in drawn buffers (Case.storage)
 SOFTCAPS = (5.0, 30.0, 0.5)  # the softcaps drawn; shrinks toward the first
 # A case's richness, drawn first: the odds of every optional feature (a mask, a window, padding, a softcap, ALiBi,
-# gradients, probe and family values, a paged cache, drawn buffers, a wide head dim, a long shape), times its everyday
-# odds: none (plain, each at MIN_ODDS), the everyday odds, or twice them, by two fair coins (a weighted or uniform
-# integer choice came out on its last value 38-39 % of the time in Hypothesis's generation; its coins keep their
-# odds better). As drawn (bench/combos.py, 2,000 cases): plain 41 %, everyday 25 %, twice 34 %, a mean of about 1, so
-# each feature keeps its share of the cases and of the time (gradients 24.2 % against 24.7 % without richness, long
-# shapes 8.1 % against 8.0 %), while cases that combine several rare features come 2 to 4 times as often (outlier
-# channels with a head dim over 128 and gradients: 58 against 29 in 10,000; probe values over long keys in bf16: 57
-# against 15). Richness is a swarm configuration with one knob: it correlates the features without moving their
-# marginals. Each feature's coin is drawn either way, so a shrink of the richness leaves the case as it is.
+# gradients, probe and family values, a paged cache, drawn buffers, a wide head dim), times its everyday odds: none
+# (plain, each at MIN_ODDS), the everyday odds, or twice them, by two fair coins (a weighted or uniform integer choice
+# came out on its last value 38-39 % of the time in Hypothesis's generation; its coins keep their odds better). As
+# drawn (bench/combos.py, 2,000 cases): plain 41 %, everyday 25 %, twice 34 %, a mean of about 1, so each feature
+# keeps its share of the cases (gradients 24.2 % against 24.7 % without richness), while cases that combine several
+# rare features come 2 to 4 times as often (outlier channels with a head dim over 128 and gradients: 58 against 29 in
+# 10,000; probe values over long keys in bf16: 57 against 15). Long shapes keep the everyday odds whatever the
+# richness: a long case that is also rich costs several times a plain one (with them in, long cases took 36 % of a
+# CPU run's time against 20 %). Richness is a swarm configuration with one knob: it correlates the features without
+# moving their marginals. Each feature's coin is drawn either way, so a shrink of the richness leaves the case as it is.
 RICHNESS = (0.0, 1.0, 2.0)
 
 
@@ -114,7 +115,7 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
     gradients. Shrinks toward the smallest, plainest case that still fails."""
     odds = _richness(draw)   # first, so that a shrink toward plain does not move the other choices
-    sq, skv = _lengths(draw, space, odds)
+    sq, skv = _lengths(draw, space)   # at the everyday odds: a long shape in a rich case costs several times more
     # Head dims, then batch and heads, within space.max_work (see work()): the float64 oracle's cost, which a long
     # case would otherwise multiply by thousands
     room = max(1, space.max_work // (sq * skv) - SCORE_COST)

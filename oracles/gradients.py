@@ -3,12 +3,14 @@ takes (textbook or fused baseline: tolerance.FUSED_BACKWARD), and what each grad
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
 from attnfuzz.oracles import verdict as V
-from attnfuzz.oracles.alternatives import fail, valid_keys, valid_rows, wrong_shape
+from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows, wrong_shape
+from attnfuzz.oracles.reference import reference
 from attnfuzz.oracles.tolerance import FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check
 from attnfuzz.strategies.case import Case
 
@@ -67,11 +69,12 @@ def gradient_terms(o: Oracle) -> dict:
 
 
 def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: torch.Tensor | None = None,
-                   floor_first: bool = False) -> Check:
+                   floor_first: bool = False, expected: torch.Tensor | None = None) -> Check:
     """dq, dk or dv graded on the rows (dq) or keys (dk, dv) that count, with the terms the gradient sums and the
     error it inherits from D: against the fused baseline row by row, from `out`, the output the kernel returned with
     the gradients (d_inherited); without `out`, and against the textbook baseline, the worst row's shift on every
-    row. `floor_first`: the baseline only where an error passes the floor (tolerance.check)."""
+    row. `floor_first`: the baseline only where an error passes the floor (tolerance.check). `expected`: another
+    reference's gradient (an alternative's), graded within the oracle's own bound."""
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
     terms, inherited = o.gradient_terms[name]
     terms_floor = terms  # the sum of |terms| the cancellation floor takes: the tensor's largest, or per row (below)
@@ -118,7 +121,8 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: to
         # inf. Non-finite elements are not graded then (sdpa-flash fp16 dK of 58608 came back inf where a
         # far_negative q carries its row's shift, -1024 / scale, in one channel); finite ones are, as ever.
         where = where & torch.isfinite(got)
-    return check(name, got, getattr(o.ref, name), lambda: getattr(o.grad_baseline(family), name), where,
+    expected = getattr(o.ref, name) if expected is None else expected
+    return check(name, got, expected, lambda: getattr(o.grad_baseline(family), name), where,
                  family=family, quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size,
                  scale_of_terms=terms_floor, inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms,
                  softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first)
@@ -162,9 +166,25 @@ def grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -
         c = gradient_check(o, name, got, family, output.out, floor_first=True)
         checks.append(c)
         if not c.ok:
-            return fail(V.GRADIENT, c.describe() + _only_empty_rows(o, name, got, family, output.out), c, c.ratio,
-                        [x.describe() for x in checks])
+            verdict = fail(V.GRADIENT, c.describe() + _only_empty_rows(o, name, got, family, output.out), c, c.ratio,
+                           [x.describe() for x in checks])
+            return dataclasses.replace(verdict, also=_alternatives_matched(o, name, got, family))
     return None
+
+
+def _alternatives_matched(o: Oracle, name: str, got: torch.Tensor, family: str) -> tuple[str, ...]:
+    """The ALTERNATIVE diagnoses whose reference's gradient `name` the failing one matches within the oracle's bound:
+    a kernel that drops the causal mask has its output right where every key a row sees is alike (probe values over a
+    one-wide V) and its dV right only against attention without the mask, so a known dropped mask takes it too."""
+    matched: list[str] = []
+    for diagnosis, _, overrides in alternatives(o.case):
+        if diagnosis in matched:
+            continue
+        alt_case = overrides.pop("case", o.case)
+        alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=True, terms=False, **overrides)
+        if getattr(alt, name) is not None and gradient_check(o, name, got, family, expected=getattr(alt, name)).ok:
+            matched.append(diagnosis)
+    return tuple(matched)
 
 
 EMPTY_ROWS_ONLY = "wrong only on rows that see no key (their dq must be 0)"

@@ -207,3 +207,17 @@ def test_known_refuses_a_when_that_leaves_out_the_findings_own_failures(tmp_path
     assert corpus_io.load(path).known_bug is None
     assert main(["known", str(path), "--link", "l", "--when", "causal=true"]) == 0
     assert corpus_io.load(path).known_bug["labels"] == ["FAIL:WINDOW_OFF_BY_ONE"]
+
+
+def test_a_gradient_failure_names_the_alternatives_its_gradient_matches():
+    """The dropped causal mask on probe values over a one-wide V: the output is right (every key a row sees is alike),
+    dV is wrong, and right against attention without the mask: the GRADIENT verdict says so in `also`, so a record
+    of the dropped mask (MASK_IGNORED) takes it. A correct kernel's dV matches no alternative: nothing to say."""
+    from attnfuzz.backends import get
+    from attnfuzz.engine.harness import run_case
+    case = Case(sq=2, skv=2, d_qk=1, d_v=1, dtype="float16", causal=True, grads=True, values="probe")
+    verdict = run_case(get("tests.misbehaving:drops_causal", "cpu"), case, device="cpu")
+    assert verdict.label == "FAIL:GRADIENT" and V.MASK_IGNORED in verdict.also, verdict
+    scaled = run_case(get("tests.misbehaving:drops_causal", "cpu"), case.replace(causal=False, grads=True,
+                                                                                   scale=0.3), device="cpu")
+    assert not scaled.failed, scaled

@@ -91,6 +91,27 @@ def test_pin_keeps_the_key_and_takes_runtime_fields():
     assert (case.hk, case.h) == (3, 6)   # drawn KV heads at the configuration's group size (2)
 
 
+# The streams a test that needs a failure tries, in order. Which stream meets a rare planted configuration within a
+# budget is an accident of the strategy's choices (any change to the case strategy moves it); what these tests hold
+# is what the search does with a failure once it meets one, so each takes the first stream of these that meets it,
+# and fails where none does.
+SEEDS = range(6)
+
+
+def _first_stream(search):
+    """`search(seed)` -> (met, result) for each of SEEDS in turn: the first result that met a failure."""
+    for seed in SEEDS:
+        met, result = search(seed)
+        if met:
+            return result
+    raise AssertionError(f"none of the streams {list(SEEDS)} met a failure: nothing to shrink")
+
+
+def _met(result):
+    """(met, result) for _first_stream, of a result whose last item is the search's findings."""
+    return bool(result[-1]), result
+
+
 def _search(bug: str, share: float, seed: int, examples: int = 300):
     backend = FakeJit(bug=bug)
     keys = []
@@ -140,7 +161,7 @@ def test_planted_bug_past_the_first_case_of_its_configuration_is_found():
     is finished outside them, down to the fewest keys that fail (65). Compile-aware search gets the examples that give
     it as many fresh draws as plain search at 300 (the same compile time on a JIT backend); whether plain search meets
     this class in 300 depends on the stream, so it is not compared here."""
-    aware = _search("config-long", 0.8, seed=1, examples=1500)[1]
+    aware = _first_stream(lambda seed: _met(_search("config-long", 0.8, seed, examples=1500)[1]))
     assert [f.verdict.label for f in aware] == ["FAIL:TOLERANCE"]
     assert buggy(aware[0].case, "config-long") and aware[0].case.skv == 65, aware[0].case
 
@@ -211,13 +232,18 @@ def test_a_finding_is_walked_on_through_its_compile_fields():
     assert backend.compile_key(MINIMAL) in configs
 
 
-def _first_failure_then(share: float, seed: int, closing: bool, monkeypatch) -> tuple[int, int, list]:
+def _first_failure_then(share: float, closing: bool, monkeypatch) -> tuple[int, int, list]:
     """Configurations compiled by the search before its first failure, and by Hypothesis after it (its shrink and
-    what is left of its search; finish_shrinking's are not counted), with the findings; `closing` False: the
-    configurations are never closed (the negative control)."""
+    what is left of its search; finish_shrinking's are not counted), with the findings, on the first stream that
+    meets a failure (_first_stream; closing acts only after the first failure, so the negative control takes the
+    same one); `closing` False: the configurations are never closed (the negative control)."""
     if not closing:
         monkeypatch.setattr(CompiledConfigs, "closed", property(lambda self: False, lambda self, value: None),
                             raising=False)
+    return _first_stream(lambda seed: _failure_then(share, seed))
+
+
+def _failure_then(share: float, seed: int):
     backend = FakeJit(bug="config")
     before, after, failed = set(), set(), []
 
@@ -230,22 +256,21 @@ def _first_failure_then(share: float, seed: int, closing: bool, monkeypatch) -> 
 
     _, findings = fuzz(backend, space=Space(max_len=160, compiled_share=share), seed=seed, worker=Verdicts(backend),
                        reruns=0, on_case=on_case, settings=profile("quick", max_examples=300, database=None))
-    assert failed, "the stream met no failure: nothing to shrink"
-    return len(before), len(after - before), findings
+    return bool(failed), (len(before), len(after - before), findings)
 
 
 def test_after_the_first_failure_hypothesis_compiles_nothing_new(monkeypatch):
     """Once a compile-aware search fails, its configurations are closed: Hypothesis shrinks the failure (and searches
     on) inside the compiled ones, and the finding still ends at the minimal case. Negative control: left open, the
     same stream compiles new configurations after its first failure."""
-    found_at, new, findings = _first_failure_then(0.8, 0, True, monkeypatch)
+    found_at, new, findings = _first_failure_then(0.8, True, monkeypatch)
     assert found_at > 0 and new == 0, (found_at, new)
     assert [f.verdict.label for f in findings] == ["FAIL:TOLERANCE"] and findings[0].case == MINIMAL
     assert not compiled_configs(FakeJit()).closed   # (a backend object of its own: open)
 
 
 def test_negative_control_open_configurations_compile_during_the_shrink(monkeypatch):
-    found_at, new, findings = _first_failure_then(0.8, 0, False, monkeypatch)
+    found_at, new, findings = _first_failure_then(0.8, False, monkeypatch)
     assert found_at > 0 and new > 0, (found_at, new)
 
 
@@ -253,18 +278,22 @@ def test_a_known_bug_leaves_the_configurations_open():
     """A failure the corpus knows is tallied KNOWN and the search goes on past it, still compiling new configurations
     (closing them there would confine a run with the shipped corpus to what it compiled before its first known bug).
     The closing itself fires on an unknown failure (test_after_the_first_failure_hypothesis_compiles_nothing_new)."""
-    backend = FakeJit(bug="config")
-    before, after, known_seen = set(), set(), []
+    def search(seed):
+        backend = FakeJit(bug="config")
+        before, after, known_seen = set(), set(), []
 
-    def on_case(case, verdict, tally):
-        if verdict.status != V.UNSUPPORTED:
-            (after if known_seen else before).add(backend.compile_key(case))
-        known_seen.extend([case] if verdict.status == V.KNOWN else [])
+        def on_case(case, verdict, tally):
+            if verdict.status != V.UNSUPPORTED:
+                (after if known_seen else before).add(backend.compile_key(case))
+            known_seen.extend([case] if verdict.status == V.KNOWN else [])
 
-    _, findings = fuzz(backend, space=Space(max_len=160, compiled_share=0.8), seed=0, worker=Verdicts(backend),
-                       reruns=0, on_case=on_case, known=lambda name, case, verdict: {"entry": "planted"},
-                       settings=profile("quick", max_examples=300, database=None))
-    assert known_seen and findings == [], (len(known_seen), findings)
+        _, findings = fuzz(backend, space=Space(max_len=160, compiled_share=0.8), seed=seed, worker=Verdicts(backend),
+                           reruns=0, on_case=on_case, known=lambda name, case, verdict: {"entry": "planted"},
+                           settings=profile("quick", max_examples=300, database=None))
+        return bool(known_seen), (backend, before, after, findings)
+
+    backend, before, after, findings = _first_stream(search)
+    assert findings == [], findings
     assert not compiled_configs(backend).closed
     assert len(after - before) > 5, (len(before), len(after - before))
 
@@ -312,7 +341,7 @@ def test_the_greedy_shrink_tries_a_change_that_did_not_fail_after_the_others():
     assert steps >= 6 and sum(not c.grads for c in runs) <= 2, (steps, len(runs))
 
 
-def _build_search(bug: str, memo: bool, seed: int = 0):
+def _build_search(bug: str, memo: bool, seed: int):
     backend = FakeJit(bug=bug)
     if not memo:
         backend.build_errors = ()   # the backend names no build errors: every case builds for real
@@ -325,8 +354,9 @@ def test_a_shrink_step_of_a_kernel_that_failed_to_build_does_not_build_it_again(
     """FA4 caches only the kernels that build: every shrink step in a configuration that failed to build compiled and
     failed again. While the search shrinks, a case of such a compile key is answered from the first failure; the
     finding is run for real before it is kept, and ends at the same minimal case."""
-    remembered, [found] = _build_search("build", memo=True)
-    rebuilt, [found_before] = _build_search("build", memo=False)
+    # remembering acts only while a failure is shrunk: both searches of a stream meet their first failure alike
+    seed, remembered, [found] = _first_stream(lambda seed: _met((seed, *_build_search("build", memo=True, seed=seed))))
+    rebuilt, [found_before] = _build_search("build", memo=False, seed=seed)
     assert found.case == found_before.case == MINIMAL, (found.case, found_before.case)
     assert found.verdict.label == "CRASH:CompilerDiagnosticError"
     assert FROM_BUILD_FAILURE not in found.verdict.checks, "the kept verdict is the backend's own"
@@ -346,7 +376,7 @@ def test_negative_control_a_key_that_misses_what_fails_to_build_still_keeps_a_re
         return kept
 
     monkeypatch.setattr(BuildFailures, "settle", watched)
-    backend, [found] = _build_search("build-long", memo=True, seed=0)
+    backend, [found] = _first_stream(lambda seed: _met(_build_search("build-long", memo=True, seed=seed)))
     assert [before.skv <= 64 and after.skv > 64 for before, after in settled] == [True], "the answer was wrong"
     assert found.verdict.label == "CRASH:CompilerDiagnosticError" and found.verdict.status == V.CRASH
     assert FROM_BUILD_FAILURE not in found.verdict.checks

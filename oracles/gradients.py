@@ -1,10 +1,10 @@
 """Gradient grading: dQ, dK and dV of a backend against the oracle's, each row within a bound built from the sums it
-takes (textbook or fused baseline: tolerance.FUSED_BACKWARD), and what each gradient inherits from D."""
+takes (textbook or fused baseline: tolerance.FUSED_BACKWARD), and what each gradient inherits from D. `o` is the
+grader's Oracle (oracles/grade.py, which imports this module)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,9 +14,6 @@ from attnfuzz.oracles.reference import reference
 from attnfuzz.oracles.tolerance import FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check
 from attnfuzz.strategies.case import Case
 
-if TYPE_CHECKING:  # for the annotations alone: grade.py imports this module
-    from attnfuzz.oracles.grade import Oracle
-
 
 def fused_backward(case: Case, family: str) -> bool:
     """Whether this family's gradients are graded against the fused baseline (tolerance.FUSED_BACKWARD); in fp32 /
@@ -24,7 +21,7 @@ def fused_backward(case: Case, family: str) -> bool:
     return case.grads and case.dtype in LOW_PRECISION and family in FUSED_BACKWARD
 
 
-def gradient_terms(o: Oracle) -> dict:
+def gradient_terms(o) -> dict:
     """Per gradient: (a bound on the products it sums, where they can cancel; the error it inherits from D, and for
     fp16 from dS rounded among the subnormals), and apart the part from the subnormals ("dq_underflow", ...) and dK's
     bound on its products per unit of a key's P mass ("dk_per_mass").
@@ -68,7 +65,7 @@ def gradient_terms(o: Oracle) -> dict:
             "dv_underflow": underflow(o.case.sq) / scale * biggest(t.dout) if scale else 0.0}
 
 
-def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: torch.Tensor | None = None,
+def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tensor | None = None,
                    floor_first: bool = False, expected: torch.Tensor | None = None) -> Check:
     """dq, dk or dv graded on the rows (dq) or keys (dk, dv) that count, with the terms the gradient sums and the
     error it inherits from D: against the fused baseline row by row, from `out`, the output the kernel returned with
@@ -128,7 +125,7 @@ def gradient_check(o: Oracle, name: str, got: torch.Tensor, family: str, out: to
                  softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first)
 
 
-def d_inherited(o: Oracle, name: str, out: torch.Tensor) -> torch.Tensor:
+def d_inherited(o, name: str, out: torch.Tensor) -> torch.Tensor:
     """What dQ (per query row) or dK (per key row) inherits from D = rowsum(dO * O) taken from `out`, the output the
     kernel returned, as FlashAttention-style backward passes take it (a kernel that takes D exact inherits less).
     dS_ij = P_ij (dP_ij - D_i), so an error dD_i moves dQ_i = scale sum_j dS_ij K_j by scale dD_i sum_j P_ij K_j
@@ -154,7 +151,7 @@ def d_inherited(o: Oracle, name: str, out: torch.Tensor) -> torch.Tensor:
     return scale * worst * o.ref.key_d_terms
 
 
-def grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:
+def grade_grads(o, output: V.Output, family: str, checks: list[Check]) -> V.Verdict | None:
     for name in ("dq", "dk", "dv"):
         got, ref = getattr(output, name), getattr(o.ref, name)
         if got is None:
@@ -172,7 +169,7 @@ def grade_grads(o: Oracle, output: V.Output, family: str, checks: list[Check]) -
     return None
 
 
-def _alternatives_matched(o: Oracle, name: str, got: torch.Tensor, family: str) -> tuple[str, ...]:
+def _alternatives_matched(o, name: str, got: torch.Tensor, family: str) -> tuple[str, ...]:
     """The ALTERNATIVE diagnoses whose reference's gradient `name` the failing one matches within the oracle's bound:
     a kernel that drops the causal mask has its output right where every key a row sees is alike (probe values over a
     one-wide V) and its dV right only against attention without the mask, so a known dropped mask takes it too."""
@@ -190,7 +187,7 @@ def _alternatives_matched(o: Oracle, name: str, got: torch.Tensor, family: str) 
 EMPTY_ROWS_ONLY = "wrong only on rows that see no key (their dq must be 0)"
 
 
-def _only_empty_rows(o: Oracle, name: str, got: torch.Tensor, family: str, out: torch.Tensor) -> str:
+def _only_empty_rows(o, name: str, got: torch.Tensor, family: str, out: torch.Tensor) -> str:
     """'; ' + EMPTY_ROWS_ONLY where a failing dQ passes once its rows that see no key are set to the oracle's 0 (a
     kernel's fully masked rows, not its other rows: what a known bug of those rows can match on); else ''."""
     empty = valid_rows(o.case, got.device) & o.ref.empty

@@ -84,7 +84,8 @@ def test_the_same_kernel_without_the_claim_is_reported_as_a_property_never_a_fai
 
 
 def test_an_invariant_kernel_that_declares_it_is_clean():
-    tally, findings = fuzz(kernel("fixed_splits"), space=SPACE, settings=RUNS)
+    # (120 cases: the 80 of RUNS batch-checked 8 with the per-case richness, fewer than this test wants)
+    tally, findings = fuzz(kernel("fixed_splits"), space=SPACE, settings=profile("ci", max_examples=120))
     assert not findings, [(f.verdict.label, f.verdict.message[:300], f.case) for f in findings]
     assert tally.batch_checked >= 10 and tally.batch_invariant == tally.batch_checked, tally.to_dict()
 

@@ -109,7 +109,9 @@ def test_a_spelling_the_entrys_backend_passes_in_shows_up_beside_the_one_it_fail
     assert "| is_causal |" in rows[0] and "**FAIL:ALL_ZERO**" in rows[0], "the entry's spelling first"
     assert any("| causal_upper_left |" in r and "PASS" in r for r in rows)
     assert not any("| default" in r for r in rows), "the default is is_causal again: not run twice"
-    assert "Of sdpa-math's spellings, is_causal fails and" in report
+    # every form of is_causal fails (an explicit scale, through MultiheadAttention), every other spelling passes
+    assert "Of sdpa-math's spellings, is_causal, is_causal+explicit_scale and is_causal+mha_batch_first fail and " \
+           "causal_upper_left, " in report
 
 
 def test_control_the_entrys_backend_now_passes(tmp_path, monkeypatch):

@@ -52,8 +52,10 @@ def test_first_bug_shrinks_one_failure_and_saves_the_one_it_left_as_found(tmp_pa
 
 def test_first_bug_stops_the_search_sooner_than_a_run_that_shrinks_every_failure(tmp_path):
     """The same derandomized run without --first-bug shrinks both bugs: more cases before anything is saved."""
-    every = _fuzz("run", tmp_path / "every", tmp_path / "every.jsonl")
-    first = _fuzz("run", tmp_path / "first", tmp_path / "first.jsonl", "--first-bug")
+    # (seeded: the unseeded ci stream's NONFINITE shrink stalls at a long case, sq 2048 over one key; the
+    # 100-case runs of seeds 0-5 all shrink it to sq 2)
+    every = _fuzz("run", tmp_path / "every", tmp_path / "every.jsonl", "--seed", "1")
+    first = _fuzz("run", tmp_path / "first", tmp_path / "first.jsonl", "--first-bug", "--seed", "1")
     assert every.returncode == first.returncode == 1, every.stderr[-2000:] + first.stderr[-2000:]
     assert "met before the shrunk finding" not in every.stderr, every.stderr[-3000:]
     shrunk = _entries(tmp_path / "every")

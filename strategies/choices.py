@@ -10,6 +10,7 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 
+
 def _source(draw):
     """The choices behind a composite's `draw` (st.composite hands it the bound draw method of its ConjectureData)."""
     return draw.__self__

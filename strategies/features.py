@@ -32,15 +32,10 @@ from functools import lru_cache
 from typing import Callable
 
 from attnfuzz.strategies.case import DTYPES, FAMILIES, LAYOUTS, MEMORY, SOFTMAXES, STORAGES, Case
+from attnfuzz.strategies.cases import alibi_slopes
+from attnfuzz.strategies.lengths import DECODE_MAX_QUERIES, DECODE_MIN_KEYS, SMALL_LEN
 
-SHORT_MAX = 160         # the everyday cases' longest length (attnfuzz.strategies.lengths.SMALL_LEN)
 TILE = 64               # the tile grain lengths are classed against: 64 and 128-row tiles share its edges
-DECODE_KEYS = 512       # decode: at most DECODE_QUERIES queries over at least this many keys
-DECODE_QUERIES = 16
-
-
-def _alibi(h: int) -> tuple[float, ...]:
-    return tuple(2.0 ** (-8.0 * (i + 1) / h) for i in range(h))
 
 
 def band_class(case: Case) -> str:
@@ -72,7 +67,7 @@ def _memory(value: str, c: Case) -> Case:
     if value == "expanded_kv" and c.hk == 1:   # one KV head expanded: needs several (MHA grows to two of each)
         if c.h > 1:
             raise ValueError("expanded_kv needs more than one KV head")
-        c = c.replace(h=2, hk=2, alibi_slopes=None if c.alibi_slopes is None else _alibi(2))
+        c = c.replace(h=2, hk=2, alibi_slopes=None if c.alibi_slopes is None else alibi_slopes(2))
     return c.replace(memory=value)
 
 
@@ -88,13 +83,13 @@ def at_tile_edge(n: int) -> bool:
 def length_class(n: int) -> str:
     if n == 1:
         return "1"
-    if n <= SHORT_MAX:
+    if n <= SMALL_LEN:
         return "edge" if at_tile_edge(n) else "small"
     return "long_edge" if at_tile_edge(n) else "long"
 
 
 def len_q_class(case: Case) -> str:
-    return "decode" if case.sq <= DECODE_QUERIES and case.skv >= DECODE_KEYS else length_class(case.sq)
+    return "decode" if case.sq <= DECODE_MAX_QUERIES and case.skv >= DECODE_MIN_KEYS else length_class(case.sq)
 
 
 # -- witnesses: a case changed into one class of a feature --------------------------------------------------------
@@ -127,12 +122,12 @@ def _head_dim(value: str, c: Case) -> Case:
 
 def _heads(value: str, c: Case) -> Case:
     h, hk = {"MHA": (1, 1), "GQA": (4, 2), "MQA": (2, 1)}[value]
-    return c.replace(h=h, hk=hk, alibi_slopes=None if c.alibi_slopes is None else _alibi(h))
+    return c.replace(h=h, hk=hk, alibi_slopes=None if c.alibi_slopes is None else alibi_slopes(h))
 
 
 def _len_q(value: str, c: Case) -> Case:
     if value == "decode":   # keys kept where they are decode's already, else the fewest of their class
-        skv = c.skv if c.skv >= DECODE_KEYS else 600 if length_class(c.skv) == "long" else DECODE_KEYS
+        skv = c.skv if c.skv >= DECODE_MIN_KEYS else 600 if length_class(c.skv) == "long" else DECODE_MIN_KEYS
         return c.replace(sq=4, skv=skv, seqlens_q=None, seqlens_kv=None)
     n = {"1": 1, "small": 8, "edge": 64, "long": 300, "long_edge": 257}[value]
     return c.replace(sq=n, seqlens_q=None if c.seqlens_q is None else tuple(min(x, n) for x in c.seqlens_q))
@@ -181,7 +176,7 @@ FEATURES: tuple[Feature, ...] = (
     _switch("spelling_form", lambda c: c.spelling != "", lambda on, c: c.replace(spelling="*" if on else "")),
     _switch("softcapped", lambda c: c.softcap is not None, lambda on, c: c.replace(softcap=5.0 if on else None)),
     _switch("alibi_bias", lambda c: c.alibi_slopes is not None,
-            lambda on, c: c.replace(alibi_slopes=_alibi(c.h) if on else None)),
+            lambda on, c: c.replace(alibi_slopes=alibi_slopes(c.h) if on else None)),
     _field("softmax", SOFTMAXES),
     Feature("len_q", ("1", "decode", "small", "edge", "long", "long_edge"), len_q_class, _len_q),
     Feature("len_kv", ("1", "small", "edge", "long", "long_edge"), lambda c: length_class(c.skv), _len_kv),

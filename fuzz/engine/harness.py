@@ -191,11 +191,16 @@ def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdi
     return verdict
 
 
+def served_space(backend: Backend, space: Space) -> Space:
+    """`space` with paged KV caches only for a backend that serves them (and not where the space turns them off)."""
+    return space.replace(paged=backend.serves_paged and space.paged is not False)
+
+
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:
     """Cases from `space` narrowed to what `backend` takes (or the backend's own strategy, where it has one), each
     with one of the spellings the backend lists; paged KV caches only for a backend that `serves_paged`; for a
     backend that declares a compile key, drawn mostly inside the configurations it compiled (compiled_search)."""
-    space = space.replace(paged=backend.serves_paged and space.paged is not False)
+    space = served_space(backend, space)
     takes_space = "space" in inspect.signature(backend.cases).parameters  # an own strategy bounded by the space
     own = backend.cases(space=space) if takes_space else backend.cases()
     drawn = own if own is not None else attention_cases(narrow_to(space, backend.unsupported))

@@ -72,12 +72,13 @@ class Campaign:
 
     def add_line(self, row: dict) -> None:
         backend, label = row["backend"], row["label"]
-        self.coverage.add(backend, row["case"], label,     # first: a malformed case raises before anything counts
+        case = Case.from_dict(row["case"])     # first: a malformed case raises before anything counts
+        self.coverage.add(backend, case, label,
                           batch_invariant=(row.get("verdict") or {}).get("batch_invariant"))
         totals = self.totals.setdefault(backend, BackendTotals())
         totals.labels[label] += 1
         if not label.startswith("UNSUPPORTED"):
-            self.combos.setdefault(backend, Combos()).add(Case.from_dict(row["case"]))
+            self.combos.setdefault(backend, Combos()).add(case)
         if isinstance(row.get("device"), str):   # a run's log names its device (a campaign's campaign.json does)
             self.meta.setdefault("device", row["device"])
         totals.seconds += float(row.get("seconds") or 0.0)

@@ -13,9 +13,11 @@ import itertools
 import math
 import torch
 
+from attnfuzz.backends.base import Backend
+from attnfuzz.engine.harness import served_space
 from attnfuzz.report.table import Table
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.features import FEATURES, witness_case
+from attnfuzz.strategies.features import FEATURES, vector, witness_case
 from attnfuzz.strategies.space import Space, draws, narrow_to
 
 WAYS = (2, 3, 4)
@@ -27,8 +29,7 @@ def _witnessed(classes: dict[str, str], space: Space, unsupported, spellings) ->
     if case is None:
         return False
     if "spelling_form" in classes:
-        listed = [s for s in spellings(case)]
-        named = [s for s in listed if s] if classes["spelling_form"] == "on" else [s for s in listed if not s]
+        named = [s for s in spellings(case) if bool(s) == (classes["spelling_form"] == "on")]
         if not named:
             return False
         case = case.replace(spelling=named[0])
@@ -76,8 +77,8 @@ def feasible_of(backend, space: Space) -> Feasible:
     per backend name, device and Space in a process."""
     key = (backend.name, backend.device, space)
     if key not in _FEASIBLE:
-        space = space.replace(paged=backend.serves_paged and space.paged is not False)
-        _FEASIBLE[key] = Feasible(narrow_to(space, backend.unsupported), backend.unsupported, backend.spellings)
+        _FEASIBLE[key] = Feasible(narrow_to(served_space(backend, space), backend.unsupported), backend.unsupported,
+                                  backend.spellings)
     return _FEASIBLE[key]
 
 
@@ -95,7 +96,7 @@ class Combos:
         self.vectors: list[tuple[int, ...]] = []
 
     def add(self, case: Case) -> None:
-        self.vectors.append(tuple(f.values.index(f.of(case)) for f in FEATURES))
+        self.vectors.append(vector(case))
 
     def report(self, feasible: Feasible, ways: tuple[int, ...] = WAYS, times: int = 3) -> dict:
         """Per t: feasible combinations, those graded at least once and at least `times` times, and coverage against
@@ -137,8 +138,9 @@ def campaign_reports(combos: dict[str, Combos], device: str, max_len: int | None
     for name in sorted(combos):
         try:
             backend = get(name, device)
-        except Exception:
-            backend = _Unnamed(name, device)
+        except Exception:   # the base adapter's defaults: no refusals, the default spelling, no paged caches
+            backend = Backend()
+            backend.name, backend.device = name, device
         reports[name] = combos[name].report(feasible_of(backend, space))
     return reports
 
@@ -155,21 +157,6 @@ def combos_table(reports: dict[str, dict]) -> Table:
                  "t features with one class each (strategies/features.py) that some graded case had, of those "
                  "feasible for the backend: a case exists with them all that its Space draws and it does not refuse; "
                  "4-way: feasible where each 3-way part is (an upper bound)")
-
-
-class _Unnamed:
-    """A backend known only by name: no refusals, no spellings, no paged caches."""
-
-    serves_paged = False
-
-    def __init__(self, name: str, device: str):
-        self.name, self.device = name, device
-
-    def unsupported(self, case):
-        return None
-
-    def spellings(self, case):
-        return ("",)
 
 
 def describe(report: dict) -> str:

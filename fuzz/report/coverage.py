@@ -36,6 +36,7 @@ from typing import Callable
 
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import DTYPES, LAYOUTS, STORAGES, Case
+from attnfuzz.strategies.features import at_tile_edge, heads_class
 
 Cell = tuple[str, ...]
 
@@ -45,7 +46,6 @@ WINDOWS = ("none", "zero", "beyond", "left", "right", "both")
 HEADS = ("MHA", "GQA", "MQA")
 SIZES = ("sq=1", "tiny", "tile_edge", "small", "long")
 LENGTHS = tuple(f"{size}/{eq}" for size in SIZES for eq in ("eq", "ne"))
-TILE = 64
 SMALL_MAX = 512
 TINY_MAX = 16
 
@@ -81,19 +81,11 @@ def window_class(case: Case) -> str:
     return "both" if len(bounds) == 2 else ("left" if left is not None else "right")
 
 
-def heads_class(case: Case) -> str:
-    return "MHA" if case.h == case.hk else ("MQA" if case.hk == 1 else "GQA")
-
-
-def _near_tile(n: int) -> bool:
-    return n >= TILE - 1 and min(n % TILE, TILE - n % TILE) <= 1
-
-
 def length_class(case: Case) -> str:
     longest = max(case.sq, case.skv)
     lengths = (case.sq, case.skv, *case.lens_q, *case.lens_kv)
     size = ("sq=1" if case.sq == 1 else "tiny" if longest <= TINY_MAX else
-            "tile_edge" if any(_near_tile(n) for n in lengths) else "small" if longest <= SMALL_MAX else "long")
+            "tile_edge" if any(at_tile_edge(n) for n in lengths) else "small" if longest <= SMALL_MAX else "long")
     equal = all(q == k for q, k in zip(case.lens_q, case.lens_kv))
     return f"{size}/{'eq' if equal else 'ne'}"
 

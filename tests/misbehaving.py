@@ -67,6 +67,22 @@ def breaks_the_process_when_causal(q, k, v, *, causal, window, bottom_right, sca
     return _plain(q, k, v, scale)
 
 
+CUDNN_EXECUTE_FAILED = ("Expected mha_graph->execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true, "
+                        "but got false.")  # torch's check in SDPA's cuDNN path (MHA.cpp) when the graph's run fails
+_POISONED = {"process": False}
+
+
+def poisoned_by_cudnn_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """A causal case fails as a cuDNN graph execution does on a misaligned address (its message names no CUDA
+    error), and the next call in the same process dies (exit code 1), as the next CUDA call of a broken context."""
+    if _POISONED["process"]:
+        os._exit(1)
+    if causal:
+        _POISONED["process"] = True
+        raise RuntimeError(CUDNN_EXECUTE_FAILED)
+    return _plain(q, k, v, scale)
+
+
 def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
     if causal:
         raise ValueError("causal is not implemented")
@@ -75,6 +91,7 @@ def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
 
 segfault_when_causal.supports = lambda case: case.window == (None, None) or "a plain kernel: no windows"
 slow_first.supports = segfault_when_causal.supports
+poisoned_by_cudnn_when_causal.supports = segfault_when_causal.supports
 
 
 STALL_AFTER_FAILURE = "ATTNFUZZ_TEST_STALL_AFTER_FAILURE"

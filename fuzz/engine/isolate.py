@@ -35,6 +35,7 @@ import signal
 import time
 
 from attnfuzz.engine import interrupt, poison
+from attnfuzz.engine.cuda_errors import raised_cuda_error
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -245,11 +246,11 @@ class Worker:
         return verdict
 
     def run(self, case: Case) -> V.Verdict:
-        from attnfuzz.engine.harness import raised_cuda_error
         verdict = self._run(case)
-        if verdict.status == V.CRASH and self._process is not None and raised_cuda_error(verdict):
-            # a CUDA error the backend raised (a misaligned or illegal address) leaves the process's context unusable,
-            # and the next case would die of it: it gets a fresh worker instead
+        if self._process is not None and raised_cuda_error(verdict):
+            # a CUDA, cuDNN or cuBLAS error the backend raised (a misaligned or illegal address, a failed cuDNN graph
+            # execution) may leave the process's context unusable, and the next case would die of it: it gets a fresh
+            # worker instead
             self.restarts += 1
             self._stop()
         return verdict

@@ -156,6 +156,8 @@ def cmd_run(args) -> int:
         finally:
             if worker is not None:
                 worker.close()
+            for death in getattr(worker, "unattributed", ()):  # no case's finding: said, never saved
+                print(f"[{name}] {death.describe()}", file=sys.stderr)
         log.close()
         progress.update(tally, final=True)
         for line in tally.known_lines():  # which known bug each KNOWN count is
@@ -170,7 +172,8 @@ def cmd_run(args) -> int:
             saved.append(path)
             print(f"[{name}] met before the shrunk finding, saved as found: {said}", file=sys.stderr)
         found += len(saved)
-        summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
+        summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved],
+                         "unattributed_deaths": [d.to_dict() for d in getattr(worker, "unattributed", ())]}
         if args.json:   # which feature combinations the graded cases reached, of those the backend can take
             summary[name]["combinations"] = graded.report(feasible_of(backend, space))
             print(f"[{name}] {describe(summary[name]['combinations'])}", file=sys.stderr)

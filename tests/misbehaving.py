@@ -83,6 +83,15 @@ def poisoned_by_cudnn_when_causal(q, k, v, *, causal, window, bottom_right, scal
     return _plain(q, k, v, scale)
 
 
+def poisoned_silently_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """Right on every case, but a causal one leaves the process broken without a word: the next call without causal
+    in it dies (exit code 1). The death is never the causal case's own (the batch check may call it again)."""
+    if _POISONED["process"] and not causal:
+        os._exit(1)
+    _POISONED["process"] |= causal
+    return _plain(q, k, v, scale, causal, bottom_right)
+
+
 def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
     if causal:
         raise ValueError("causal is not implemented")
@@ -92,6 +101,7 @@ def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
 segfault_when_causal.supports = lambda case: case.window == (None, None) or "a plain kernel: no windows"
 slow_first.supports = segfault_when_causal.supports
 poisoned_by_cudnn_when_causal.supports = segfault_when_causal.supports
+poisoned_silently_when_causal.supports = segfault_when_causal.supports
 
 
 STALL_AFTER_FAILURE = "ATTNFUZZ_TEST_STALL_AFTER_FAILURE"

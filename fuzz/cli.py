@@ -150,7 +150,7 @@ def cmd_run(args) -> int:
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
                   f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
-            for _, said in as_found.save(args.corpus):   # a stop while shrinking loses only the shrink
+            for _, said in as_found.save(args.corpus, corpus_io.STOPPED_UNCONFIRMED):   # a stop loses the shrink
                 print(f"[{name}] {said}", file=sys.stderr)
             raise
         finally:
@@ -168,7 +168,8 @@ def cmd_run(args) -> int:
             new = not (args.corpus / entry.filename).exists()
             saved.append(corpus_io.save(args.corpus, entry))
             print(f"[{name}] {corpus_io.describe_saved(entry, saved[-1], new=new)}", file=sys.stderr)
-        for path, said in as_found.besides(findings).save(args.corpus):  # met on the way to what --first-bug shrank
+        # met on the way to what --first-bug shrank
+        for path, said in as_found.besides(findings).save(args.corpus, corpus_io.MET_UNCONFIRMED):
             saved.append(path)
             print(f"[{name}] met before the shrunk finding, saved as found: {said}", file=sys.stderr)
         found += len(saved)

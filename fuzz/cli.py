@@ -214,8 +214,8 @@ def runnable(args, names: list[str]) -> tuple[list, object, dict[str, str]]:
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly),
     'unreproduced' (a known FLAKY bug, or one of unwritten output replayed without --poison-memory, that did not come
-    back this time: no evidence either way), 'predates' (it passes on a release older than the bug: store/known.py's
-    `since`) or 'fail' (a regression)."""
+    back this time: no evidence either way; cmd_replay also says it of an entry saved unconfirmed that passed),
+    'predates' (it passes on a release older than the bug: store/known.py's `since`) or 'fail' (a regression)."""
     if verdict.status == V.UNSUPPORTED:
         return "skip"
     if entry.known_bug:
@@ -232,6 +232,11 @@ def changed_label(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """For a known bug that still fails: ' (saved as LABEL)' when it now fails otherwise (a grader change, the bug
     changing, or a second bug on the same case), else ''."""
     return f" (saved as {entry.verdict.label})" if verdict.failed and verdict.label != entry.verdict.label else ""
+
+
+UNCONFIRMED_NOTES = {"confirmed": " (saved unconfirmed: reproduced, now confirmed)",
+                     "dropped": f" (saved unconfirmed: not reproduced, moved to {replay_io.UNREPRODUCED_DIR}/)",
+                     "still": " (saved unconfirmed: still unconfirmed)"}
 
 
 def cmd_replay(args) -> int:
@@ -268,10 +273,12 @@ def cmd_replay(args) -> int:
                 errors += 1
                 continue
             verdict = Verdict(V.UNSUPPORTED, None, str(e))  # a backend name this attnfuzz does not know
-        outcome = replay_outcome(entry, verdict)
+        settled = replay_io.settle_unconfirmed(path, entry, verdict)   # an entry saved unconfirmed
+        outcome = "unreproduced" if settled == "dropped" else replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "saved": entry.verdict.label,
                      "changed": changed_label(entry, verdict) if outcome == "xfail" else "",
+                     "unconfirmed": settled or ("still" if entry.unconfirmed else None),
                      "message": predates(entry.known_bug) if outcome == "predates" else verdict.message,
                      "known_bug": entry.known_bug})
     if args.isolate:
@@ -281,6 +288,7 @@ def cmd_replay(args) -> int:
     else:
         for row in rows:
             note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else row.get("changed", "")
+            note += UNCONFIRMED_NOTES.get(row.get("unconfirmed"), "")
             message = row["message"] if row["outcome"] == "error" else row["message"][:160]  # an error: its fix
             print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {message}")
         print(f"{len(rows)} entries, {bad} regressed, {errors} unreadable or not importable")

@@ -1,4 +1,5 @@
-"""A failure saved without a rerun that reproduced it says so in its entry and in the run's words."""
+"""A failure saved without a rerun that reproduced it says so in its entry and in the run's words; `attnfuzz replay`
+confirms it (the flag leaves the file) or drops it (out of the corpus, reported as not reproduced)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import json
 import pytest
 
 from attnfuzz.backends import get
+from attnfuzz.cli import main
 from attnfuzz.engine import interrupt
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
+from attnfuzz.store.replay import UNREPRODUCED_DIR
 from attnfuzz.strategies.case import Case
 
 ZERO = "tests.misbehaving:zero_when_causal"   # all zeros under causal, right otherwise
@@ -28,7 +31,7 @@ def test_an_unconfirmed_entry_says_so_and_reads_back(tmp_path):
     assert data["confirmed"] is False and data["unconfirmed_reason"] == corpus_io.STOPPED_UNCONFIRMED, data
     assert corpus_io.load(path).unconfirmed == corpus_io.STOPPED_UNCONFIRMED
     said = corpus_io.describe_saved(corpus_io.load(path), path)
-    assert f"UNCONFIRMED: {corpus_io.STOPPED_UNCONFIRMED}" in said, said
+    assert f"UNCONFIRMED: {corpus_io.STOPPED_UNCONFIRMED}" in said and f"attnfuzz replay {path}" in said, said
 
 
 def test_control_a_confirmed_entry_carries_no_flag(tmp_path):
@@ -77,6 +80,32 @@ def test_a_case_that_died_in_process_is_saved_unconfirmed(tmp_path):
     [recovered] = inflight_io.recover_inflight(tmp_path, backend)
     assert recovered.finding and "UNCONFIRMED" in recovered.message, recovered.message
     assert corpus_io.load(recovered.path).unconfirmed == corpus_io.DIED_UNCONFIRMED
+
+
+def test_replay_confirms_what_reproduces_and_drops_what_does_not(tmp_path, capsys):
+    reproduces = corpus_io.save(tmp_path, _entry(CAUSAL))
+    gone = corpus_io.save(tmp_path, _entry(CAUSAL.replace(causal=False)))
+    fixed = corpus_io.save(tmp_path, _entry(CAUSAL.replace(causal=False, sq=3), unconfirmed=None))  # control
+    code = main(["replay", str(tmp_path), "--json"])
+    rows = {row["entry"]: row for row in json.loads(capsys.readouterr().out)}
+    assert code == 1, rows   # the one that reproduced fails, as any finding that still fails
+    assert (rows[str(reproduces)]["outcome"], rows[str(reproduces)]["unconfirmed"]) == ("fail", "confirmed")
+    assert corpus_io.load(reproduces).unconfirmed is None and "confirmed" not in json.loads(reproduces.read_text())
+    assert (rows[str(gone)]["outcome"], rows[str(gone)]["unconfirmed"]) == ("unreproduced", "dropped")
+    assert not gone.exists() and not gone.with_suffix(".py").exists()
+    assert (tmp_path / UNREPRODUCED_DIR / gone.name).exists(), "kept aside, not deleted"
+    assert (tmp_path / UNREPRODUCED_DIR / gone.with_suffix(".py").name).exists()
+    assert (rows[str(fixed)]["outcome"], rows[str(fixed)]["unconfirmed"]) == ("pass", None)
+    assert fixed.exists(), "a confirmed entry that passes is a fix, and stays"
+    assert {p.name for p in corpus_io.entry_paths(tmp_path)} == {reproduces.name, fixed.name}
+
+
+def test_replay_says_what_it_made_of_an_unconfirmed_entry(tmp_path, capsys):
+    corpus_io.save(tmp_path, _entry(CAUSAL))
+    corpus_io.save(tmp_path, _entry(CAUSAL.replace(causal=False)))
+    main(["replay", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "reproduced, now confirmed" in out and f"not reproduced, moved to {UNREPRODUCED_DIR}/" in out, out
 
 
 def test_a_campaign_out_of_time_saves_what_its_log_holds_unconfirmed(tmp_path):

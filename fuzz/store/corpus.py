@@ -6,7 +6,7 @@ seen, known_bug (null, or a record of what failures count as this known bug: sto
 a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none; kernel_path (a
 bring-your-own kernel's: the folder on sys.path its module was imported from, for replaying it from elsewhere);
 confirmed (false, with unconfirmed_reason, on a failure saved without a rerun that reproduced it: a run stopped or out
-of time before confirming it; absent once confirmed, by a run that finds it again).
+of time before confirming it; absent once confirmed, by a run that finds it again or by `attnfuzz replay`).
 `environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
 (store/replay.py)."""
 
@@ -246,7 +246,8 @@ def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool =
         lines.append(f"    repro:  {script}")
     lines.append(f"    replay: attnfuzz replay {path}{isolate}" + (f"   or   python3 {script}" if script.exists() else ""))
     if entry.unconfirmed:
-        lines.append(f"    UNCONFIRMED: {entry.unconfirmed}")
+        lines.append(f"    UNCONFIRMED: {entry.unconfirmed}; `attnfuzz replay {path}{isolate}` confirms it, or drops "
+                     f"it when it does not fail so again")
     if not shrunk:
         lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (no shrink of this case ran to its end)")
     for case, verdict in entry.attached:

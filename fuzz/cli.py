@@ -150,12 +150,14 @@ def cmd_run(args) -> int:
         except interrupt.Interrupted:
             print(("\n" if progress.tty else "") + f"[{name}] interrupted: the case it was running is not a finding; "
                   f"{len(as_found.failures)} failure(s) graded before the stop saved as found", file=sys.stderr)
-            for _, said in as_found.save(args.corpus):   # a stop while shrinking loses only the shrink
+            for _, said in as_found.save(args.corpus, corpus_io.STOPPED_UNCONFIRMED):   # a stop loses the shrink
                 print(f"[{name}] {said}", file=sys.stderr)
             raise
         finally:
             if worker is not None:
                 worker.close()
+            for death in getattr(worker, "unattributed", ()):  # no case's finding: said, never saved
+                print(f"[{name}] {death.describe()}", file=sys.stderr)
         log.close()
         progress.update(tally, final=True)
         for line in tally.known_lines():  # which known bug each KNOWN count is
@@ -166,11 +168,13 @@ def cmd_run(args) -> int:
             new = not (args.corpus / entry.filename).exists()
             saved.append(corpus_io.save(args.corpus, entry))
             print(f"[{name}] {corpus_io.describe_saved(entry, saved[-1], new=new)}", file=sys.stderr)
-        for path, said in as_found.besides(findings).save(args.corpus):  # met on the way to what --first-bug shrank
+        # met on the way to what --first-bug shrank
+        for path, said in as_found.besides(findings).save(args.corpus, corpus_io.MET_UNCONFIRMED):
             saved.append(path)
             print(f"[{name}] met before the shrunk finding, saved as found: {said}", file=sys.stderr)
         found += len(saved)
-        summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved]}
+        summary[name] = {"tally": tally.to_dict(), "saved": [str(p) for p in saved],
+                         "unattributed_deaths": [d.to_dict() for d in getattr(worker, "unattributed", ())]}
         if args.json:   # which feature combinations the graded cases reached, of those the backend can take
             summary[name]["combinations"] = graded.report(feasible_of(backend, space))
             print(f"[{name}] {describe(summary[name]['combinations'])}", file=sys.stderr)
@@ -210,8 +214,8 @@ def runnable(args, names: list[str]) -> tuple[list, object, dict[str, str]]:
 def replay_outcome(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """'pass', 'skip', 'xfail' (a known bug still there), 'xpass' (a known bug now passes: say so loudly),
     'unreproduced' (a known FLAKY bug, or one of unwritten output replayed without --poison-memory, that did not come
-    back this time: no evidence either way), 'predates' (it passes on a release older than the bug: store/known.py's
-    `since`) or 'fail' (a regression)."""
+    back this time: no evidence either way; cmd_replay also says it of an entry saved unconfirmed that passed),
+    'predates' (it passes on a release older than the bug: store/known.py's `since`) or 'fail' (a regression)."""
     if verdict.status == V.UNSUPPORTED:
         return "skip"
     if entry.known_bug:
@@ -228,6 +232,11 @@ def changed_label(entry: corpus_io.Entry, verdict: Verdict) -> str:
     """For a known bug that still fails: ' (saved as LABEL)' when it now fails otherwise (a grader change, the bug
     changing, or a second bug on the same case), else ''."""
     return f" (saved as {entry.verdict.label})" if verdict.failed and verdict.label != entry.verdict.label else ""
+
+
+UNCONFIRMED_NOTES = {"confirmed": " (saved unconfirmed: reproduced, now confirmed)",
+                     "dropped": f" (saved unconfirmed: not reproduced, moved to {replay_io.UNREPRODUCED_DIR}/)",
+                     "still": " (saved unconfirmed: still unconfirmed)"}
 
 
 def cmd_replay(args) -> int:
@@ -264,10 +273,12 @@ def cmd_replay(args) -> int:
                 errors += 1
                 continue
             verdict = Verdict(V.UNSUPPORTED, None, str(e))  # a backend name this attnfuzz does not know
-        outcome = replay_outcome(entry, verdict)
+        settled = replay_io.settle_unconfirmed(path, entry, verdict)   # an entry saved unconfirmed
+        outcome = "unreproduced" if settled == "dropped" else replay_outcome(entry, verdict)
         bad += outcome in ("fail", "xpass")
         rows.append({"entry": str(path), "outcome": outcome, "verdict": verdict.label, "saved": entry.verdict.label,
                      "changed": changed_label(entry, verdict) if outcome == "xfail" else "",
+                     "unconfirmed": settled or ("still" if entry.unconfirmed else None),
                      "message": predates(entry.known_bug) if outcome == "predates" else verdict.message,
                      "known_bug": entry.known_bug})
     if args.isolate:
@@ -277,6 +288,7 @@ def cmd_replay(args) -> int:
     else:
         for row in rows:
             note = " KNOWN BUG NOW PASSES: mark it fixed" if row["outcome"] == "xpass" else row.get("changed", "")
+            note += UNCONFIRMED_NOTES.get(row.get("unconfirmed"), "")
             message = row["message"] if row["outcome"] == "error" else row["message"][:160]  # an error: its fix
             print(f"{row['outcome']:>5}  {row['entry']}  {row.get('verdict', '')}{note}  {message}")
         print(f"{len(rows)} entries, {bad} regressed, {errors} unreadable or not importable")

@@ -60,7 +60,7 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
                                    inflight=inflight_io.inflight_path(findings_dir, backend.name),
                                    database_key=examples.key(backend, findings_dir))
     except interrupt.Interrupted:
-        saved = as_found.save(findings_dir)
+        saved = as_found.save(findings_dir, corpus_io.STOPPED_UNCONFIRMED)
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")   # None under -p no:capture
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             for _, said in saved:  # shown past the capture: an interrupted session prints no captured output
@@ -77,7 +77,7 @@ def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
         new = not (findings_dir / entry.filename).exists()
         lines.append(corpus_io.describe_saved(entry, corpus_io.save(findings_dir, entry), new=new))
     lines += [f"met before the shrunk finding, saved as found: {said}"  # --first-bug's other failures
-              for _, said in as_found.besides(findings).save(findings_dir)]
+              for _, said in as_found.besides(findings).save(findings_dir, corpus_io.MET_UNCONFIRMED)]
     lines += [r.message for r in recovered if r.finding]
     if lines:
         pytest.fail(f"{fuzz_backend}: {len(lines)} finding(s) in {tally.examples} examples\n" + "\n".join(lines),

@@ -67,6 +67,31 @@ def breaks_the_process_when_causal(q, k, v, *, causal, window, bottom_right, sca
     return _plain(q, k, v, scale)
 
 
+CUDNN_EXECUTE_FAILED = ("Expected mha_graph->execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true, "
+                        "but got false.")  # torch's check in SDPA's cuDNN path (MHA.cpp) when the graph's run fails
+_POISONED = {"process": False}
+
+
+def poisoned_by_cudnn_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """A causal case fails as a cuDNN graph execution does on a misaligned address (its message names no CUDA
+    error), and the next call in the same process dies (exit code 1), as the next CUDA call of a broken context."""
+    if _POISONED["process"]:
+        os._exit(1)
+    if causal:
+        _POISONED["process"] = True
+        raise RuntimeError(CUDNN_EXECUTE_FAILED)
+    return _plain(q, k, v, scale)
+
+
+def poisoned_silently_when_causal(q, k, v, *, causal, window, bottom_right, scale):
+    """Right on every case, but a causal one leaves the process broken without a word: the next call without causal
+    in it dies (exit code 1). The death is never the causal case's own (the batch check may call it again)."""
+    if _POISONED["process"] and not causal:
+        os._exit(1)
+    _POISONED["process"] |= causal
+    return _plain(q, k, v, scale, causal, bottom_right)
+
+
 def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
     if causal:
         raise ValueError("causal is not implemented")
@@ -75,6 +100,8 @@ def refuses_causal_loudly(q, k, v, *, causal, window, bottom_right, scale):
 
 segfault_when_causal.supports = lambda case: case.window == (None, None) or "a plain kernel: no windows"
 slow_first.supports = segfault_when_causal.supports
+poisoned_by_cudnn_when_causal.supports = segfault_when_causal.supports
+poisoned_silently_when_causal.supports = segfault_when_causal.supports
 
 
 STALL_AFTER_FAILURE = "ATTNFUZZ_TEST_STALL_AFTER_FAILURE"

@@ -354,8 +354,8 @@ def test_a_stopped_run_keeps_the_smallest_failing_case_of_each_label(tmp_path):
                           (shrunk.replace(seed=1), zero), (first, nan), (Case(sq=1, skv=1), V.Verdict(V.PASS, None, ""))]:
         as_found.see(case, verdict)
     assert as_found.failures == {"FAIL:ALL_ZERO": (shrunk, zero), "FAIL:NONFINITE": (first, nan)}
-    said = as_found.save(tmp_path)
-    assert len(said) == 2 and all("attnfuzz shrink" in s for _, s in said), said
+    said = as_found.save(tmp_path, corpus_io.STOPPED_UNCONFIRMED)
+    assert len(said) == 2 and all("attnfuzz shrink" in s and "UNCONFIRMED" in s for _, s in said), said
     assert {corpus_io.load(p).case for p in tmp_path.glob("*.json")} == {shrunk, first}
     assert {p for p, _ in said} == set(tmp_path.glob("*.json"))
 

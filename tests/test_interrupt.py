@@ -121,6 +121,8 @@ def test_a_failure_graded_before_the_stop_is_saved_as_found(tmp_path, front):
     assert len(saved) == 1 and "-FAIL-ALL_ZERO-" in saved[0], leftovers(corpus)
     entry = corpus_io.load(corpus / saved[0])
     assert entry.case.causal and entry.verdict.label == "FAIL:ALL_ZERO"
+    assert entry.unconfirmed == corpus_io.STOPPED_UNCONFIRMED, "it was graded once: the entry says so"
+    assert f"UNCONFIRMED: {corpus_io.STOPPED_UNCONFIRMED}" in stopped.stdout, stopped.stdout[-3000:]
     assert not list(corpus.glob(".inflight-*")), leftovers(corpus)
 
 

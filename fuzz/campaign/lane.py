@@ -185,9 +185,10 @@ class Lane:
         tmp.write_text(json.dumps(self.state, indent=1))
         tmp.replace(self.state_path)  # atomic: a kill never leaves half a state file
 
-    def save_finding(self, backend, case: Case, verdict: V.Verdict, attached=()) -> Path:
+    def save_finding(self, backend, case: Case, verdict: V.Verdict, attached=(),
+                     unconfirmed: str | None = None) -> Path:
         entry = corpus_io.Entry(backend=backend.name, case=case, verdict=verdict, device=self.device,
-                                backend_version=backend.version(), attached=list(attached))
+                                backend_version=backend.version(), attached=list(attached), unconfirmed=unconfirmed)
         return corpus_io.save(self.corpus, entry)
 
     def run(self) -> int:
@@ -304,7 +305,7 @@ class Lane:
         for name in by_name:
             found = [Finding(name, case, verdict) for (n, _), (_, case, verdict) in smallest.items() if n == name]
             for f in merge_root_causes(found, evidence[name]):
-                self.save_finding(by_name[name], f.case, f.verdict, f.attached)
+                self.save_finding(by_name[name], f.case, f.verdict, f.attached, corpus_io.OUT_OF_TIME_UNCONFIRMED)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import torch
 from hypothesis import strategies as st
 
 from attnfuzz.engine import batch, hooks, interrupt, poison
+from attnfuzz.engine.cuda_errors import crash_diagnosis
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes
@@ -151,28 +152,6 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
     if signal is not None:
         verdict = dataclasses.replace(verdict, checks=verdict.checks + (signal.describe(),))
     return verdict
-
-
-# CUDA errors reach Python wrapped in whatever touched the device next (AcceleratorError, CUDADialectError from FA4's
-# CuTe runtime, InternalTorchDynamoError inside torch.compile, a RuntimeError naming only the code from FA4's
-# launcher): named by the error, one crash is one label.
-CUDA_ERRORS = {V.CUDA_ILLEGAL_ADDRESS: ("an illegal memory access was encountered", "cudaErrorIllegalAddress",
-                                        "CUDA Error Code: 700")}
-# ... and any CUDA error, however wrapped (torch's AcceleratorError, FA4's CuTe runtime, its launcher)
-CUDA_ERROR_TEXT = ("CUDA error", "cudaError", "CUDA Error Code", "CUDA_ERROR_")
-
-
-def raised_cuda_error(verdict: V.Verdict) -> bool:
-    """Whether a crash the backend raised was a CUDA error, after which the process's CUDA context is unusable (an
-    error of the backend's own, a compile error or a failed check, leaves the process fit for the next case)."""
-    return verdict.diagnosis in CUDA_ERRORS or any(text in verdict.message for text in CUDA_ERROR_TEXT)
-
-
-def crash_diagnosis(error: Exception) -> str:
-    """The CUDA error a crash reports, else the exception's type name."""
-    text = str(error)
-    return next((name for name, needles in CUDA_ERRORS.items() if any(n in text for n in needles)),
-                type(error).__name__)
 
 
 def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdict: V.Verdict) -> V.Verdict:

@@ -18,6 +18,11 @@ They are stopped once CALM_CASES cases in a row have been answered without a rep
 over), so a long campaign over many backends does not keep a process (and on a GPU a CUDA context) per spare for its
 whole run.
 
+A worker that dies on a case after answering others may have been broken by one of them (a CUDA error that left its
+context unusable): the case runs again in a fresh worker, and only a death there makes it that case's CRASH. Else the
+case keeps the fresh worker's verdict, and the death is recorded as an unattributed one (Worker.unattributed), with
+the case the dead worker answered last. A death in a worker that had answered nothing is the case's at once.
+
 Once a HANG is confirmed, the worker's later cases get an adaptive limit instead of the timeout: max(HANG_FLOOR_S,
 HANG_FACTOR x the slowest answer seen so far), never above the timeout, with the same confirmation at confirm_factor
 times that. A backend that hangs on some shapes hangs on most of its shrink steps, and each then costs seconds, not
@@ -35,6 +40,7 @@ import signal
 import time
 
 from attnfuzz.engine import interrupt, poison
+from attnfuzz.engine.cuda_errors import raised_cuda_error
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -106,6 +112,27 @@ def _death(exitcode: int | None) -> str:
     return f"EXIT_{exitcode}"
 
 
+@dataclasses.dataclass(frozen=True)
+class UnattributedDeath:
+    """A worker that died on `case` after answering `answered` cases (the last: `before`), where a fresh worker then
+    ran `case` to `fresh_label`: the death was not that case's."""
+
+    death: str
+    case: Case
+    answered: int
+    before: Case | None
+    fresh_label: str
+
+    def describe(self) -> str:
+        return (f"a worker died ({self.death}) on {self.case!r} after answering {self.answered} case(s) (the last: "
+                f"{self.before!r}), and a fresh worker ran that case to {self.fresh_label}: an unattributed worker "
+                f"death, not that case's crash")
+
+    def to_dict(self) -> dict:
+        return {"death": self.death, "case": self.case.to_dict(), "answered": self.answered,
+                "before": self.before.to_dict() if self.before is not None else None, "fresh_label": self.fresh_label}
+
+
 class Worker:
     """A backend in a child process. `run(case)` returns the verdict; the process is replaced after a death or a
     timeout (which counts from the case's hand-over; start-up is waited for apart). A timed-out case is tried once
@@ -134,7 +161,11 @@ class Worker:
         self._spares: list[tuple] = []  # (process, pipe) of each spare worker, oldest first
         self.startup_s = 0.0   # how long the last freshly spawned worker took to be ready
         self.case_s = 0.0      # the last case's seconds from hand-over to answer (or death)
-        self._calm = 0         # cases answered in a row by the worker at work
+        self._calm = 0         # cases answered in a row by the worker at work: all it answered since it started
+        self._last_case: Case | None = None   # the last case the worker at work answered
+        self._suspect: tuple[int, Case | None] | None = None   # a death after answering cases: (answered, the last)
+        self.deaths = 0        # workers that died on a case
+        self.unattributed: list[UnattributedDeath] = []
         self._closed = False   # close() was called: no worker starts again (a case in flight in another thread ends)
         self._prestarted: float | None = None   # when prestart() spawned the first worker, until it is at work
 
@@ -183,7 +214,7 @@ class Worker:
             self._stop()
             raise RuntimeError(f"{self.spec}: the worker did not start within {STARTUP_S}s (exit code {code}); run "
                                f"`attnfuzz run --backend {self.spec}` without --isolate to see why")
-        self._calm = 0
+        self._calm, self._last_case = 0, None
         if spare is None or self._prestarted is not None:  # a prestarted worker's start-up counts from its spawn
             self.startup_s = time.perf_counter() - (spawned if spare is None else self._prestarted)
         self._prestarted = None
@@ -211,12 +242,15 @@ class Worker:
                 verdict = self._conn.recv()
                 self.case_s = time.perf_counter() - start
                 self._calm += 1
+                self._last_case = case
                 if self._calm >= CALM_CASES:
                     self._stop_spares()
                 return verdict, self.case_s
         except (EOFError, BrokenPipeError, ConnectionResetError):  # the pipe closed: the worker died
             process = self._process
             self.restarts += 1
+            self.deaths += 1
+            self._suspect = (self._calm, self._last_case) if self._calm else None
             process.join(timeout=30)
             name = _death(process.exitcode)
             self._stop()
@@ -245,14 +279,30 @@ class Worker:
         return verdict
 
     def run(self, case: Case) -> V.Verdict:
-        from attnfuzz.engine.harness import raised_cuda_error
+        self._suspect = None
         verdict = self._run(case)
-        if verdict.status == V.CRASH and self._process is not None and raised_cuda_error(verdict):
-            # a CUDA error the backend raised (a misaligned or illegal address) leaves the process's context unusable,
-            # and the next case would die of it: it gets a fresh worker instead
+        if self._suspect is not None:
+            verdict = self._confirm_death(case, verdict, *self._suspect)
+        if self._process is not None and raised_cuda_error(verdict):
+            # a CUDA, cuDNN or cuBLAS error the backend raised (a misaligned or illegal address, a failed cuDNN graph
+            # execution) may leave the process's context unusable, and the next case would die of it: it gets a fresh
+            # worker instead
             self.restarts += 1
             self._stop()
         return verdict
+
+    def _confirm_death(self, case: Case, death: V.Verdict, answered: int, before: Case | None) -> V.Verdict:
+        """The case again in a fresh worker, after a worker that had answered `answered` cases died on it: a death
+        there too is the case's CRASH; else the fresh verdict stands and the death is recorded as unattributed."""
+        deaths = self.deaths
+        verdict = self._run(case)
+        if self.deaths > deaths:
+            confirmed = (f"confirmed: the first worker to die on it ({death.diagnosis}) had answered {answered} "
+                         f"case(s) before; a fresh worker died on it too")
+            return dataclasses.replace(verdict, checks=verdict.checks + (confirmed,))
+        unattributed = UnattributedDeath(death.diagnosis, case, answered, before, verdict.label)
+        self.unattributed.append(unattributed)
+        return dataclasses.replace(verdict, checks=verdict.checks + (unattributed.describe(),))
 
     def _run(self, case: Case) -> V.Verdict:
         limit = self.limit_s

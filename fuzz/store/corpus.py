@@ -4,7 +4,9 @@ Entry fields: schema, signature, backend, backend_version, device, environment, 
 seen, known_bug (null, or a record of what failures count as this known bug: store/known.py). Optional: attached
 ([{"case": ..., "verdict": ...}]: the same root cause found under other labels in the run that saved the entry, each
 a case and verdict; attnfuzz.engine.rootcause.merge_root_causes), absent from entries that have none; kernel_path (a
-bring-your-own kernel's: the folder on sys.path its module was imported from, for replaying it from elsewhere).
+bring-your-own kernel's: the folder on sys.path its module was imported from, for replaying it from elsewhere);
+confirmed (false, with unconfirmed_reason, on a failure saved without a rerun that reproduced it: a run stopped or out
+of time before confirming it; absent once confirmed, by a run that finds it again or by `attnfuzz replay`).
 `environment` records the CPU's vector ISA torch ran (cpu_capability); a CPU entry is replayed under it
 (store/replay.py)."""
 
@@ -25,6 +27,12 @@ from attnfuzz.strategies.lengths import work
 
 REQUIRED = ("schema", "signature", "backend", "case", "verdict")
 
+# Why a failure was saved unconfirmed (Entry.unconfirmed)
+STOPPED_UNCONFIRMED = "the run was stopped before it reran this failure to confirm it"
+MET_UNCONFIRMED = "met on the way to the shrunk finding: graded once, never rerun"
+OUT_OF_TIME_UNCONFIRMED = "time ran out before its shrink and its confirming reruns"
+DIED_UNCONFIRMED = "the process died while running it: not rerun"
+
 class CorpusError(ValueError):
     """A corpus file that cannot be read; the message names the file and the field."""
 
@@ -43,6 +51,7 @@ class Entry:
     known_bug: dict | None = None
     attached: list[tuple[Case, Verdict]] = field(default_factory=list)  # other labels of the same root cause
     kernel_path: str | None = None  # a bring-your-own kernel's import folder (store/replay.py's backend_of)
+    unconfirmed: str | None = None  # why the failure was saved without a rerun that reproduced it; None: confirmed
 
     @property
     def signature(self) -> str:
@@ -70,7 +79,8 @@ class Entry:
                 "last_seen": self.last_seen, "seen": self.seen, "known_bug": self.known_bug,
                 **({"attached": [{"case": c.to_dict(), "verdict": v.to_dict()} for c, v in self.attached]}
                    if self.attached else {}),
-                **({"kernel_path": self.kernel_path} if self.kernel_path else {})}
+                **({"kernel_path": self.kernel_path} if self.kernel_path else {}),
+                **({"confirmed": False, "unconfirmed_reason": self.unconfirmed} if self.unconfirmed else {})}
 
     @classmethod
     def from_dict(cls, data, where: str) -> Entry:
@@ -106,10 +116,15 @@ class Entry:
         kernel_path = data.get("kernel_path")
         if kernel_path is not None and not isinstance(kernel_path, str):
             raise CorpusError(f"{where}: field 'kernel_path' must be a folder's path, got {kernel_path!r}")
+        confirmed, reason = data.get("confirmed", True), data.get("unconfirmed_reason")
+        if not isinstance(confirmed, bool) or not isinstance(reason, (str, type(None))):
+            raise CorpusError(f"{where}: field 'confirmed' must be true or false and 'unconfirmed_reason' a "
+                              f"sentence, got {confirmed!r} and {reason!r}")
         return cls(backend=data["backend"], case=case, verdict=verdict, device=data.get("device", "cpu"),
                    backend_version=data.get("backend_version", ""), environment=data.get("environment"),
                    found=data.get("found", ""), last_seen=data.get("last_seen", ""), seen=data.get("seen", 1),
-                   known_bug=known, attached=attached, kernel_path=kernel_path)
+                   known_bug=known, attached=attached, kernel_path=kernel_path,
+                   unconfirmed=None if confirmed else reason or "saved unconfirmed")
 
 
 def environment(device: str) -> dict:
@@ -149,6 +164,9 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
             first.seen, first.last_seen = first.seen + 1, stamp
             labels = {v.label for _, v in first.attached}  # and keep a label it came with that the entry lacks
             first.attached += [(c, v) for c, v in entry.attached if v.label not in labels]
+            if entry.unconfirmed is None:  # a confirmed sighting confirms the entry; an unconfirmed one adds nothing
+                first.unconfirmed = None
+            entry.unconfirmed = first.unconfirmed  # what the caller tells of it is what the file holds
             path.write_text(json.dumps(first.to_dict(), indent=2, sort_keys=True) + "\n")
             return path
         except (CorpusError, ValueError):  # not JSON, not UTF-8
@@ -198,12 +216,13 @@ class AsFound:
         rest.failures = {label: kept for label, kept in self.failures.items() if label not in reported}
         return rest
 
-    def save(self, directory: Path) -> list[tuple[Path, str]]:
-        """Each failure saved: its file and what describe_saved says of it."""
+    def save(self, directory: Path, unconfirmed: str) -> list[tuple[Path, str]]:
+        """Each failure saved, unconfirmed for the reason given (it was graded once): its file and what
+        describe_saved says of it."""
         saved = []
         for case, verdict in self.failures.values():
             entry = Entry(backend=self.backend, case=case, verdict=verdict, device=self.device,
-                          backend_version=self.backend_version)
+                          backend_version=self.backend_version, unconfirmed=unconfirmed)
             new = not (directory / entry.filename).exists()
             path = save(directory, entry)
             saved.append((path, describe_saved(entry, path, new=new, shrunk=False)))
@@ -226,6 +245,9 @@ def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool =
     if script.exists():
         lines.append(f"    repro:  {script}")
     lines.append(f"    replay: attnfuzz replay {path}{isolate}" + (f"   or   python3 {script}" if script.exists() else ""))
+    if entry.unconfirmed:
+        lines.append(f"    UNCONFIRMED: {entry.unconfirmed}; `attnfuzz replay {path}{isolate}` confirms it, or drops "
+                     f"it when it does not fail so again")
     if not shrunk:
         lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (no shrink of this case ran to its end)")
     for case, verdict in entry.attached:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from attnfuzz.engine import interrupt
 from attnfuzz.oracles.verdict import CRASH, STOPPED, Verdict
-from attnfuzz.store.corpus import Entry, describe_saved, save
+from attnfuzz.store.corpus import DIED_UNCONFIRMED, Entry, describe_saved, save
 from attnfuzz.strategies.case import Case
 
 
@@ -66,7 +66,7 @@ def recover_case(inflight: Path, record: interrupt.Record, directory: Path, back
         verdict = Verdict(CRASH, "PROCESS_DIED", f"the fuzzing process died of {record.fatal} while running this "
                           f"case (in process, without --isolate)", checks=(f"stack: {record.excerpt()}",))
         entry = Entry(backend=backend.name, case=case, verdict=verdict, device=device,
-                      backend_version=backend.version())
+                      backend_version=backend.version(), unconfirmed=DIED_UNCONFIRMED)
         new = not (Path(directory) / entry.filename).exists()
         path = save(directory, entry)
         message = (f"the last run died of {record.fatal} while running a case, saved as a finding: "

@@ -1,5 +1,6 @@
 """Replay: a corpus entry's case through its backend again, in this process, in a worker, or in a fresh interpreter
-under the vector ISA a CPU entry was recorded on (the entry's environment, cpu_capability)."""
+under the vector ISA a CPU entry was recorded on (the entry's environment, cpu_capability). An entry saved unconfirmed
+is settled by its replay: confirmed when it fails as saved, dropped (moved out of the corpus) when it passes."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from attnfuzz.store.corpus import Entry, host_isa
 from attnfuzz.store.isa import emulating
-from attnfuzz.oracles.verdict import CRASH, HANG, UNSUPPORTED, Verdict
+from attnfuzz.oracles.verdict import CRASH, HANG, PASS, UNSUPPORTED, Verdict
+
+UNREPRODUCED_DIR = ".unreproduced"  # beside an entry saved unconfirmed that its replay did not reproduce: no entry
 
 
 def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
@@ -24,6 +28,28 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     if isa is not None and isa != host_isa():
         return replay_under_isa(entry, device, isa, worker)
     return _replay_here(entry, device, worker)
+
+
+def settle_unconfirmed(path: Path, entry: Entry, verdict: Verdict) -> str | None:
+    """What the replay `verdict` makes of an entry saved unconfirmed: "confirmed" when it failed as saved (the flag
+    leaves its file), "dropped" when it passed (its file and repro script move to .unreproduced/ beside it, out of
+    the corpus); None when it says nothing either way (refused here, failed otherwise) or the entry is confirmed."""
+    if entry.unconfirmed is None:
+        return None
+    if verdict.label == entry.verdict.label:
+        data = json.loads(path.read_text())
+        data.pop("confirmed", None)
+        data.pop("unconfirmed_reason", None)
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        return "confirmed"
+    if verdict.status != PASS:
+        return None
+    aside = path.parent / UNREPRODUCED_DIR
+    aside.mkdir(exist_ok=True)
+    for saved in (path, path.with_suffix(".py")):
+        if saved.exists():
+            saved.replace(aside / saved.name)
+    return "dropped"
 
 
 def backend_of(entry: Entry, device: str):

@@ -20,7 +20,6 @@ import weakref
 
 import torch
 
-from attnfuzz.backends import layout
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.sdpa import modules
 from attnfuzz.backends.sdpa.spelling import (Spelling, additive_mask, aligned_bias, all_spellings, dense_mask,
@@ -51,12 +50,29 @@ LSE_OPS = {
 }
 
 
-def _refuse_misaligned(kernel: str, error: RuntimeError) -> None:
-    """The memory-efficient kernel's own check of its pointers ("p.query_ptr is not correctly aligned") is a refusal
-    (Unsupported): torch's dispatcher does not look at pointers, so the kernel says it. Other errors pass."""
-    if "is not correctly aligned" in str(error):
-        raise Unsupported(f"{kernel} refused at call time: {str(error).splitlines()[0]} (the kernel's own check of "
-                          f"a tensor's pointer; torch's dispatcher does not check alignment)") from None
+# Checks a kernel makes of its own, after torch's dispatcher chose it: each is a refusal (Unsupported), not a crash.
+KERNEL_CHECKS = {
+    "is not correctly aligned": "a tensor's pointer; torch's dispatcher does not check alignment",
+    "invalid dtype for bias": "the mask's dtype; torch's input check accepts a float32 mask on a half query",
+}
+
+
+def _refuse_kernel_check(kernel: str, error: RuntimeError) -> None:
+    """A kernel's own check (KERNEL_CHECKS: the memory-efficient kernel's "p.query_ptr is not correctly aligned",
+    "invalid dtype for bias") raises Unsupported naming it. Other errors pass."""
+    for needle, what in KERNEL_CHECKS.items():
+        if needle in str(error):
+            raise Unsupported(f"{kernel} refused at call time: {str(error).splitlines()[0]} (the kernel's own check "
+                              f"of {what})") from None
+
+
+def _kernel_refusal(kernel: str, spelling: Spelling, query_dtype) -> str | None:
+    """What a kernel refuses by its own check that the dispatcher cannot see, known before the call: the
+    memory-efficient kernel takes an additive mask only in the query's dtype."""
+    if kernel == "EFFICIENT_ATTENTION" and spelling.mask == "float32_mask" and query_dtype != torch.float32:
+        return (f"{kernel} refuses spelling {spelling.name!r}: its own check raises 'invalid dtype for bias - should "
+                f"match query's dtype' (torch's input check accepts a float32 mask on a half query)")
+    return None
 
 
 def _torch_reason(caught, error: Exception) -> str:
@@ -172,6 +188,10 @@ class SdpaBackend(Backend):
                 if spelling.heads not in views:
                     views[spelling.heads] = sdpa_inputs(case, q, k, v, spelling, grads=case.grads)[1]
                 qh, kh, vh = views[spelling.heads]
+                refused = _kernel_refusal(self.kernel, spelling, qh.dtype)
+                if refused is not None:
+                    answers.append(refused)
+                    continue
                 if spelling.dense:
                     dtype = {"bool_mask": torch.bool, "float32_mask": torch.float32}.get(spelling.mask, qh.dtype)
                     routes = [(mask(dtype, spelling.form), False)]
@@ -259,7 +279,7 @@ class SdpaBackend(Backend):
             except RuntimeError as e:
                 if "No available kernel" in str(e) or "No viable backend" in str(e):
                     raise Unsupported(f"{self.kernel} refused at call time: {_torch_reason(caught, e)}") from None
-                _refuse_misaligned(self.kernel, e)
+                _refuse_kernel_check(self.kernel, e)
                 raise
         out = modules.unembedded(case, out) if spelling.module else out.transpose(1, 2)  # logical [b, sq, h, d]
         result = Output(out=out.detach(), ran=self.kernel)
@@ -268,7 +288,7 @@ class SdpaBackend(Backend):
             try:
                 grads = torch.autograd.grad(out, leaves, dout)
             except RuntimeError as e:
-                _refuse_misaligned(self.kernel, e)
+                _refuse_kernel_check(self.kernel, e)
                 raise
             lengths = (case.sq, case.skv, case.skv)
             result.dq, result.dk, result.dv = (logical_grad(case, g, s) for g, s in zip(grads, lengths))

@@ -86,6 +86,12 @@ def ladder_length(draw, lo: int, hi: int) -> int:
 
 
 def _lengths(draw, space: Space, odds: float = 1.0) -> tuple[int, int]:
+    """_shape's (sq, skv), one key drawn as two where the space has no single key (Space.single_key)."""
+    sq, skv = _shape(draw, space, odds)
+    return sq, (skv if skv > 1 or space.single_key else 2)
+
+
+def _shape(draw, space: Space, odds: float) -> tuple[int, int]:
     """(sq, skv). Most cases: short lengths (up to SMALL_LEN), sq == skv half the time. One in space.long_one_in
     (`odds` times that: the case's richness, attnfuzz.strategies.cases.RICHNESS), where space.max_len exceeds SMALL_LEN: a ladder shape (log-uniform up to max_len), a decode shape (1..16 queries
     over DECODE_MIN_KEYS..max_decode_len keys) or a tall one (sq >= 8 skv). Keys stop where even one head of the

@@ -73,6 +73,7 @@ class Space:
     compiled_share: float = 0.8      # for a backend that declares a compile key: the share of cases drawn inside
                                      # kernel configurations it compiled already (strategies/compiled.py); 0: off
     storages: tuple[str, ...] = STORAGES  # per-tensor buffer layouts (Case.storage); ("plain",) turns them off
+    single_key: bool = True          # skv = 1 (off for a kernel that refuses one key: cuDNN's SDPA); drawn as 2
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work", "long_one_in"):
@@ -177,6 +178,8 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     for switch, fields in switches.items():
         if getattr(space, switch) and not takes(**fields):
             changes[switch] = False
+    if space.single_key and not takes(skv=1) and not takes(sq=1, skv=1) and takes():
+        changes["single_key"] = False
     choices = {"layouts": lambda v: dict(_SWITCHES["padding"], layout=v),
                "memory": lambda v: dict(h=4, hk=2, memory=v),
                "softmaxes": lambda v: dict(softmax=v),
@@ -209,6 +212,7 @@ def draws(space: Space, case: Case) -> bool:
         space.paged if case.paged else space.unpaged,
         case.page_size is None or case.page_size in space.page_sizes,
         max(case.d_qk, case.d_v) <= space.max_head_dim and heads,
+        case.skv != 1 or space.single_key,
         case.sq <= space.max_len and longest <= (space.decode_len if case.sq <= 16 else space.max_len),
         case.alignment in space.alignments or (case.right is None and case.alibi_slopes is None),
         # the float64 oracle's cost with one sequence and one group of heads (attnfuzz.strategies.lengths.work)

@@ -148,6 +148,24 @@ def test_a_narrowed_space_never_draws_a_refused_head_dim(case):
     assert max(case.d_qk, case.d_v) <= 256, case
 
 
+def _refuses_one_key(case):
+    return "key/value sequence length 1" if case.skv == 1 else None
+
+
+def test_a_kernel_that_refuses_one_key_narrows_it_away_and_one_that_takes_it_keeps_it():
+    """cuDNN's SDPA refuses skv = 1, which the short lengths draw a quarter of the time: narrowed away, it would not
+    eat that share of the budget as UNSUPPORTED; a kernel that takes one key keeps it."""
+    assert not narrow_to(Space(), _refuses_one_key).single_key
+    assert narrow_to(Space(), lambda case: None).single_key
+    assert narrow_to(Space(), lambda case: "square only" if case.sq != case.skv else None).single_key  # sq = skv = 1
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(case=attention_cases(narrow_to(Space(), _refuses_one_key)))
+def test_a_space_without_one_key_draws_none(case):
+    assert case.skv > 1, case
+
+
 @pytest.mark.parametrize("sq,skv,expected", [(1, 512, "decode"), (16, 4096, "decode"), (17, 4096, "wide"),
                                              (1024, 128, "tall"), (64, 8, "wide"), (100, 90, "square")])
 def test_shape_classes(sq, skv, expected):

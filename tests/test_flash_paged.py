@@ -69,6 +69,18 @@ def test_kvcache_spellings_reach_the_call(monkeypatch, spelling, splits, appende
     assert call["causal"] == (spelling != "window+split+append")
 
 
+def test_kvcache_appends_only_where_the_cache_has_a_slot_per_query(monkeypatch):
+    """flash_attn_with_kvcache refuses k / v when sq exceeds the cache's length (its check compares seqlen_q, though
+    it speaks of the key): 63 queries over one cached key are not spelled "+append", and each spelling offered runs."""
+    calls: list = []
+    backend = kvcache(monkeypatch, calls)
+    tall = Case(b=2, sq=63, skv=1, h=2, hk=2, d_qk=32, d_v=32, dtype="float16")
+    assert not any("append" in s for s in backend.spellings(tall))
+    assert any("append" in s for s in backend.spellings(tall.replace(sq=1)))
+    for spelling in backend.spellings(tall):
+        assert graded(backend, tall.replace(spelling=spelling)).status == V.PASS, spelling
+
+
 def test_kvcache_contiguous_cache_and_decode_with_gqa_pass(monkeypatch):
     backend = kvcache(monkeypatch, [])
     for case in (PAGED.replace(page_size=None, spelling="append"),

@@ -112,6 +112,9 @@ def make_fa2(calls: list, kvcache_bug: str | None = None) -> dict:
         if block_table is not None and k_cache.shape[1] % 256:
             raise RuntimeError("Paged KV cache block size must be divisible by 256")
         lens = cache_seqlens.tolist()
+        seqlen_k = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+        if k is not None and q.shape[1] > seqlen_k:  # flash_api.cpp's check compares the queries, not the keys
+            raise RuntimeError("If key is supplied, it must have seqlen <= the seqlen of the KV cache")
         if k is not None:   # written into the cache in place, as the kernel does
             for n, start in enumerate(lens):
                 for i in range(k.shape[1]):

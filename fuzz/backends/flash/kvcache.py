@@ -105,9 +105,11 @@ class FlashAttnKVCache(Backend):
     def spellings(self, case: Case) -> tuple[str, ...]:
         band, _ = fc.bottom_right_band(case)
         masks = fc.mask_spellings(band, with_negative=False) if band is not None else ("",)
-        # no appending into pages several sequences share: a serving cache copies such a page before writing it
+        # no appending into pages several sequences share: a serving cache copies such a page before writing it; and
+        # none with more queries than the cache has slots: flash_api.cpp checks seqlen_q <= the cache's seqlen when k
+        # is given (its message says "key": "If key is supplied, it must have seqlen <= the seqlen of the KV cache")
         knobs = ["", SPLIT]
-        if appended(case) > 0 and not case.shared_prefix_pages:
+        if appended(case) > 0 and not case.shared_prefix_pages and case.sq <= case.skv:
             knobs += [APPEND, f"{SPLIT}+{APPEND}"]
         return tuple("+".join(p for p in (m, k) if p) for m in masks for k in knobs)
 

@@ -35,6 +35,19 @@ def test_the_causal_band_is_one_trait_however_it_is_spelled():
     assert not when_fields(Case())["causal_band"] and not when_fields(Case(window=(None, 1)))["causal_band"]
 
 
+def test_fa2s_causal_alibi_lse_record_takes_the_plain_causal_band_only():
+    """FA2 adds slope * key index under its is_causal kernel only (a window bounded on the left goes through its local
+    kernel, which adds the documented -slope * distance): the record takes an LSE failure of causal ALiBi, spelled
+    either way, and neither a left-bounded window's nor one without ALiBi."""
+    assert when_fields(Case(window=(None, 0)))["full_causal"] and not when_fields(Case(window=(3, 0)))["full_causal"]
+    lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 2 rows")
+    alibi = Case(sq=2, skv=2, h=1, hk=1, alibi_slopes=(0.25,))
+    assert _taken("fa2", alibi.replace(causal=True), lse) == "fa2-FAIL-LSE-4d72d21f217d"
+    assert _taken("fa2", alibi.replace(window=(None, 0)), lse) == "fa2-FAIL-LSE-4d72d21f217d"
+    assert not _taken("fa2", alibi.replace(window=(1, 0)), lse)
+    assert not _taken("fa2", Case(sq=2, skv=2, causal=True), lse)
+
+
 @pytest.mark.parametrize("case, empty", [
     (Case(sq=5, skv=2, causal=True, alignment="bottom_right"), True),     # rows 0-2 before the diagonal
     (Case(sq=5, skv=2, causal=True), False),                               # top-left: row i sees key 0

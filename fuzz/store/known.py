@@ -47,6 +47,8 @@ TRAITS = {
     "sq_longer": lambda c: c.sq > c.skv,
     # the band's right bound is 0, spelled causal=True or as window (left, 0): one mask either way
     "causal_band": lambda c: c.right == 0,
+    # ... with no left bound, either alignment: the plain causal mask (flash-attn's is_causal, not its local window)
+    "full_causal": lambda c: c.right == 0 and c.left is None,
     # a valid query row sees no key by band, alignment or lengths, or may by an explicit random mask (the drawn mask
     # alone tells): a known bug of such rows needs it; its failure confined to them is the label FAIL:EMPTY_ROWS
     "empty_rows": lambda c: _band_empties_a_row(c) or (c.mask_density is not None and c.mask_density < 1),

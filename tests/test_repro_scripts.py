@@ -217,6 +217,28 @@ def test_flash_script_makes_the_adapters_call(tmp_path, monkeypatch, name):
     assert [json.loads(comparable(c)) for c in calls] == script_calls
 
 
+PACKED_CASES = [
+    Case(b=2, sq=8, skv=11, h=4, hk=2, seqlens_q=(3, 8), seqlens_kv=(11, 5), causal=True, alignment="bottom_right",
+         dtype="bfloat16", spelling="causal+window+kvpacked"),                        # varlen, GQA
+    Case(b=2, sq=7, skv=7, h=2, hk=2, window=(2, 1), dtype="float16", spelling="qkvpacked", grads=True),   # batched
+    Case(b=2, sq=9, skv=9, h=2, hk=2, layout="thd", seqlens_q=(9, 4), seqlens_kv=(9, 4), causal=True,
+         dtype="bfloat16", spelling="qkvpacked"),                                      # varlen, one cu_seqlens
+]
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"{c.layout}-{c.spelling}")
+def test_fa2_packed_script_makes_the_adapters_call(tmp_path, monkeypatch, case):
+    """FA2's packed entry points: the script stacks k / v (and q) as the adapter does and calls the same function."""
+    calls: list = []
+    fake_fa.install(monkeypatch, fake_fa.make_fa2(calls))
+    assert FlashAttn2("cpu").unsupported(case) is None, FlashAttn2("cpu").unsupported(case)
+    FlashAttn2("cpu").run(case, materialize(case))
+    assert calls[0]["fn"] == ("flash_attn_varlen_" if case.padded or case.layout == "thd" else "flash_attn_") + \
+        case.spelling.split("+")[-1] + "_func"
+    script_calls = assert_standalone_and_able_to_fail(write(tmp_path, "fa2", case), fake="fa2")
+    assert [json.loads(comparable(c)) for c in calls] == script_calls
+
+
 @pytest.mark.parametrize("name", sorted(FLASH))
 def test_flash_source_spells_what_run_passes(monkeypatch, name):
     """Over cases drawn from the adapter's strategy, the written call reaches the library with the arguments run()

@@ -78,9 +78,10 @@ def _fa2_bounds(causal, window):
     return left, (0 if causal else right)
 
 
-def make_fa2(calls: list, kvcache_bug: str | None = None) -> dict:
+def make_fa2(calls: list, kvcache_bug: str | None = None, packed_bug: str | None = None) -> dict:
     """sys.modules entries of a fake flash-attn 2.8. `kvcache_bug` plants a bug in flash_attn_with_kvcache:
-    "read_past" reads one slot past each sequence's cache, "no_append" attends without the appended keys."""
+    "read_past" reads one slot past each sequence's cache, "no_append" attends without the appended keys.
+    `packed_bug` one in the packed entry points: "v_from_k" reads v from k's slot of the stacked tensor."""
     def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                         softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
         calls.append({"fn": "flash_attn_func", "causal": causal, "window_size": window_size,
@@ -139,15 +140,50 @@ def make_fa2(calls: list, kvcache_bug: str | None = None) -> dict:
                             alibi=alibi_slopes)
         return (out, lse) if return_softmax_lse else out
 
+    def unstacked(packed, first):
+        """The views a packed entry point reads: slot `first` onward of dim -3 (v at k's slot under "v_from_k")."""
+        views = [packed.select(-3, i) for i in range(first, packed.shape[-3])]
+        if packed_bug == "v_from_k":
+            views[-1] = views[-2]
+        return views
+
+    def flash_attn_kvpacked_func(q, kv, **kwargs):
+        assert kv.shape[-3] == 2, f"kv must be [..., 2, hk, d], got {tuple(kv.shape)}"
+        calls.append({"fn": "flash_attn_kvpacked_func", "shape": tuple(kv.shape)})
+        return flash_attn_func(q, *unstacked(kv, 0), **kwargs)
+
+    def flash_attn_qkvpacked_func(qkv, **kwargs):
+        assert qkv.shape[-3] == 3, f"qkv must be [..., 3, h, d], got {tuple(qkv.shape)}"
+        calls.append({"fn": "flash_attn_qkvpacked_func", "shape": tuple(qkv.shape)})
+        return flash_attn_func(qkv.select(-3, 0), *unstacked(qkv, 1), **kwargs)
+
+    def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs):
+        assert kv.dim() == 4 and kv.shape[1] == 2, f"kv must be [total, 2, hk, d], got {tuple(kv.shape)}"
+        calls.append({"fn": "flash_attn_varlen_kvpacked_func", "shape": tuple(kv.shape)})
+        return flash_attn_varlen_func(q, *unstacked(kv, 0), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      **kwargs)
+
+    def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, **kwargs):
+        assert qkv.dim() == 4 and qkv.shape[1] == 3, f"qkv must be [total, 3, h, d], got {tuple(qkv.shape)}"
+        calls.append({"fn": "flash_attn_varlen_qkvpacked_func", "shape": tuple(qkv.shape)})
+        return flash_attn_varlen_func(qkv.select(-3, 0), *unstacked(qkv, 1), cu_seqlens, cu_seqlens, max_seqlen,
+                                      max_seqlen, **kwargs)
+
     iface = types.ModuleType("flash_attn.flash_attn_interface")
     iface.flash_attn_func, iface.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
     iface.flash_attn_with_kvcache = flash_attn_with_kvcache
+    for fn in (flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_kvpacked_func,
+               flash_attn_varlen_qkvpacked_func):
+        setattr(iface, fn.__name__, fn)
     pkg = types.ModuleType("flash_attn")
     pkg.__path__ = []
     pkg.__version__ = "2.8.3+fake"
     pkg.flash_attn_interface = iface
     pkg.flash_attn_func, pkg.flash_attn_varlen_func = flash_attn_func, flash_attn_varlen_func
     pkg.flash_attn_with_kvcache = flash_attn_with_kvcache
+    for name in ("flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+                 "flash_attn_varlen_qkvpacked_func"):
+        setattr(pkg, name, getattr(iface, name))
     return {"flash_attn": pkg, "flash_attn.flash_attn_interface": iface}
 
 

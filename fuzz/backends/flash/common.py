@@ -88,6 +88,21 @@ def mask_spellings(band: Bounds, *, with_negative: bool) -> tuple[str, ...]:
     return tuple(names)
 
 
+PACKINGS = ("kvpacked", "qkvpacked")   # flash-attn 2's packed entry points (fa2_fa3.py says how they are called)
+
+
+def split_packing(spelling: str) -> tuple[str, str]:
+    """(mask spelling, packing) from e.g. "causal+window+kvpacked"; packing "" for the unpacked call."""
+    parts = spelling.split("+") if spelling else []
+    packing = next((p for p in parts if p in PACKINGS), "")
+    return "+".join(p for p in parts if p != packing), packing
+
+
+def packed_name(fn: str, packing: str) -> str:
+    """flash_attn_func -> flash_attn_kvpacked_func, flash_attn_varlen_func -> flash_attn_varlen_qkvpacked_func."""
+    return fn.replace("_func", f"_{packing}_func") if packing else fn
+
+
 def spelling_refusal(backend: str, case: Case, known: tuple[str, ...]) -> tuple[bool, str]:
     """The capability row for case.spelling: refused when the backend has no such spelling for this case."""
     return (case.spelling not in known,

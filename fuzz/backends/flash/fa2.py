@@ -42,6 +42,7 @@ class FlashAttn2(NegativeUnboundedBand):
 
     library, api, min_arch = LIBRARY, f"{MODULE}.flash_attn_interface", MIN_ARCH
     build_hint = "it builds from source against CUDA"
+    packings = fc.PACKINGS
 
     def _module(self):
         return importlib.import_module(MODULE)

@@ -1,18 +1,39 @@
 """What FA2 and FA3 share: flash_attn_func / flash_attn_varlen_func with bottom-right bands and unbounded spelled -1,
-and the repro writer for that call."""
+and the repro writer for that call.
+
+An adapter may also list `packings`: the API's packed entry points, each a spelling part after the mask's
+("causal+kvpacked"): "kvpacked" hands k and v over stacked as kv [..., 2, hk, d] (flash_attn_kvpacked_func,
+flash_attn_varlen_kvpacked_func), "qkvpacked" q, k and v as qkv [..., 3, h, d] (flash_attn_qkvpacked_func,
+flash_attn_varlen_qkvpacked_func: one length and one head count for all three). The stacked tensor is what a fused
+projection hands over; the kernel reads q, k and v as strided views of it."""
 
 from __future__ import annotations
 
 import importlib
 
+import torch
+
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash.common import (BATCHED, VARLEN, bottom_right_band, cuda_arch, flash_inputs, gradients,
-                                            logical_lse, logical_out, mask_spellings, refusal, spelled_mask,
-                                            spelling_refusal)
+                                            logical_lse, logical_out, mask_spellings, packed_name, refusal,
+                                            spelled_mask, spelling_refusal, split_packing)
 from attnfuzz.backends.flash.repro import flash_source
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
+
+
+def packed_call(api, fn: str, packing: str, x, case: Case, kwargs: dict):
+    """The packed entry point's call on FlashInputs x (batched or varlen), autograd flowing into x's leaves."""
+    if packing == "kvpacked":
+        kv = torch.stack([x.k, x.v], dim=-3)
+        if fn == VARLEN:
+            return api.flash_attn_varlen_kvpacked_func(x.q, kv, x.cu_q, x.cu_k, case.sq, case.skv, **kwargs)
+        return api.flash_attn_kvpacked_func(x.q, kv, **kwargs)
+    qkv = torch.stack([x.q, x.k, x.v], dim=-3)
+    if fn == VARLEN:
+        return api.flash_attn_varlen_qkvpacked_func(qkv, x.cu_q, case.sq, **kwargs)
+    return api.flash_attn_qkvpacked_func(qkv, **kwargs)
 
 
 class NegativeUnboundedBand(Backend):
@@ -24,6 +45,7 @@ class NegativeUnboundedBand(Backend):
     api = ""                 # the module holding flash_attn_func and flash_attn_varlen_func
     min_arch = 80
     build_hint = ""          # how the library is installed, said when it is not
+    packings: tuple[str, ...] = ()   # the packed entry points it has (common.PACKINGS)
     arch_hint = ""           # said after the minimum architecture
 
     def __init__(self, device: str = "cuda") -> None:
@@ -52,14 +74,17 @@ class NegativeUnboundedBand(Backend):
         band, reason = bottom_right_band(case)
         if band is None:
             raise Unsupported(reason)
-        return spelled_mask(band, case.spelling, case, unbounded=-1)
+        return spelled_mask(band, split_packing(case.spelling)[0], case, unbounded=-1)
 
     def unsupported(self, case: Case) -> str | None:
         return first_reason(*self.refusals(case), spelling_refusal(self.name, case, self.spellings(case)))
 
     def spellings(self, case: Case) -> tuple[str, ...]:
         band, _ = bottom_right_band(case)
-        return mask_spellings(band, with_negative=False) if band is not None else ("",)
+        masks = mask_spellings(band, with_negative=False) if band is not None else ("",)
+        packings = [p for p in self.packings if p != "qkvpacked" or (
+            case.h == case.hk and case.lens_q == case.lens_kv and (case.sq == case.skv or case.layout == "thd"))]
+        return tuple(masks) + tuple("+".join(p for p in (m, k) if p) for k in packings for m in masks)
 
     def route(self, case: Case) -> str:
         """Which call takes the case: VARLEN (packed through cu_seqlens: thd, or padding) or BATCHED."""
@@ -78,8 +103,11 @@ class NegativeUnboundedBand(Backend):
         kwargs = self.call_kwargs(case, tensors)
         fn = self.route(case)
         x = flash_inputs(case, tensors, packed=fn == VARLEN)
+        packing = split_packing(case.spelling)[1]
         try:
-            if fn == VARLEN:
+            if packing:
+                result = packed_call(api, fn, packing, x, case, kwargs)
+            elif fn == VARLEN:
                 result = api.flash_attn_varlen_func(x.q, x.k, x.v, x.cu_q, x.cu_k, case.sq, case.skv, **kwargs)
             else:
                 result = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
@@ -91,5 +119,5 @@ class NegativeUnboundedBand(Backend):
         out, lse = (result[0], result[1]) if isinstance(result, (tuple, list)) else (result, None)
         out = logical_out(case, x, out)
         dq, dk, dv = gradients(case, x, out, tensors)
-        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
+        ran = f"{packed_name(fn, packing)}(causal={kwargs['causal']}, window_size={kwargs['window_size']})"
         return Output(out=out.detach(), lse=logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)

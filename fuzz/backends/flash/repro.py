@@ -64,6 +64,17 @@ def flash_source(backend, case: Case, *, module: str, library: str, positional_v
     elif case.layout == "sbhd" and case.memory == "contiguous":
         body.append("q, k, v = (x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))  # sbhd buffers, "
                     "[b, s, h, d] views")
+    packing = fc.split_packing(case.spelling)[1]
+    if packing:   # fa2_fa3's packed entry points: k, v (and q) stacked as one tensor
+        stacked = ["k", "v"] if packing == "kvpacked" else ["q", "k", "v"]
+        name = "kv" if packing == "kvpacked" else "qkv"
+        body.append(f"{name} = torch.stack([{', '.join(stacked)}], dim=-3)  # [..., {len(stacked)}, heads, d]")
+        fn = fc.packed_name(fn, packing)
+        body[0] = f"from {module} import {fn}"
+        rest = args[3:]
+        if packing == "qkvpacked" and route == fc.VARLEN:
+            rest = rest[:1] + rest[2:3]   # one cu_seqlens and one max_seqlen: q and k share their lengths
+        args = (["q", "kv"] if packing == "kvpacked" else ["qkv"]) + rest
     body += ["out = " + src.call(fn, args, spelled) + "[0]",
              f"return unpack(out, lens_q, {case.sq})" if route in (fc.VARLEN, fc.PAGED_PACKED) else "return out"]
     doc = (f"{library} ({module}.{fn}) as attnfuzz's {backend.name} adapter calls it for spelling "

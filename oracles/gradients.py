@@ -11,7 +11,8 @@ import torch
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows, wrong_shape
 from attnfuzz.oracles.reference import reference
-from attnfuzz.oracles.tolerance import FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check
+from attnfuzz.oracles.tolerance import (FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check,
+                                        dominated_dot)
 from attnfuzz.strategies.case import Case
 
 
@@ -122,7 +123,8 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
     return check(name, got, expected, lambda: getattr(o.grad_baseline(family), name), where,
                  family=family, quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size,
                  scale_of_terms=terms_floor, inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms,
-                 softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first)
+                 softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first,
+                 dot_terms=dominated_dot(o.case))
 
 
 def d_inherited(o, name: str, out: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,8 @@ precision kernels compute logits in (fp32, or fp64 for fp64 inputs): a weight's 
 by at most e * sum_j P_ij |V_j - O_i| <= 2 e * sum_j P_ij |V_j| (the row's `spread`, which the reference computes),
 so the output floor adds 2 * eps(logits) * L_i * spread_i, and for fp16 / bf16 six standard deviations of P's
 rounding and of a fast exp (see check: those errors do not conspire); gradients keep 2 * eps(logits) * L *
-max_row|f64|. Plus 1e-7 absolute so an all-tiny row is not graded on subnormals. L_i (the
+max_row|f64|, with the same random walk over a dominated dot product (dominated_dot) as the forward's: a backward
+recomputes the logits, in its own order, against the forward's LSE (torch's CPU flash fp32 dV of a far_negative case). Plus 1e-7 absolute so an all-tiny row is not graded on subnormals. L_i (the
 reference's `row_logit_size`, its maximum `logit_size`) is what a logit's rounding scales with: the sum of its
 dot product's terms, scale * sum_d |q_d k_d|, which is |logit| or larger when the terms cancel (CUDA's efficient
 kernel, fp32, d = 64: an LSE 1.08 * eps * that sum off, where |logit| was 7% of it). (Without the logit term, fp32

@@ -243,3 +243,45 @@ def test_a_non_finite_element_is_an_infinite_error_where_graded_and_nothing_else
     assert not loud.ok and loud.diff_max == math.inf and loud.ratio == math.inf and loud.index == (0, 1, 2)
     ref[0, 1, 2] = got[0, 1, 2] if not math.isnan(bad) else math.inf
     assert check("out", got, ref, ref.clone(), where, family="sdpa", quantity="out", dtype="float32").ratio == math.inf
+
+
+def _recomputed_dv(case: Case, t, reorder: bool) -> torch.Tensor:
+    """dV of an fp32 fused backward: P = exp(S - LSE) from the forward's LSE, with the backward's logits S summed
+    channel by channel in fp32, the dominant channel (0) first as in the forward or, `reorder`, last: both orders
+    are correct fp32 arithmetic, and a kernel whose forward and backward tile their dot products differently does
+    the second."""
+    g = case.h // case.hk
+    q = t.q.float().transpose(1, 2)
+    k = t.k.float().repeat_interleave(g, 2).transpose(1, 2)
+    dout = t.dout.float().transpose(1, 2)
+
+    def logits(order):
+        s = q[..., order[0]][..., :, None] * k[..., order[0]][..., None, :]
+        for c in order[1:]:
+            s = s + q[..., c][..., :, None] * k[..., c][..., None, :]
+        return s * case.d_qk ** -0.5
+
+    first = list(range(case.d_qk))
+    lse = torch.logsumexp(logits(first), -1, keepdim=True)
+    p = torch.exp(logits(first[1:] + first[:1] if reorder else first) - lse)
+    return (p.transpose(-1, -2) @ dout).unflatten(1, (case.hk, g)).sum(2).transpose(1, 2)
+
+
+def test_a_backward_that_recomputes_dominated_logits_in_another_order_passes_and_a_wrong_row_does_not():
+    """far_negative rows put -1024 / scale in one q channel: every partial sum of a logit's dot product is that large,
+    so each add rounds at its ulp, a random walk of ~sqrt(d) / 2 ulps of L, which the forward's checks allow
+    (tolerance.dominated_dot). A backward that recomputes those logits in another order than its forward's LSE
+    carries that walk into P and dV (torch's CPU flash fp32 dV was 1.13x over the bound without it); the same
+    allowance must not hide one key's dV off by 2 %."""
+    case = Case(b=2, sq=4, skv=14, h=6, hk=2, d_qk=96, d_v=96, layout="sbhd", std=(4.0, 4.0, 1.0), grads=True,
+                values="far_negative", dtype="float32")
+    t = materialize(case)
+    ref = reference(case, t)
+    exact = dict(out=ref.out.float(), dq=ref.dq.float(), dk=ref.dk.float())
+    for reorder in (False, True):
+        dv = _recomputed_dv(case, t, reorder)
+        assert grade(case, t, Output(**exact, dv=dv), family="sdpa").status == V.PASS, reorder
+    wrong = _recomputed_dv(case, t, True).clone()
+    wrong[1, 3] *= 1.02
+    verdict = grade(case, t, Output(**exact, dv=wrong), family="sdpa")
+    assert (verdict.status, verdict.diagnosis) == (V.FAIL, V.GRADIENT), verdict.message

@@ -127,18 +127,22 @@ def _refused(backend, case: Case) -> Row | None:
     return None if reason is None else Row(backend.name, "-", V.UNSUPPORTED, reason)
 
 
-def _load_once(backend, loaded: dict, *, isolate: bool) -> str | None:
+def _load_once(backend, loaded: dict, limit: tuple | None) -> str | None:
     """Why the backend's library does not import, asked once for every backend naming it (`loaded` keeps the
-    answers), within the whole budget: an import serves the family. Raises OverTime where the budget ran out.
-    `isolate`: workers import it in processes of their own, so here only whether it is installed at all."""
+    answers). A library not installed at all is said so at once, whatever the budget; else it is imported within
+    `limit`, (deadline, why): an import serves the family. `limit` None: workers import it in processes of their own
+    (isolate), not this one. Raises OverTime where the limit ran out."""
     name = backend.library_module
     if name and name not in loaded:
+        top = name.split(".")[0]
         try:
-            top = name.split(".")[0]
-            if isolate:
-                loaded[name] = None if importlib.util.find_spec(top) is not None else f"No module named {top!r}"
+            if importlib.util.find_spec(top) is None:  # its import fails at once, running none of its code
+                loaded[name] = backend.load() or f"No module named {top!r}"
+            elif limit is None:
+                loaded[name] = None
             else:
-                loaded[name] = backend.load()
+                with timebox.until(*limit):
+                    loaded[name] = backend.load()
         except timebox.OverTime as over:
             loaded[name] = over
         except Exception as e:
@@ -164,8 +168,7 @@ def _rows(backend, entry: corpus_io.Entry, device: str, isolate: bool, timeout_s
                     return [refused]
             # the entry's own backend loads and runs its spelling whatever it takes; the rest within the limits
             if not (mine and isolate):  # its worker says why it cannot run, in its own words
-                with timebox.until(*((None, "") if mine or isolate else clock.whole())):  # isolate: no import here
-                    missing = _load_once(backend, loaded, isolate=isolate)
+                missing = _load_once(backend, loaded, None if isolate else (None, "") if mine else clock.whole())
                 if missing is not None:
                     return [Row(backend.name, "every spelling" if mine else "-", CANNOT, missing,
                                 (_version(backend) if mine else "") or "not installed", own=mine)]

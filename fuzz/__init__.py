@@ -5,8 +5,8 @@ functions included, and that no modules import each other in a circle):
 
     front ends    attnfuzz.cli, attnfuzz.plugin, attnfuzz.__main__, attnfuzz.test_fuzz (`pytest fuzz`)
     campaign      attnfuzz.campaign: the supervisor and its lanes
-    tools/report  attnfuzz.tools (shrink, versiondiff, crosscheck, bugreport, bugwords), attnfuzz.report (build,
-                  plots, coverage, triage, catalog, table)
+    tools/report  attnfuzz.tools (shrink, versiondiff, crosscheck, timebox, bugreport, bugwords), attnfuzz.report
+                  (build, plots, coverage, triage, catalog, table)
     store         attnfuzz.store: corpus entries, known bugs, replay, repro scripts, case logs
     engine        attnfuzz.engine: harness, tally, hooks, compiled_search, isolate, poison, profiles, interrupt, and
                   options

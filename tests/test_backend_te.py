@@ -245,6 +245,18 @@ def test_fa4_specific_rows_follow_the_flash_version_te_loaded(fake):
     assert "loaded no flash-attn" in backend("te-flash").available() or "CUDA" in backend("te-flash").available()
 
 
+def test_a_case_the_static_rules_refuse_is_refused_without_importing_te(monkeypatch):
+    """te-flash's flash-attn rows need TE imported; the rows before them do not, and a case they refuse is refused
+    without the import (report-bug asks every backend before importing any library). A case they take still asks."""
+    asked = []
+    monkeypatch.setattr(sel, "flash_versions", lambda: asked.append(1) or {"4": "4.0"})
+    assert "dtype float32" in backend("te-flash").unsupported(Case(dtype="float32"))
+    assert "top-left causal" in backend("te-flash").unsupported(Case(sq=4, skv=8, causal=True, **BF16))
+    assert asked == []
+    assert "TE does not pass softcap to FA4" in backend("te-flash").unsupported(Case(softcap=5.0, **BF16))
+    assert asked
+
+
 def test_head_dim_rules_are_narrow(fake):
     """Controls for the head-dim rows: unfused takes any head dim, fused any multiple of 8, and the FA4 row follows
     the architecture and applies only when TE loaded FA4."""

@@ -23,7 +23,7 @@ from attnfuzz.engine.harness import run_case
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 from attnfuzz.tools.bugreport import case_table, cross_table
-from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, Row
+from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, OVER_BUDGET, Row
 from tests.broken import Correct, ZeroWhenCausal
 
 ZERO = "tests.misbehaving:zero_when_causal"
@@ -257,15 +257,19 @@ def test_backends_that_did_not_run_the_case_fold_into_a_line_per_reason():
             Row("flex-eager", "default", V.UNSUPPORTED, "no GQA", "2.13", refused),
             Row("flex-paged", "default", V.UNSUPPORTED, "needs page_size", "2.13", refused),
             Row("ring-allgather", "-", NOT_RUN, "context parallel"),
-            Row("ring-alltoall", "-", NOT_RUN, "context parallel")]
+            Row("ring-alltoall", "-", NOT_RUN, "context parallel"),
+            Row("flex-compiled", "-", OVER_BUDGET, "cut off after 10 s"),
+            Row("mine", "a, b", OVER_BUDGET, "the 30 s were spent", own=True)]
     text = "\n".join(cross_table(rows, "cpu", ""))
     table = [ln for ln in text.splitlines() if ln.startswith("| ") and not ln.startswith("| backend")]
-    assert [ln.split(" | ")[0] for ln in table] == ["| **mine**", "| sdpa-math"], table
+    assert [ln.split(" | ")[0] for ln in table] == ["| **mine**", "| sdpa-math", "| **mine**"], table
+    assert "| a, b | - | not run: over the time budget: the 30 s were spent |" in table[-1]
     assert [ln for ln in text.splitlines() if ln.startswith("- ")] == [
-        "- not installed here: fa4, te-flash",
-        "- cannot run on cpu: sdpa-cudnn (needs CUDA)",
-        "- refused the case: sdpa-flash, flex-eager (no GQA); flex-paged (needs page_size)",
-        "- not run: ring-allgather, ring-alltoall (context parallel)"]
+        "- not run: not installed: fa4 (flash-attn-4 is not installed); te-flash (TransformerEngine does not import)",
+        "- not run: cannot run on cpu: sdpa-cudnn (needs CUDA)",
+        "- not run: cannot take the case: sdpa-flash, flex-eager (no GQA); flex-paged (needs page_size)",
+        "- not run: ring-allgather, ring-alltoall (context parallel)",
+        "- not run: over the time budget: flex-compiled (cut off after 10 s)"]
 
 
 def test_the_case_table_shows_every_field_set_whatever_it_is():

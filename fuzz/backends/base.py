@@ -3,6 +3,9 @@
 An adapter translates the one canonical Case into its backend's spelling and back:
 
     available()        -> None, or why the backend cannot run on this machine (not installed, no GPU, ...)
+    load()             -> None, or why its library does not import: the import available() starts with, which every
+                          backend naming the same `library_module` shares (TE's three, FlashInfer's five), so a
+                          caller asking many backends imports each library once
     unsupported(case)  -> None, or the reason this case is refused (like a skip's reason); cases refused here are
                           not drawn for the backend, and a replayed one is UNSUPPORTED, never PASS
     spellings(case)    -> the equivalent ways the backend's API can express this case ("" = the default spelling);
@@ -57,8 +60,12 @@ class Backend:
                                  # would see the same logical k / v, so paged cases are not drawn for them
     build_errors: tuple[str, ...] = ()  # with a compile_key: the exception types of a kernel that fails to build,
                                         # which fails so for every case of its key (engine/compiled_search.py)
+    library_module: str = ""     # the module load() imports; "" for a backend that needs nothing beyond torch
 
     def available(self) -> str | None:
+        return None
+
+    def load(self) -> str | None:
         return None
 
     def unsupported(self, case: Case) -> str | None:

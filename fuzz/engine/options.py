@@ -114,6 +114,12 @@ OPTIONS = {o.name: o for o in (
     Option("replay-hang-timeout", "seconds a corpus entry saved as a HANG gets when replayed isolated (default "
            "{default:g}; confirming the hang in a fresh worker at twice that, it replays in 3 x this)", type=positive,
            default=20.0, metavar="SECONDS"),
+    Option("budget", "seconds the cross-check of a bug report may take in all (default {default:g}); a backend it "
+           "cuts off or does not reach is listed as not run: over the time budget. The entry's own backend runs its "
+           "spelling whatever it takes", type=positive, default=30.0, metavar="SECONDS"),
+    Option("backend-limit", "seconds one backend may take in a bug report's cross-check, its spellings together "
+           "(default {default:g}); a library's import, which serves every backend of its family, counts against "
+           "--budget only", type=positive, default=10.0, metavar="SECONDS"),
     Option("corpus", "folder where findings are saved (default: $ATTNFUZZ_CORPUS, else "
            "~/.local/share/attnfuzz/corpus); known bugs are read from it and from the corpus shipped with attnfuzz",
            type=Path, metavar="DIR"),

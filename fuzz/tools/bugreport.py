@@ -4,10 +4,11 @@ Markdown a kernel maintainer can act on: a title and summary in plain words, the
 the worst element against the bound, the case as a table, which backends and spellings agree on the same case, the
 entry's repro script inline with how to run it, and the environment (recorded, beside this host's). The agreement
 table is run, not recalled: the entry's backend in every spelling it takes (to confirm it still fails here), and every
-other registered backend that can run on this device, each graded against the float64 oracle. Context-parallel
-backends run only for a context-parallel entry. Every registered backend is named: a row of the table where it ran
-(the entry's own always), else in one line per kind of reason it did not (not installed, not on this device, refused
-the case, not run). The case table lists every Case field set, beside the readable rows. The report names no folder of
+other registered backend that can take the case on this device, each graded against the float64 oracle, within
+--budget seconds in all and --backend-limit each (attnfuzz.tools.crosscheck). Context-parallel backends run only for
+a context-parallel entry. Every registered backend is named: a row of the table where it ran (the entry's own
+always), else in one line per kind of reason it did not (not run: cannot take the case, not installed, cannot run on
+this device, over the time budget). The case table lists every Case field set, beside the readable rows. The report names no folder of
 this machine: files by their names, a bring-your-own kernel as module:function, any other path relative to the
 current folder or under ~.
 """
@@ -27,7 +28,7 @@ from attnfuzz.store import paths
 from attnfuzz.engine import options
 from attnfuzz.tools.bugwords import (features, joined, library, now_sentence, num, others_sentence, shape,
                                      what_went_wrong)
-from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, Row, cross_check
+from attnfuzz.tools.crosscheck import CANNOT, NOT_RUN, OVER_BUDGET, Row, cross_check
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
                        "through every backend that can run here")
     p.add_argument("entry", type=Path, help="a corpus entry (.json), with its repro script (.py) beside it")
     p.add_argument("--out", type=Path, help="write the report here (default: stdout)")
-    options.add(p, "device", "isolate", "case-timeout", case_timeout={"default": 120.0},
+    options.add(p, "device", "isolate", "case-timeout", "budget", "backend-limit", case_timeout={"default": 120.0},
                 device={"default": None, "help": "cpu, cuda or cuda:N (default: the entry's, else cpu where it has "
                                                  "no GPU)"},
                 isolate={"help": "run each backend in a worker process; an entry that crashed or hung runs its own "
@@ -66,7 +67,8 @@ def cmd_report_bug(args) -> int:
         device = "cpu"
         moved = f"The entry was found on {entry.device}; this machine has no CUDA device, so the case ran on the CPU."
     rows = cross_check(entry, device, isolate=args.isolate, timeout_s=args.case_timeout,
-                       known=corpus_io.known_bugs(args.entry.parent))
+                       known=corpus_io.known_bugs(args.entry.parent), budget_s=args.budget,
+                       backend_s=args.backend_limit)
     text = render(entry, args.entry, device, moved, rows)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +94,8 @@ def result(row: Row) -> str:
         return f"{'PASS' if v.status == V.PASS else f'**{v.label}**'} ({num(v.ratio)})"
     if row.outcome == V.FAIL:  # all-zero and non-finite outputs are failed without a ratio
         return f"**{v.label}**"
+    if row.outcome == OVER_BUDGET:
+        return f"{NOT_RUN}: {OVER_BUDGET}: {row.detail}"
     return f"**{v.label}**: {row.detail}" if v is not None and v.failed else f"{row.outcome}: {row.detail}"
 
 
@@ -166,7 +170,7 @@ def cross_table(rows: list[Row], device: str, moved: str) -> list[str]:
     intro = (f"The same case (same seed: the same inputs) run now on {device} through the entry's backend in every "
              f"spelling it takes, and through every other registered backend, each graded against the float64 "
              f"oracle. A spelling is how the call expresses the case in that backend's API. Those that could not take "
-             f"the case follow the table, one line per reason. {moved}")
+             f"the case, or that the time budget left out, follow the table, one line per reason. {moved}")
     kept = [r for r in rows if _left_out(r, device) is None]
     body = [[f"**{r.backend}**" if r.own else r.backend, r.spelling, r.version or "-", result(r), r.note] for r in kept]
     return ["## Other backends and spellings on the same case", "", intro.strip(), "",
@@ -177,22 +181,23 @@ def cross_table(rows: list[Row], device: str, moved: str) -> list[str]:
 def _left_out(row: Row, device: str) -> str | None:
     """Why another backend did not run the case, as a kind of reason (a line of `folded`); None for a row that
     ran, and for the entry's own backend, which keeps its rows."""
-    if row.own or row.outcome not in (CANNOT, NOT_RUN, V.UNSUPPORTED):
+    if row.own or row.outcome not in (CANNOT, NOT_RUN, OVER_BUDGET, V.UNSUPPORTED):
         return None
     if row.outcome == CANNOT:
-        return "not installed here" if row.version == "not installed" else f"cannot run on {device}"
-    return "refused the case" if row.outcome == V.UNSUPPORTED else "not run"
+        return f"{NOT_RUN}: " + ("not installed" if row.version == "not installed" else f"cannot run on {device}")
+    kinds = {V.UNSUPPORTED: f"{NOT_RUN}: cannot take the case", OVER_BUDGET: f"{NOT_RUN}: {OVER_BUDGET}"}
+    return kinds.get(row.outcome, NOT_RUN)
 
 
 def folded(rows: list[Row], device: str) -> list[str]:
-    """The backends that did not run the case, one line per kind of reason: each backend's own reason beside it
-    (backends with the same reason share it), except where the kind says it all (not installed here)."""
+    """The backends that did not run the case, one line per kind of reason, each backend's own reason beside it
+    (backends with the same reason share it)."""
     kinds: dict[str, dict[str, list[str]]] = {}
     for r in rows:
         kind = _left_out(r, device)
         if kind is None:
             continue
-        why = "" if kind == "not installed here" else re.sub(rf"^{re.escape(r.backend)}:? ", "", r.detail)
+        why = re.sub(rf"^{re.escape(r.backend)}:? ", "", r.detail)
         why = why if len(why) <= 160 else why[:157] + "..."
         name = r.backend if r.spelling in ("-", "every spelling") or r.spelling.startswith("default") \
             else f"{r.backend} [{r.spelling}]"

@@ -51,11 +51,21 @@ class NegativeUnboundedBand(Backend):
     def __init__(self, device: str = "cuda") -> None:
         self.device = device
 
-    def available(self) -> str | None:
+    @property
+    def library_module(self) -> str:
+        return self.api
+
+    def load(self) -> str | None:
         try:
             importlib.import_module(self.api)
         except ImportError as e:
             return f"{self.library} is not installed or does not load ({e}); {self.build_hint}"
+        return None
+
+    def available(self) -> str | None:
+        missing = self.load()
+        if missing is not None:
+            return missing
         arch = cuda_arch(self.device)
         if arch is None:
             return f"{self.library} needs a CUDA device (device={self.device!r})"

@@ -131,6 +131,7 @@ class FlashAttn4(Backend):
     family = "fa4"
     serves_paged = True
     build_errors = fc.CUTE_BUILD_ERRORS
+    library_module = MODULE
 
     def __init__(self, device: str = "cuda", arch: int | None = None) -> None:
         self.device = device
@@ -141,11 +142,17 @@ class FlashAttn4(Backend):
         """The compute capability the capability table is read at: given, else the device's, else sm90."""
         return self._arch or fc.cuda_arch(self.device) or DEFAULT_ARCH
 
-    def available(self) -> str | None:
+    def load(self) -> str | None:
         try:
             import_fa4()
         except ImportError as e:
             return f"{LIBRARY} is not installed or does not load ({e}); pip install flash-attn-4"
+        return None
+
+    def available(self) -> str | None:
+        missing = self.load()
+        if missing is not None:
+            return missing
         arch = fc.cuda_arch(self.device)
         if arch is None:
             return f"{LIBRARY} needs a CUDA device (device={self.device!r})"

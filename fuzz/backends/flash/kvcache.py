@@ -91,6 +91,7 @@ class FlashAttnKVCache(Backend):
     name = "fa2-kvcache"
     family = "fa2"
     serves_paged = True
+    library_module = fa2.FlashAttn2.api
 
     def __init__(self, device: str = "cuda") -> None:
         self.device = device
@@ -98,6 +99,9 @@ class FlashAttnKVCache(Backend):
 
     def available(self) -> str | None:
         return self.fa2.available()
+
+    def load(self) -> str | None:
+        return self.fa2.load()
 
     def version(self) -> str:
         return self.fa2.version()

@@ -49,6 +49,7 @@ class FlashInferBackend(Backend):
     and implements `call(case, tensors) -> (out [total_q, h, d], lse [total_q, h] base 2 or None)`."""
 
     family = "flashinfer"
+    library_module = fic.MODULE
     entry = ""
     paged: bool | None = False
     single = False
@@ -66,15 +67,21 @@ class FlashInferBackend(Backend):
         refused = fic.cubin_refusal(self.kernel_backend)
         if refused:
             return refused
-        try:
-            self._module()
-        except ImportError as e:
-            return f"FlashInfer is not installed or does not load ({e}); pip install flashinfer-python=={fic.VERSION}"
+        missing = self.load()
+        if missing is not None:
+            return missing
         arch = cuda_arch(self.device)
         if arch is None:
             return f"FlashInfer needs a CUDA device (device={self.device!r})"
         if arch < MIN_ARCH:
             return f"FlashInfer's fa2 kernels need sm{MIN_ARCH}+ here, this GPU is sm{arch}"
+        return None
+
+    def load(self) -> str | None:
+        try:
+            self._module()
+        except ImportError as e:
+            return f"FlashInfer is not installed or does not load ({e}); pip install flashinfer-python=={fic.VERSION}"
         return None
 
     def version(self) -> str:

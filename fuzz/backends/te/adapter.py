@@ -149,6 +149,7 @@ class TransformerEngineAttention(Backend):
     """DotProductAttention with only `te_backend` eligible; one adapter per TE backend."""
 
     family = "te"
+    library_module = f"{LIBRARY}.pytorch"
 
     def __init__(self, name: str, te_backend: str, device: str = "cuda") -> None:
         self.name, self.te_backend, self.device = name, te_backend, device
@@ -158,11 +159,17 @@ class TransformerEngineAttention(Backend):
     def _te(self):
         return import_te()
 
-    def available(self) -> str | None:
+    def load(self) -> str | None:
         try:
             self._te()
         except Exception as e:  # TE raises more than ImportError when its CUDA libraries are missing
             return f"TransformerEngine does not import ({type(e).__name__}: {e})"
+        return None
+
+    def available(self) -> str | None:
+        missing = self.load()
+        if missing is not None:
+            return missing
         if not str(self.device).startswith("cuda") or not torch.cuda.is_available():
             return f"TransformerEngine needs a CUDA device (device={self.device!r})"
         if self.te_backend == sel.FLASH and not sel.flash_versions():
@@ -184,10 +191,15 @@ class TransformerEngineAttention(Backend):
         return fc.cuda_arch(self.device) or DEFAULT_ARCH
 
     def unsupported(self, case: Case) -> str | None:
+        """The rules that need no flash-attn version first (they come first in the table as well), so a case they
+        refuse is refused without importing TE; the version's rules after."""
         known = applicable_spellings(case, self.te_backend)
-        return first_reason((case.spelling not in known,
-                             f"spelling={case.spelling!r} is not one of {self.name}'s spellings here: {list(known)}"),
-                            *capability_refusals(case, self.te_backend, self._flash_major(), self.arch))
+        spelled = (case.spelling not in known,
+                   f"spelling={case.spelling!r} is not one of {self.name}'s spellings here: {list(known)}")
+        static = first_reason(spelled, *capability_refusals(case, self.te_backend, None, self.arch))
+        if static is not None or self.te_backend != sel.FLASH:
+            return static
+        return first_reason(*capability_refusals(case, self.te_backend, self._flash_major(), self.arch))
 
     def spellings(self, case: Case) -> tuple[str, ...]:
         """The applicable spellings this backend takes (a spelling can turn on a rule, e.g. a finite window)."""

@@ -24,7 +24,7 @@ from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.sdpa import modules
 from attnfuzz.backends.sdpa.spelling import (Spelling, additive_mask, aligned_bias, all_spellings, dense_mask,
                                              form_source, formed, logical_grad, parse, public_mask, same_per_head,
-                                             same_per_sequence, sdpa_inputs, skeleton)
+                                             same_per_sequence, sdpa_inputs, skeleton, spelling_names)
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
@@ -135,7 +135,7 @@ class SdpaBackend(Backend):
         if self._static_refusal(case) is not None:
             return ("",)
         options = all_spellings(case)
-        taken = [s.name for s, reason in zip(options, self._probe_all(case, options)) if reason is None]
+        taken = [n for n, reason in zip(spelling_names(case), self._probe_all(case, options)) if reason is None]
         return ("", *taken[1:])
 
     def _resolve(self, case: Case) -> Spelling | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -120,21 +121,46 @@ def module_spellings(case: Case) -> list[Spelling]:
 def all_spellings(case: Case) -> list[Spelling]:
     """Every spelling: the mask and GQA ones first (in the order of before), then the mask forms, the explicit
     scale and the module calls."""
-    heads = ("enable_gqa", "repeat_kv") if case.hk < case.h else ("",)
-    masks = mask_spellings(case)
-    base = [Spelling(m, g) for m, g in itertools.product(masks, heads) if m != "float32_mask"]
-    dense = [m for m in masks if m in DENSE]
-    formed = [Spelling(m, g, form=f) for m, f, g in itertools.product(dense, mask_forms(case), heads)
-              if f or m == "float32_mask"]
-    scaled = ([Spelling(s.mask, s.heads, s.form, "explicit_scale") for s in base + formed]
-              if case.scale is None else [])
-    return base + formed + scaled + module_spellings(case)
+    return list(_spelled(case)[0])
+
+
+def spelling_names(case: Case) -> tuple[str, ...]:
+    """The names of all_spellings(case), in its order."""
+    return _spelled(case)[1]
 
 
 def parse(case: Case) -> Spelling | None:
     """The explicitly named spelling of case.spelling, or None when SDPA has no such spelling for this case."""
-    named = {s.name: s for s in all_spellings(case)}
-    return named.get(case.spelling)
+    return _spelled(case)[2].get(case.spelling)
+
+
+def _spelled(case: Case) -> tuple[tuple[Spelling, ...], tuple[str, ...], dict[str, Spelling]]:
+    """all_spellings, their names, and the spellings by name: listed once per case, which is drawn, checked and run
+    twice (its own spelling left out of the key: it changes none of them)."""
+    return _listed(case.replace(spelling="") if case.spelling else case)
+
+
+@lru_cache(maxsize=64)
+def _listed(case: Case) -> tuple[tuple[Spelling, ...], tuple[str, ...], dict[str, Spelling]]:
+    sdpa, names = _sdpa_spellings(mask_spellings(case), mask_forms(case), case.hk < case.h, case.scale is None)
+    modules = tuple(module_spellings(case))
+    options, names = sdpa + modules, names + tuple(s.name for s in modules)
+    return options, names, dict(zip(names, options))
+
+
+@lru_cache(maxsize=256)
+def _sdpa_spellings(masks: tuple[str, ...], forms: tuple[str, ...], gqa: bool,
+                    default_scale: bool) -> tuple[tuple[Spelling, ...], tuple[str, ...]]:
+    """The SDPA call's spellings and their names, from what they depend on: a case's mask spellings, mask forms,
+    whether it is GQA and whether its scale is the default (about a hundred spellings, shared by many cases)."""
+    heads = ("enable_gqa", "repeat_kv") if gqa else ("",)
+    base = [Spelling(m, g) for m, g in itertools.product(masks, heads) if m != "float32_mask"]
+    dense = [m for m in masks if m in DENSE]
+    formed = [Spelling(m, g, form=f) for m, f, g in itertools.product(dense, forms, heads)
+              if f or m == "float32_mask"]
+    scaled = [Spelling(s.mask, s.heads, s.form, "explicit_scale") for s in base + formed] if default_scale else []
+    options = tuple(base + formed + scaled)
+    return options, tuple(s.name for s in options)
 
 
 def formed(mask: torch.Tensor, case: Case, form: str) -> torch.Tensor:

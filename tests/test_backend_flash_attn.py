@@ -165,30 +165,6 @@ def test_grading_through_a_fake_can_fail(monkeypatch, calls):
     assert (verdict.status, verdict.diagnosis) == (V.FAIL, V.MASK_ALIGNMENT)
 
 
-def test_fa2s_packed_entry_points_are_spellings_where_the_api_takes_them(monkeypatch, calls):
-    """kvpacked for every case FA2 takes; qkvpacked only with one length and one head count for q, k and v."""
-    fa2 = installed(monkeypatch, calls, "fa2")
-    gqa = Case(sq=6, skv=6, h=4, hk=2, causal=True, **BF16)
-    assert "kvpacked" in fa2.spellings(gqa) and "causal+window+kvpacked" in fa2.spellings(gqa)
-    assert not any("qkvpacked" in s for s in fa2.spellings(gqa))
-    assert not any("qkvpacked" in s for s in fa2.spellings(Case(sq=6, skv=9, **BF16)))
-    assert "qkvpacked" in fa2.spellings(Case(sq=6, skv=6, **BF16))
-    assert not any("packed" in s for s in FlashAttn3("cpu").spellings(gqa))   # FA3 has no such entry points here
-
-
-@pytest.mark.parametrize("spelling", ["kvpacked", "qkvpacked"])
-def test_a_packed_entry_point_that_reads_v_from_ks_slot_is_caught(monkeypatch, calls, spelling):
-    """Negative control: the same case passes through the correct fake's packed call and fails through the one that
-    reads v from k's slot of the stacked tensor; the unpacked call of the buggy fake still passes."""
-    case = Case(b=2, sq=5, skv=5, h=2, hk=2, causal=True, spelling=spelling, **BF16)
-    t = materialize(case)
-    assert grade(case, t, installed(monkeypatch, calls, "fa2").run(case, t)).status == V.PASS
-    buggy = installed(monkeypatch, calls, "fa2", packed_bug="v_from_k")
-    assert grade(case, t, buggy.run(case, t)).status == V.FAIL
-    plain = case.replace(spelling="")
-    assert grade(plain, t, buggy.run(plain, t)).status == V.PASS
-
-
 # -- (c) capability rules ----------------------------------------------------------------------------------------
 REFUSALS = [
     ("fa2", Case(dtype="float32"), "dtype float32"),

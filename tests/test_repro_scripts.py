@@ -216,28 +216,6 @@ def test_flash_script_makes_the_adapters_call(tmp_path, monkeypatch, name):
     assert [json.loads(comparable(c)) for c in calls] == script_calls
 
 
-PACKED_CASES = [
-    Case(b=2, sq=8, skv=11, h=4, hk=2, seqlens_q=(3, 8), seqlens_kv=(11, 5), causal=True, alignment="bottom_right",
-         dtype="bfloat16", spelling="causal+window+kvpacked"),                        # varlen, GQA
-    Case(b=2, sq=7, skv=7, h=2, hk=2, window=(2, 1), dtype="float16", spelling="qkvpacked", grads=True),   # batched
-    Case(b=2, sq=9, skv=9, h=2, hk=2, layout="thd", seqlens_q=(9, 4), seqlens_kv=(9, 4), causal=True,
-         dtype="bfloat16", spelling="qkvpacked"),                                      # varlen, one cu_seqlens
-]
-
-
-@pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"{c.layout}-{c.spelling}")
-def test_fa2_packed_script_makes_the_adapters_call(tmp_path, monkeypatch, case):
-    """FA2's packed entry points: the script stacks k / v (and q) as the adapter does and calls the same function."""
-    calls: list = []
-    fake_fa.install(monkeypatch, fake_fa.make_fa2(calls))
-    assert FlashAttn2("cpu").unsupported(case) is None, FlashAttn2("cpu").unsupported(case)
-    FlashAttn2("cpu").run(case, materialize(case))
-    assert calls[0]["fn"] == ("flash_attn_varlen_" if case.padded or case.layout == "thd" else "flash_attn_") + \
-        case.spelling.split("+")[-1] + "_func"
-    script_calls = assert_standalone_and_able_to_fail(write(tmp_path, "fa2", case), fake="fa2")
-    assert [json.loads(comparable(c)) for c in calls] == script_calls
-
-
 @pytest.mark.parametrize("name", sorted(FLASH))
 def test_flash_source_spells_what_run_passes(monkeypatch, name):
     """Over cases drawn from the adapter's strategy, the written call reaches the library with the arguments run()
@@ -406,25 +384,3 @@ def test_a_script_exits_2_naming_the_backends_library_where_it_cannot_be_importe
     crash = V.Verdict(V.CRASH, "ModuleNotFoundError", "ModuleNotFoundError: No module named 'flash_attn'")
     crashed = corpus_io.save(tmp_path / "crash", corpus_io.Entry("fa2", case, crash, device="cpu")).with_suffix(".py")
     assert _ran(crashed, env, tmp_path).returncode == 1  # the control: that import error is the bug, still there
-
-
-def test_a_repro_grades_each_gradient_row_with_the_bound_the_fuzzer_graded_it_with(tmp_path):
-    """The script's dV bound of the row the grader named equals that Check's own (k * baseline + floor of that row),
-    and a row of another size has its own bound, not one number for the whole tensor."""
-    from attnfuzz.oracles.grade import Oracle, gradient_check
-    from attnfuzz.oracles.reference import reference
-    case = Case(b=2, sq=4, skv=14, h=6, hk=2, d_qk=32, d_v=32, std=(4.0, 4.0, 1.0), grads=True,
-                values="far_negative", dtype="float32")
-    t = materialize(case)
-    wrong = reference(case, t).dv.float().clone()
-    wrong[1, 3, 0] += 0.1
-    graded = gradient_check(Oracle.of(case, t, family="sdpa"), "dv", wrong, "sdpa")
-    assert graded.ratio > 1
-    path = write(tmp_path, "sdpa-math", case)
-    tree = ast.parse(path.read_text())
-    assign = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") ==
-                  "GRAD_ROW_BOUNDS")
-    bounds = eval(compile(ast.Expression(assign.value), str(path), "eval"), {"torch": torch})
-    row = tuple(graded.index[:-1])
-    assert bounds["dv"][row].item() == pytest.approx(graded.bound, rel=1e-9)
-    assert bounds["dv"].unique().numel() > 1

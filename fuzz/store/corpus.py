@@ -33,6 +33,7 @@ MET_UNCONFIRMED = "met on the way to the shrunk finding: graded once, never reru
 OUT_OF_TIME_UNCONFIRMED = "time ran out before its shrink and its confirming reruns"
 DIED_UNCONFIRMED = "the process died while running it: not rerun"
 
+
 class CorpusError(ValueError):
     """A corpus file that cannot be read; the message names the file and the field."""
 

@@ -333,8 +333,8 @@ def check_grads(out, q, k, v, dout, expected):
 
 
 def _expected_grads(entry, oracle: Oracle, t, small: bool) -> tuple[str, str]:
-    """Source of the constants (graded keys, the bounds the fuzzer graded dQ / dK / dV with) and of main()'s lines
-    binding DOUT and EXPECTED_GRADS."""
+    """Source of the constants (each dQ / dK / dV row's bound, as the fuzzer graded it; inf: a row not graded) and
+    of main()'s lines binding DOUT and EXPECTED_GRADS."""
     bounds = {name: gradient_check(oracle, name, getattr(oracle.ref, name), get_family(entry)).row_bounds
               for name in ("dq", "dk", "dv")}
     constants = ("GRAD_ROW_BOUNDS = {" + ", ".join(f"{n!r}: {literal(b)}" for n, b in bounds.items())

@@ -22,6 +22,7 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.tools import timebox
 
 CANNOT, NOT_RUN, OVER_BUDGET = "cannot run here", "not run", "over the time budget"
+NO_LIMIT = (None, "")   # timebox.until's (deadline, why) for work that runs however long it takes
 
 
 @dataclass
@@ -168,11 +169,13 @@ def _rows(backend, entry: corpus_io.Entry, device: str, isolate: bool, timeout_s
                     return [refused]
             # the entry's own backend loads and runs its spelling whatever it takes; the rest within the limits
             if not (mine and isolate):  # its worker says why it cannot run, in its own words
-                missing = _load_once(backend, loaded, None if isolate else (None, "") if mine else clock.whole())
+                # isolated, workers import the library in processes of their own; else here, the own backend's at once
+                limit = None if isolate else NO_LIMIT if mine else clock.whole()
+                missing = _load_once(backend, loaded, limit)
                 if missing is not None:
                     return [Row(backend.name, "every spelling" if mine else "-", CANNOT, missing,
                                 (_version(backend) if mine else "") or "not installed", own=mine)]
-            limit = (None, "") if mine else clock.one()
+            limit = NO_LIMIT if mine else clock.one()
             with timebox.until(*limit):
                 worker, why = _started(backend, device, timeout_s, isolate)
                 if why is not None:

@@ -70,8 +70,9 @@ def _kernel_refusal(kernel: str, spelling: Spelling, query_dtype) -> str | None:
     """What a kernel refuses by its own check that the dispatcher cannot see, known before the call: the
     memory-efficient kernel takes an additive mask only in the query's dtype."""
     if kernel == "EFFICIENT_ATTENTION" and spelling.mask == "float32_mask" and query_dtype != torch.float32:
-        return (f"{kernel} refuses spelling {spelling.name!r}: its own check raises 'invalid dtype for bias - should "
-                f"match query's dtype' (torch's input check accepts a float32 mask on a half query)")
+        what = KERNEL_CHECKS["invalid dtype for bias"]
+        return (f"{kernel} refuses spelling {spelling.name!r}: its own check of {what} raises 'invalid dtype for "
+                f"bias - should match query's dtype'")
     return None
 
 

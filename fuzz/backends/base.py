@@ -56,6 +56,9 @@ class Backend:
                                    # b > 1 it runs alone and the batch reversed, and the bits must agree (for the
                                    # others that check is an observation; attnfuzz.engine.batch)
     own_processes: bool = False  # runs its kernel in processes of its own already: no isolation worker around it
+    compiles_to_disk: bool = True  # with a compile_key: a build is kept on disk for other processes (FA4's, FlashInfer's,
+                                   # inductor's caches), so a warm-up before the workers start pays; cuDNN's graphs
+                                   # live in the process only
     serves_paged: bool = False   # reads a paged KV cache when the case has one (strategies/paged.py); the others
                                  # would see the same logical k / v, so paged cases are not drawn for them
     build_errors: tuple[str, ...] = ()  # with a compile_key: the exception types of a kernel that fails to build,

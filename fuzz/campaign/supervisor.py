@@ -23,7 +23,7 @@ from pathlib import Path
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import paths
-from attnfuzz.engine import options, poison
+from attnfuzz.engine import options
 from attnfuzz.report.coverage import Coverage
 from attnfuzz.report.build import build_report
 
@@ -211,10 +211,10 @@ def warm_jit_backends(config: dict) -> None:
         env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     for name in config["backends"]:
         try:
-            jit = declares_compile_key(get(name, config["device"]))
+            backend = get(name, config["device"])
         except Exception:  # a custom spec that does not build here: the lanes report it
             continue
-        if not jit:
+        if not declares_compile_key(backend) or not backend.compiles_to_disk:  # nothing a lane could load
             continue
         try:
             done = subprocess.run([sys.executable, "-m", "attnfuzz.engine.warm", name, config["device"]], env=env,

@@ -2,13 +2,16 @@
 (oracles/tolerance.py, FUSED_BACKWARD) on many random cases.
 
     python3 bench/grad_calibration.py [--cases 3000] [--max-len 96] [--seed 0] [--dtypes float16,bfloat16]
+    python3 bench/grad_calibration.py --device cuda --kernels sdpa-flash,sdpa-efficient,sdpa-cudnn,fa2 --cases 1000
 
 The kernels: torch's CPU sdpa-math (upcasts to fp32, D exact) and sdpa-flash (P and dS rounded to the dtype, D taken
 from its own rounded output), bench/planted.py's fp32 kernel and FlashAttention-2's algorithm written out
 (tests/fused_kernels.py: D from the rounded output). Cases come from the case strategy (a plain layout, the vanilla
 softmax, gradients on) with a random source seeded by --seed, so two seeds give two samples. Prints, per kernel,
 dtype and gradient, the cases graded, the failures and the largest error / bound; then the worst check and its case
-for each cell above --show (0.8), and the first failures. Exit 1 when a correct kernel failed.
+for each cell above --show (0.8), and the first failures. Exit 1 when a correct kernel failed. `--kernels` grades
+registry backends instead (on --device), as if they were of the fused family: the evidence a GPU family needs
+before it joins FUSED_BACKWARD. A kernel that refuses a case, or raises on it, is left out of that case.
 """
 
 from __future__ import annotations
@@ -37,12 +40,20 @@ from tests.fused_kernels import flash_algorithm_backward  # noqa: E402
 FAMILY = "fused"
 
 
+def _ran(backend, case, t):
+    try:
+        return backend.run(case, t)
+    except Exception:  # a refusal at call time, or a crash: the fuzzer's to report, not a calibration point
+        return None
+
+
 def outputs(case, t, kernels) -> dict:
     """Each kernel's Output on the case (those that support it). SDPA takes ALiBi only as a bias in the input dtype,
     an error of its API that its own family is allowed (tolerance.BIAS_IN_INPUT_DTYPE) and the fused family is not:
     its kernels run here without ALiBi (sdpa-math bf16 with slopes up to 0.4: dQ 1.65x over the fused bound)."""
-    got = {name: b.run(case, t) for name, b in kernels.items() if b.unsupported(case) is None
+    got = {name: _ran(b, case, t) for name, b in kernels.items() if b.unsupported(case) is None
            and not (name.startswith("sdpa") and case.alibi_slopes is not None)}
+    got = {name: out for name, out in got.items() if out is not None and out.dq is not None}
     if case.softcap is None and case.alibi_slopes is None and case.d_qk == case.d_v:
         out, *grads = flash_algorithm_backward(case, t)
         got["flash-algorithm"] = Output(out, **dict(zip(("dq", "dk", "dv"), (g.to(t.q.dtype) for g in grads))))
@@ -55,6 +66,8 @@ def main() -> int:
     p.add_argument("--max-len", type=int, default=96)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtypes", default="float16,bfloat16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kernels", help="registry backends to grade as fused, comma-separated (default: the CPU set)")
     p.add_argument("--show", type=float, default=0.8, help="print the worst case of each cell above this ratio")
     args = p.parse_args()
     dtypes = tuple(args.dtypes.split(","))
@@ -63,8 +76,14 @@ def main() -> int:
         p.error(f"--dtypes: {', '.join(bad)} has no fused baseline (fp32 / fp64 gradients round nothing before the "
                 f"end); choose float16 and / or bfloat16")
     torch.set_num_threads(1)
-    kernels = {"sdpa-math": get("sdpa-math", "cpu"), "sdpa-flash": get("sdpa-flash", "cpu"),
-               "planted": load_custom("bench.planted:correct")}
+    if args.kernels:
+        kernels = {name: get(name, args.device) for name in args.kernels.split(",")}
+    else:
+        kernels = {"sdpa-math": get("sdpa-math", args.device), "sdpa-flash": get("sdpa-flash", args.device),
+                   "planted": load_custom("bench.planted:correct")}
+    missing = {name: b.available() for name, b in kernels.items() if b.available() is not None}
+    if missing:
+        p.error("--kernels: " + "; ".join(f"{name}: {why}" for name, why in missing.items()))
     space = Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_len=args.max_len, dtypes=dtypes)
     graded, failed, worst, worst_case = Counter(), Counter(), defaultdict(float), {}
     failures: list[str] = []
@@ -78,8 +97,8 @@ def main() -> int:
         if case.paged:
             return
         case = case.replace(grads=True)
-        t = materialize(case)
-        oracle = Oracle.of(case, t, family=FAMILY)
+        t = materialize(case, args.device)
+        oracle = Oracle.of(case, t, device=args.device, family=FAMILY)
         for name, output in outputs(case, t, kernels).items():
             for grad in ("dq", "dk", "dv"):
                 c = gradient_check(oracle, grad, getattr(output, grad), FAMILY, output.out)

@@ -61,20 +61,25 @@ def parts(backend, device: str, space, n: int, seed: int, ipc_cases: int) -> dic
     from attnfuzz.engine.isolate import Worker
     from attnfuzz.oracles.grade import Oracle, grade
     from attnfuzz.strategies.materialize import draw, draw_device, with_storage
+    from attnfuzz.engine.cuda_errors import may_break_context
     cases, draw_s = _drawn(backend, space, n, seed)
-    rows, refused, crashed = [], 0, 0
+    rows, refused, crashed, broken = [], 0, 0, ""
     for case in cases:
         reason, refuse_s = _timed(lambda: backend.unsupported(case), "cpu")
         if reason is not None:
             refused += 1
             rows.append({"refuse": refuse_s, "draw": draw_s})
             continue
-        (drawn, tensors), inputs_s = _timed(lambda: _inputs(case, device, draw, draw_device, with_storage), device)
         try:
+            (drawn, tensors), inputs_s = _timed(lambda: _inputs(case, device, draw, draw_device, with_storage),
+                                                device)
             output, first_s = _timed(lambda: backend.run(case, tensors), device)
             _, kernel_s = _timed(lambda: backend.run(case, tensors), device)
-        except Exception:  # refused at call time or crashed: not a graded case
+        except Exception as e:  # refused at call time or crashed: not a graded case
             crashed += 1
+            if may_break_context(e):  # the process's CUDA context is gone: what was measured stands
+                broken = f"stopped after a CUDA error: {str(e)[:120]}"
+                break
             continue
         o_tensors, o_device = oracle_inputs(case, drawn, tensors, device)
         oracle, oracle_s = _timed(lambda: Oracle.of(case, o_tensors, device=o_device, family=backend.family), device)
@@ -82,7 +87,7 @@ def parts(backend, device: str, space, n: int, seed: int, ipc_cases: int) -> dic
         rows.append({"draw": draw_s, "refuse": refuse_s, "inputs": inputs_s, "build": max(first_s - kernel_s, 0.0),
                      "kernel": kernel_s, "oracle": oracle_s, "grade": grade_s})
     graded = [r for r in rows if "kernel" in r]
-    if graded and ipc_cases:
+    if graded and ipc_cases and not broken:
         with Worker(backend.name, device) as worker:
             sample = [c for c in cases if backend.unsupported(c) is None][:ipc_cases]
             for case in sample:
@@ -92,7 +97,7 @@ def parts(backend, device: str, space, n: int, seed: int, ipc_cases: int) -> dic
                 _, inline = _timed(lambda: run_case(backend, case, device=device), device)
                 graded[sample.index(case) % len(graded)]["ipc"] = max(isolated - inline, 0.0)
     return {"backend": backend.name, "device": device, "cases": len(cases), "refused": refused, "crashed": crashed,
-            "graded": len(graded), "rows": rows}
+            "graded": len(graded), "rows": rows, "broken": broken}
 
 
 def _inputs(case, device, draw, draw_device, with_storage):
@@ -105,7 +110,7 @@ def table(result: dict) -> str:
     total = {p: sum(r.get(p, 0.0) for r in rows) for p in PARTS}
     whole = sum(total.values()) or 1.0
     lines = [f"{result['backend']} on {result['device']}: {result['cases']} cases drawn, {result['graded']} graded, "
-             f"{result['refused']} refused, {result['crashed']} refused at call time or crashed",
+             f"{result['refused']} refused, {result['crashed']} refused at call time or crashed {result['broken']}",
              f"{'part':<8} {'median ms':>10} {'p90 ms':>9} {'share':>6}"]
     for p in PARTS:
         values = sorted(r[p] * 1e3 for r in rows if p in r)
@@ -121,6 +126,7 @@ def rate_once(name: str, device: str, share: float, examples: int, seed: int, sm
     """One search in this process: graded cases per second and compile keys met."""
     from attnfuzz.backends import get
     from attnfuzz.engine.harness import fuzz
+    from attnfuzz.engine.isolate import Worker
     from attnfuzz.engine.profiles import profile
     from attnfuzz.oracles import verdict as V
     from attnfuzz.store import corpus as corpus_io
@@ -134,9 +140,10 @@ def rate_once(name: str, device: str, share: float, examples: int, seed: int, sm
             keys.add(backend.compile_key(case))
 
     start = time.perf_counter()
-    tally, findings = fuzz(backend, device=device, space=space, seed=seed, on_case=on_case,
-                           known=corpus_io.known_bugs(corpus_io.shipped_dir()),
-                           settings=profile("quick", max_examples=examples, database=None))
+    with Worker(name, device) as worker:   # as `attnfuzz run --isolate`: a kernel's CUDA fault costs one case
+        tally, findings = fuzz(backend, device=device, space=space, seed=seed, on_case=on_case, worker=worker,
+                               known=corpus_io.known_bugs(corpus_io.shipped_dir()),
+                               settings=profile("quick", max_examples=examples, database=None))
     wall = time.perf_counter() - start
     return {"share": share, "examples": tally.examples, "graded": len(graded), "seconds": wall,
             "per_s": len(graded) / wall, "keys": len(keys), "findings": [f.verdict.label for f in findings]}
@@ -164,6 +171,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", help="write the results here")
     p.add_argument("--one", help=argparse.SUPPRESS)   # a rate round, run in a fresh process by --rate
+    p.add_argument("--parts-one", action="store_true", help=argparse.SUPPRESS)   # one backend's parts, likewise
     args = p.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -188,14 +196,24 @@ def main() -> None:
                     print(f"{name} round {r} share {share}: {one['graded']} graded of {one['examples']} in "
                           f"{one['seconds']:.1f} s = {one['per_s']:.2f}/s; {one['keys']} compile keys; findings "
                           f"{one['findings']}", flush=True)
-    else:
+    elif args.parts_one:
         from attnfuzz.backends import get
+        space = _space(args.device, small)
+        if args.share is not None:
+            space = space.replace(compiled_share=args.share)
+        print(json.dumps(parts(get(args.backend[0], args.device), args.device, space, args.cases, args.seed,
+                               args.ipc_cases)))
+        return
+    else:   # each backend in a process of its own: one whose kernel breaks the CUDA context stops only itself
         for name in args.backend:
-            backend = get(name, args.device)
-            space = _space(args.device, small)
-            if args.share is not None:
-                space = space.replace(compiled_share=args.share)
-            result = parts(backend, args.device, space, args.cases, args.seed, args.ipc_cases)
+            cmd = [sys.executable, __file__, "--backend", name, "--device", args.device, "--parts-one", "--cases",
+                   str(args.cases), "--seed", str(args.seed), "--space", args.space, "--ipc-cases",
+                   str(args.ipc_cases)] + ([] if args.share is None else ["--share", str(args.share)])
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}")
+                continue
+            result = json.loads(done.stdout.strip().splitlines()[-1])
             results.append(result)
             print(table(result), flush=True)
     if args.json:

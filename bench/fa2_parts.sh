@@ -28,8 +28,9 @@ case $verb in
     parts=${2:?the folder of the parts}; target=${3:?where to install}
     work=$(mktemp -d)
     name=$(awk '{print $2}' "$parts/SHA256SUMS")
+    sums=$(readlink -f "$parts/SHA256SUMS")   # before the cd below: PARTS may be a relative path
     cat "$parts/$name".xz.part-* | xz -d > "$work/$name"
-    (cd "$work" && sha256sum -c "$(readlink -f "$parts/SHA256SUMS")")
+    (cd "$work" && sha256sum -c "$sums")
     python3 -m pip install -q --no-deps --no-index --target "$target" "$work/$name"
     rm -rf "$work"
     echo "fa2_parts: $name installed in $target (PYTHONPATH=$target)";;

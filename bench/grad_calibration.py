@@ -54,7 +54,7 @@ def outputs(case, t, kernels) -> dict:
     got = {name: _ran(b, case, t) for name, b in kernels.items() if b.unsupported(case) is None
            and not (name.startswith("sdpa") and case.alibi_slopes is not None)}
     got = {name: out for name, out in got.items() if out is not None and out.dq is not None}
-    if case.softcap is None and case.alibi_slopes is None and case.d_qk == case.d_v:
+    if case.softcap is None and case.alibi_slopes is None and case.d_qk == case.d_v and t.q.device.type == "cpu":
         out, *grads = flash_algorithm_backward(case, t)
         got["flash-algorithm"] = Output(out, **dict(zip(("dq", "dk", "dv"), (g.to(t.q.dtype) for g in grads))))
     return got

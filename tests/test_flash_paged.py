@@ -81,6 +81,19 @@ def test_kvcache_appends_only_where_the_cache_has_a_slot_per_query(monkeypatch):
         assert graded(backend, tall.replace(spelling=spelling)).status == V.PASS, spelling
 
 
+def test_kvcache_appends_a_gqa_decode_step_only_where_the_cache_holds_the_group(monkeypatch):
+    """One query of a GQA case with no window: flash_api.cpp folds the group into the query's rows before that check,
+    so appending to a one-slot cache with 2 heads per KV head is refused; with a finite window (no fold: "wide"), or a
+    cache as long as the group, it is offered, and every spelling offered runs."""
+    backend = kvcache(monkeypatch, [])
+    step = Case(sq=1, skv=1, h=2, hk=1, d_qk=8, d_v=8, dtype="float16")
+    assert "append" not in backend.spellings(step) and "wide+append" in backend.spellings(step)
+    assert "append" in backend.spellings(step.replace(skv=2))
+    for case in (step, step.replace(skv=2), step.replace(causal=True, window=(0, None))):
+        for spelling in backend.spellings(case):
+            assert graded(backend, case.replace(spelling=spelling)).status == V.PASS, (case, spelling)
+
+
 def test_kvcache_contiguous_cache_and_decode_with_gqa_pass(monkeypatch):
     backend = kvcache(monkeypatch, [])
     for case in (PAGED.replace(page_size=None, spelling="append"),

@@ -114,7 +114,11 @@ def make_fa2(calls: list, kvcache_bug: str | None = None, packed_bug: str | None
             raise RuntimeError("Paged KV cache block size must be divisible by 256")
         lens = cache_seqlens.tolist()
         seqlen_k = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
-        if k is not None and q.shape[1] > seqlen_k:  # flash_api.cpp's check compares the queries, not the keys
+        rows = q.shape[1]   # flash_api.cpp folds a GQA group into one query's rows first, then checks them
+        if (rows == 1 and q.shape[2] > k_cache.shape[2] and min(window_size) < 0 and max(window_size) < 0
+                and q.shape[3] % 8 == 0 and alibi_slopes is None):
+            rows = q.shape[2] // k_cache.shape[2]
+        if k is not None and rows > seqlen_k:  # flash_api.cpp's check compares the queries, not the keys
             raise RuntimeError("If key is supplied, it must have seqlen <= the seqlen of the KV cache")
         if k is not None:   # written into the cache in place, as the kernel does
             for n, start in enumerate(lens):

@@ -60,6 +60,17 @@ def appended(case: Case) -> int:
     return min(case.sq, *case.lens_kv)
 
 
+def compared_rows(case: Case, window: tuple[int, int]) -> int:
+    """The query rows flash_api.cpp compares with the cache's length when k / v are appended ("If key is supplied, it
+    must have seqlen <= the seqlen of the KV cache", though it compares the query): sq, or h / hk for one query of a
+    GQA case with no window, no ALiBi and a head dim that is a multiple of 8, whose heads it folds into the query's
+    rows first (seqlenq_ngroups_swapped). A decode step appending its key to a cache of fewer slots than the group
+    size is refused so."""
+    swapped = (case.sq == 1 and case.h > case.hk and window[0] < 0 and window[1] < 0 and case.d_qk % 8 == 0
+               and case.alibi_slopes is None)
+    return case.h // case.hk if swapped else case.sq
+
+
 def split_spelling(spelling: str) -> tuple[str, bool, bool]:
     """(mask spelling, split, append) from e.g. "causal+window+split+append"."""
     parts = spelling.split("+") if spelling else []
@@ -110,12 +121,15 @@ class FlashAttnKVCache(Backend):
         band, _ = fc.bottom_right_band(case)
         masks = fc.mask_spellings(band, with_negative=False) if band is not None else ("",)
         # no appending into pages several sequences share: a serving cache copies such a page before writing it; and
-        # none with more queries than the cache has slots: flash_api.cpp checks seqlen_q <= the cache's seqlen when k
-        # is given (its message says "key": "If key is supplied, it must have seqlen <= the seqlen of the KV cache")
-        knobs = ["", SPLIT]
-        if appended(case) > 0 and not case.shared_prefix_pages and case.sq <= case.skv:
-            knobs += [APPEND, f"{SPLIT}+{APPEND}"]
-        return tuple("+".join(p for p in (m, k) if p) for m in masks for k in knobs)
+        # none where flash_api.cpp's check of the query's rows against the cache's length refuses it (compared_rows)
+        spelled = []
+        for m in masks:
+            knobs = ["", SPLIT]
+            window = fc.spelled_mask(band, m, case, unbounded=-1)[1] if band is not None else (-1, -1)
+            if appended(case) > 0 and not case.shared_prefix_pages and compared_rows(case, window) <= case.skv:
+                knobs += [APPEND, f"{SPLIT}+{APPEND}"]
+            spelled += ["+".join(p for p in (m, k) if p) for k in knobs]
+        return tuple(spelled)
 
     def unsupported(self, case: Case) -> str | None:
         return first_reason(*capability_refusals(case),

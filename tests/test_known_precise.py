@@ -48,6 +48,27 @@ def test_fa2s_causal_alibi_lse_record_takes_the_plain_causal_band_only():
     assert not _taken("fa2", Case(sq=2, skv=2, causal=True), lse)
 
 
+def test_fa2s_right_bound_clamp_record_takes_the_bands_the_clamp_widens_only():
+    """FA2 reads a right bound >= seqlen_k as unbounded (Dao-AILab/flash-attention#895): a top-left causal band with
+    sq >= 2 skv needs a bottom-right right bound of sq - skv >= skv, which it drops; with sq < 2 skv the bound stays,
+    and a band ignored there is another bug, NEW."""
+    ignored = V.Verdict(V.FAIL, "MASK_IGNORED", "matches attention with no causal mask or window at all")
+    widened = Case(sq=6, skv=3, d_qk=8, d_v=8, dtype="float16", causal=True)
+    assert _taken("fa2-kvcache", widened, ignored) == "fa2-kvcache-FAIL-MASK_IGNORED-547c0401f7c9"
+    assert _taken("fa2-kvcache", widened.replace(sq=9, causal=False, window=(None, 1)), ignored)
+    assert not _taken("fa2-kvcache", widened.replace(sq=5), ignored)                   # right bound 2 < skv: kept
+    assert not _taken("fa2-kvcache", widened.replace(alignment="bottom_right"), ignored)   # right 0: no clamp
+
+
+def test_fa2s_infinite_lse_record_takes_rows_that_see_no_key_only():
+    inf = V.Verdict(V.FAIL, "LSE", "a row with no visible key must have lse -inf, got inf at [0, 0, 0]")
+    empty = Case(sq=2, skv=1, d_qk=8, d_v=8, dtype="float16", causal=True, alignment="bottom_right")
+    assert _taken("fa2", empty.replace(sq=161), inf) == "fa2-FAIL-LSE-3752e49414b9"
+    assert _taken("fa2-kvcache", empty, inf) == "fa2-kvcache-FAIL-LSE-bef0440b0d7f"
+    other = V.Verdict(V.FAIL, "LSE", "lse: worst of 2 rows at [0, 0, 1]: diff_max=0.5")
+    assert not _taken("fa2-kvcache", empty, other)                                     # an LSE off elsewhere: NEW
+
+
 @pytest.mark.parametrize("case, empty", [
     (Case(sq=5, skv=2, causal=True, alignment="bottom_right"), True),     # rows 0-2 before the diagonal
     (Case(sq=5, skv=2, causal=True), False),                               # top-left: row i sees key 0

@@ -11,7 +11,11 @@ denominator; output is [b, s, h*d_v] / [s, b, h*d_v] / [t, h*d_v].
 Knobs on FakeTE: `misroute` (run another backend's submodule than the one selected), `misrecord` (record another
 selection than the one run), `cache_selection` (reuse the last selection when the params match, as TE does, unless
 the record is marked stale), `flash_impl` (run FlashAttention through a flash-attn module the way TE 2.20.2 calls FA4:
-causal = "causal" in the mask type and window_size as check_set_window_size left it, e.g. (-1, 0)).
+causal = "causal" in the mask type and window_size as check_set_window_size left it, e.g. (-1, 0)), and three that
+each mishandle one argument form: `mask_type_exact` (no normalisation of 'padding,causal' and the like: a string
+outside the canonical types is read as no_mask), `causal_unbounded_window` (a causal type given window (-1, -1)
+reads the right -1 as unbounded and drops the causal bound), `inferred_max_seqlen` (thd without max_seqlen: bands
+aligned by the rounded-up longest lengths instead of each sequence's).
 """
 
 from __future__ import annotations
@@ -56,9 +60,12 @@ def check_set_window_size(mask_type, window):
 class FakeTE:
     """One fake TE install: records constructor and forward calls; knobs as in the module docstring."""
 
-    def __init__(self, misroute=None, misrecord=None, cache_selection=True, flash_impl=None):
+    def __init__(self, misroute=None, misrecord=None, cache_selection=True, flash_impl=None, mask_type_exact=False,
+                 causal_unbounded_window=False, inferred_max_seqlen=False):
         self.misroute, self.misrecord, self.cache_selection = misroute, misrecord, cache_selection
         self.flash_impl = flash_impl
+        self.mask_type_exact, self.causal_unbounded_window = mask_type_exact, causal_unbounded_window
+        self.inferred_max_seqlen = inferred_max_seqlen
         self.inits, self.forwards = [], []
         self.record = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
                        "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
@@ -120,6 +127,18 @@ def fa4_passthrough(fa4_cute):
         out = out.reshape(*out.shape[:2], out.shape[2] * out.shape[3])
         return out.transpose(0, 1) if spec["fmt"] == "sbhd" else out
     return run
+
+
+MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_bottom_right", "padding_causal_bottom_right",
+              "arbitrary")
+
+
+def normalised(fake, mask_type):
+    """TE's reading of an attn_mask_type string: commas as underscores, 'causal_padding' as 'padding_causal'."""
+    if fake.mask_type_exact:
+        return mask_type if mask_type in MASK_TYPES else "no_mask"
+    mask_type = mask_type.replace(",", "_")
+    return "padding_causal" if mask_type == "causal_padding" else mask_type
 
 
 class _FakeDPA(torch.nn.Module):
@@ -184,8 +203,12 @@ class _FakeDPA(torch.nn.Module):
                                        bottom_right_diagonal=bottom_right_diagonal,
                                        core_attention_bias_type=core_attention_bias_type,
                                        alibi_slopes=alibi_slopes, **rest))
-        mask_type = attn_mask_type if attn_mask_type is not None else self.mask_type
-        window = check_set_window_size(mask_type, window_size if window_size is not None else self.window)
+        mask_type = normalised(self.fake, attn_mask_type if attn_mask_type is not None else self.mask_type)
+        given = window_size if window_size is not None else self.window
+        window = check_set_window_size(mask_type, given)
+        causal = "causal" in mask_type
+        if self.fake.causal_unbounded_window and causal and given == (-1, -1):
+            causal, window = False, given
         brd = bottom_right_diagonal if bottom_right_diagonal is not None else self.brd
         if mask_type in ("causal", "padding_causal"):
             brd = False
@@ -201,7 +224,9 @@ class _FakeDPA(torch.nn.Module):
         if self.fake.misrecord:
             self.fake.record.update({f: b == self.fake.misrecord for b, f in FLAG.items()})
         ran = self.fake.misroute or selected
-        spec = dict(fmt=fmt, mask_type=mask_type, window=window, brd=brd, softcap=softcap, alibi=alibi_slopes,
+        inferred = self.fake.inferred_max_seqlen and fmt == "thd" and max_seqlen_q is None
+        spec = dict(fmt=fmt, mask_type=mask_type, causal=causal, window=window, brd=brd, softcap=softcap,
+                    alibi=alibi_slopes, inferred=inferred,
                     attention_mask=attention_mask, cu_q=cu_seqlens_q, cu_k=cu_seqlens_kv, scale=self.scale,
                     sink=self.softmax_offset if self.softmax_type != "vanilla" else None,
                     cross=self.attention_type == "cross")
@@ -235,11 +260,13 @@ def _compute(spec, q, k, v):
         lens_q, lens_k = _lengths(spec, b, q.shape[1], k.shape[1])
         seqs = [(q[n, :lens_q[n]], k[n, :lens_k[n]], v[n, :lens_k[n]]) for n in range(b)]
     left, right = (None if w < 0 else w for w in spec["window"])
-    if "causal" in spec["mask_type"]:
+    if spec["causal"]:
         right = 0
     outs = []
     for n, (q_n, k_n, v_n) in enumerate(seqs):
         off = lens_k[n] - lens_q[n] if spec["brd"] else 0
+        if spec["inferred"] and spec["brd"]:   # the rounded-up longest lengths, as TE infers max_seqlen for thd
+            off = -(-max(lens_k) // 64) * 64 - -(-max(lens_q) // 64) * 64
         keep = band_keep(lens_q[n], lens_k[n], off, left, right, q.device)
         if spec["mask_type"] == "arbitrary":
             keep = keep & ~spec["attention_mask"][n % spec["attention_mask"].shape[0], 0, :lens_q[n], :lens_k[n]]

@@ -6,8 +6,8 @@
     flashinfer-paged-prefill    BatchPrefillWithPagedKVCacheWrapper               paged KV cache (paged cases only)
     flashinfer-paged-decode     BatchDecodeWithPagedKVCacheWrapper                paged KV cache, one query each
 
-Spellings: "" = kv_layout "NHD", "hnd" = "HND" (the pool's pages head-major; single entry points take k / v head-major).
-Conventions and refusals are in flashinfer/common.py. Each backend draws its own cases: the general strategy's,
+Spellings (kv_layout, the pool as one tensor, the window / custom masks, sm_scale None, logits_soft_cap 0, return_lse,
+use_tensor_cores) are in flashinfer/spelling.py; conventions and refusals in flashinfer/common.py. Each backend draws its own cases: the general strategy's,
 narrowed, moved to the head dims FlashInfer takes, and for decode one query per sequence at the end of its cache.
 """
 
@@ -20,6 +20,7 @@ import torch
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash.common import cuda_arch
 from attnfuzz.backends.flashinfer import common as fic
+from attnfuzz.backends.flashinfer import spelling as fis
 from attnfuzz.backends.layout import cu_seqlens, pack, unpack
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
@@ -100,15 +101,28 @@ class FlashInferBackend(Backend):
             (self.paged is not False and case.paged and 0 in case.lens_kv,
              "an empty KV cache (cache length 0): kv_last_page_len must be in 1..page_size"),
             (case.layout == "thd" and self.single, f"{self.entry}: one request has no packed layout"),
-            (self.paged is False and case.spelling == "hnd" and not self.single,
+            (self.paged is False and case.spelling.split("+")[0] == "hnd" and not self.single,
              f"{self.entry} takes ragged k / v as NHD only"),
         ]
 
     def unsupported(self, case: Case) -> str | None:
-        return first_reason(*fic.capability_refusals(case), *self.refusals(case))
+        return first_reason(*fic.capability_refusals(case), *self.refusals(case),
+                            (case.spelling not in self.spellings(case),
+                             f"spelling={case.spelling!r} is not one of {self.entry}'s spellings for this case "
+                             f"(flashinfer/spelling.py)"))
+
+    @property
+    def entry_point(self) -> fis.EntryPoint:
+        return fis.EntryPoint(self.single, self.decode, self.paged is not False, not isinstance(self, SingleDecode))
 
     def spellings(self, case: Case) -> tuple[str, ...]:
-        return ("", "hnd") if (self.single or case.paged) else ("",)
+        return fis.spelling_names(self.entry_point, case)
+
+    def spelled(self, case: Case) -> fis.Spelling:
+        spelling = fis.parse(self.entry_point, case)
+        if spelling is None:
+            raise Unsupported(self.unsupported(case) or f"spelling={case.spelling!r} is unknown")
+        return spelling
 
     def fitted(self, case: Case) -> Case:
         """A drawn case moved to what this entry point takes by construction: its head dims, one query (decode)."""
@@ -125,24 +139,24 @@ class FlashInferBackend(Backend):
 
     def compile_key(self, case: Case) -> tuple | None:
         """The JIT module FlashInfer builds (its URI: entry point, q / kv / out dtypes, head dims, position encoding,
-        sliding window on, soft cap on, kernel backend). Causal or not, GQA group size, page size, kv_layout, lengths
-        and batch are dispatched inside one module."""
-        bounds, _ = fic.band(case)
-        if bounds is None:
+        sliding window on, soft cap on, kernel backend; decode: tensor cores or not). Causal or custom mask, GQA group
+        size, page size, kv_layout, lengths and batch are dispatched inside one module."""
+        spelling = fis.parse(self.entry_point, case)
+        if fic.band(case)[0] is None or spelling is None:
             return None
-        _, window_left = bounds
-        return (self.entry, case.dtype, case.d_qk, case.d_v, window_left >= 0, case.softcap is not None,
-                self.kernel_backend)
+        kw = self.kwargs(case)
+        return (self.entry, case.dtype, case.d_qk, case.d_v, kw["window_left"] >= 0, bool(kw["logits_soft_cap"]),
+                self.kernel_backend, bool(spelling.cores))
 
     def repro_source(self, case: Case) -> str | None:
         from attnfuzz.backends.flashinfer.repro import flashinfer_source
         return flashinfer_source(self, case)
 
     def kwargs(self, case: Case) -> dict:
-        """The keyword arguments every entry point shares: causal (prefill only), window, scale, soft cap."""
+        """The keyword arguments every entry point shares, in the case's spelling: causal (prefill only), window,
+        scale, soft cap."""
         (causal, window_left), _ = fic.band(case)
-        out = {"sm_scale": case.softmax_scale, "window_left": window_left, "logits_soft_cap": case.softcap}
-        return out if self.decode else {"causal": causal, **out}
+        return fis.kwargs(case, self.spelled(case), causal, window_left, self.decode)
 
     def call(self, case: Case, t: Tensors) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
@@ -158,36 +172,51 @@ class FlashInferBackend(Backend):
             if refused is None:
                 raise
             raise refused from e
-        layout = fic.KV_LAYOUTS[case.spelling]
+        spelling = self.spelled(case)
+        forms = spelling.name.removeprefix(spelling.layout).lstrip("+")   # the parts beyond kv_layout
         return Output(out=unpack(out.detach(), case.lens_q, case.sq), lse=fic.natural_lse(lse, case),
-                      ran=f"{self.entry}(kv_layout={layout}, backend={self.kernel_backend})")
+                      ran=f"{self.entry}(kv_layout={spelling.kv_layout}, backend={self.kernel_backend}"
+                          + (f", {forms})" if forms else ")"))
 
 
-def _single_kv(case: Case, x: torch.Tensor) -> torch.Tensor:
+def _single_kv(spelling: fis.Spelling, case: Case, x: torch.Tensor) -> torch.Tensor:
     kv = x[0, :case.lens_kv[0]]
-    return kv.transpose(0, 1).contiguous() if case.spelling == "hnd" else kv
+    return kv.transpose(0, 1).contiguous() if spelling.layout else kv
+
+
+def _returned(result, return_lse: bool):
+    """(out, lse or None) from an entry point called with return_lse."""
+    return result if return_lse else (result, None)
 
 
 class SinglePrefill(FlashInferBackend):
     name, entry, single = "flashinfer-single-prefill", "single_prefill_with_kv_cache", True
 
     def call(self, case, t):
-        fi = self._module()
-        return fi.single_prefill_with_kv_cache(
-            t.q[0, :case.lens_q[0]], _single_kv(case, t.k), _single_kv(case, t.v),
-            kv_layout=fic.KV_LAYOUTS[case.spelling], backend=self.kernel_backend, return_lse=True, **self.kwargs(case))
+        fi, spelling = self._module(), self.spelled(case)
+        lse = not spelling.lse
+        result = fi.single_prefill_with_kv_cache(
+            t.q[0, :case.lens_q[0]], _single_kv(spelling, case, t.k), _single_kv(spelling, case, t.v),
+            **fis.mask_kwargs(case, spelling, t, single=True), kv_layout=spelling.kv_layout,
+            backend=self.kernel_backend, return_lse=lse, **self.kwargs(case))
+        return _returned(result, lse)
 
 
 class SingleDecode(FlashInferBackend):
     name, entry, single, decode = "flashinfer-single-decode", "single_decode_with_kv_cache", True, True
 
     def call(self, case, t):
-        fi = self._module()
+        fi, spelling = self._module(), self.spelled(case)
         if case.lens_q[0] == 0:
             return t.q.new_zeros(0, case.h, case.d_v), None
-        out = fi.single_decode_with_kv_cache(t.q[0, 0], _single_kv(case, t.k), _single_kv(case, t.v),
-                                             kv_layout=fic.KV_LAYOUTS[case.spelling], **self.kwargs(case))
-        return out[None], None
+        lse = bool(spelling.lse)
+        extra = {"use_tensor_cores": True} if spelling.cores else {}
+        if lse:
+            extra["return_lse"] = True
+        out, lse = _returned(fi.single_decode_with_kv_cache(
+            t.q[0, 0], _single_kv(spelling, case, t.k), _single_kv(spelling, case, t.v),
+            kv_layout=spelling.kv_layout, **extra, **self.kwargs(case)), lse)
+        return out[None], None if lse is None else lse[None]
 
 
 class _Wrapped(FlashInferBackend):
@@ -201,43 +230,49 @@ class Ragged(_Wrapped):
     name, entry = "flashinfer-ragged", "BatchPrefillWithRaggedKVCacheWrapper"
 
     def call(self, case, t):
-        fi = self._module()
-        device = t.q.device
+        fi, spelling = self._module(), self.spelled(case)
+        device, lse = t.q.device, not spelling.lse
         wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace(device), "NHD", backend=self.kernel_backend)
         wrapper.plan(fic.qo_indptr(case, device), cu_seqlens(case.lens_kv, device), case.h, case.hk, case.d_qk,
-                     q_data_type=t.q.dtype, kv_data_type=t.k.dtype, **self.kwargs(case))
-        return wrapper.run(pack(t.q, case.lens_q), pack(t.k, case.lens_kv), pack(t.v, case.lens_kv),
-                           return_lse=True)
+                     **fis.mask_kwargs(case, spelling, t, single=False), q_data_type=t.q.dtype,
+                     kv_data_type=t.k.dtype, **self.kwargs(case))
+        return _returned(wrapper.run(pack(t.q, case.lens_q), pack(t.k, case.lens_kv), pack(t.v, case.lens_kv),
+                                     return_lse=lse), lse)
 
 
 class PagedPrefill(_Wrapped):
     name, entry, paged = "flashinfer-paged-prefill", "BatchPrefillWithPagedKVCacheWrapper", True
 
     def call(self, case, t):
-        fi = self._module()
-        device, layout = t.q.device, fic.KV_LAYOUTS[case.spelling]
+        fi, spelling = self._module(), self.spelled(case)
+        device, layout, lse = t.q.device, spelling.kv_layout, not spelling.lse
         cache = paged_kv(case, t.k, t.v)
         indptr, indices, last = fic.paged_metadata(cache)
         wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace(device), layout, backend=self.kernel_backend)
         wrapper.plan(fic.qo_indptr(case, device), indptr, indices, last, case.h, case.hk, case.d_qk,
-                     case.page_size, q_data_type=t.q.dtype, kv_data_type=t.k.dtype, **self.kwargs(case))
-        return wrapper.run(pack(t.q, case.lens_q), fic.kv_pages(cache, layout), return_lse=True)
+                     case.page_size, **fis.mask_kwargs(case, spelling, t, single=False), q_data_type=t.q.dtype,
+                     kv_data_type=t.k.dtype, **self.kwargs(case))
+        pages = fis.paged_cache(*fic.kv_pages(cache, layout), spelling)
+        return _returned(wrapper.run(pack(t.q, case.lens_q), pages, return_lse=lse), lse)
 
 
 class PagedDecode(_Wrapped):
     name, entry, paged, decode = "flashinfer-paged-decode", "BatchDecodeWithPagedKVCacheWrapper", True, True
 
     def call(self, case, t):
-        fi = self._module()
-        device, layout = t.q.device, fic.KV_LAYOUTS[case.spelling]
+        fi, spelling = self._module(), self.spelled(case)
+        device, layout, lse = t.q.device, spelling.kv_layout, not spelling.lse
         cache = paged_kv(case, t.k, t.v)
         indptr, indices, last = fic.paged_metadata(cache)
-        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace(device), layout, backend=self.kernel_backend)
+        cores = {"use_tensor_cores": True} if spelling.cores else {}
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace(device), layout, **cores,
+                                                        backend=self.kernel_backend)
         wrapper.plan(indptr, indices, last, case.h, case.hk, case.d_qk, case.page_size, q_data_type=t.q.dtype,
                      kv_data_type=t.k.dtype, **self.kwargs(case))
-        out, lse = wrapper.run(t.q[:, 0], fic.kv_pages(cache, layout), return_lse=True)
+        pages = fis.paged_cache(*fic.kv_pages(cache, layout), spelling)
+        out, lse = _returned(wrapper.run(t.q[:, 0], pages, return_lse=lse), lse)
         keep = [n for n, count in enumerate(case.lens_q) if count]   # one row per sequence; drop those with none
-        return out[keep], lse[keep]
+        return out[keep], None if lse is None else lse[keep]
 
 
 BACKENDS = {cls.name: cls for cls in (SinglePrefill, SingleDecode, Ragged, PagedPrefill, PagedDecode)}

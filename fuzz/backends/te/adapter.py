@@ -19,12 +19,13 @@ unfused thd crashes when no query token is left.
 from __future__ import annotations
 
 import importlib
+import warnings
 
 import torch
 
 from attnfuzz.backends.flash import common as fc
 from attnfuzz.backends.te import selection as sel
-from attnfuzz.backends.te.call import band_kind, flash_call, is_cross, te_call, te_mask
+from attnfuzz.backends.te.call import MASK_TYPE_ALIASES, band_kind, flash_call, is_cross, te_call, te_mask
 from attnfuzz.backends.te.repro import te_source
 from attnfuzz.backends.flash.fa4 import DEFAULT_ARCH, head_dim_reason as fa4_head_dim_reason
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
@@ -68,24 +69,38 @@ def te_version() -> str:
 
 DTYPES = {sel.FLASH: ("float16", "bfloat16"), sel.FUSED: ("float16", "bfloat16"),
           sel.UNFUSED: ("float16", "bfloat16", "float32")}
-SPELLINGS = ("", "window", "explicit-window", "wide", "padding", "attention_mask", "cross", "forward-args",
-             "arbitrary")
+SPELLINGS = ("", "window", "explicit-window", "unbounded-window", "wide", "padding", "attention_mask",
+             "comma-mask-type", "causal-padding", "no-max-seqlen", "cross", "forward-args", "arbitrary")
 
 
 def applicable_spellings(case: Case, backend: str) -> tuple[str, ...]:
-    """The TE spellings that express this case ("" is the default) and that `backend` can take."""
+    """The TE spellings that express this case ("" is the default) and that `backend` can take:
+    window / explicit-window / wide   causal as no_mask + (left, 0); causal + (-1, 0); unbounded sides as wide bounds
+    unbounded-window                  window_size (-1, -1) for a full band or a causal one unbounded on the left
+                                      (check_set_window_size turns it into (-1, 0) for causal types, with a warning)
+    padding / attention_mask          a padding mask type with full-length cu_seqlens / the padding as boolean
+                                      attention_mask tensors (bshd / sbhd; TE derives cu_seqlens from them)
+    comma-mask-type / causal-padding  the mask type as 'padding,causal' (and the like) / 'causal,padding'
+    no-max-seqlen                     thd without max_seqlen_q / max_seqlen_kv (TE rounds the longest up to 64)
+    cross / forward-args / arbitrary  attention_type "cross"; mask arguments in forward(); the band as a dense mask"""
     kind = band_kind(case)
     if kind == "arbitrary":
         return ("",)
     names = [""]
     if kind == "causal":
-        names += ["window", "explicit-window"] if case.left is None else ["window"]
+        names += ["window", "explicit-window", "unbounded-window"] if case.left is None else ["window"]
+    if kind == "full":
+        names.append("unbounded-window")
     if None in (case.left, case.right):
         names.append("wide")
     if case.layout != "thd" and not case.padded:
         names.append("padding")
-    if case.layout != "thd" and case.padded:
+    if case.layout != "thd":
         names.append("attention_mask")
+    mask_type, _ = te_mask(case.replace(spelling=""))
+    names += [s for s in MASK_TYPE_ALIASES if mask_type in MASK_TYPE_ALIASES[s]]
+    if case.layout == "thd":
+        names.append("no-max-seqlen")
     if not is_cross(case):
         names.append("cross")
     names.append("forward-args")
@@ -216,7 +231,9 @@ class TransformerEngineAttention(Backend):
         leaves = tuple(x.detach().requires_grad_(case.grads) for x in (tensors.q, tensors.k, tensors.v))
         logical = Tensors(*leaves, tensors.mask, tensors.sink, tensors.alibi, tensors.dout)
         init, args, kwargs = te_call(case, logical, self.te_backend)
-        with sel.forced_backend(self.te_backend):
+        with sel.forced_backend(self.te_backend), warnings.catch_warnings():
+            # unbounded-window: TE warns as it turns a causal type's (-1, -1) into (-1, 0), the spelling's point
+            warnings.filterwarnings("ignore", message="window_size should be")
             dpa = te.DotProductAttention(**init)
             dpa.train(case.grads)
             if case.softmax == "learnable":

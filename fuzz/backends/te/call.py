@@ -1,5 +1,6 @@
 """The DotProductAttention call for a case and its spelling: TE's mask type and window, the padding masks, and the
-constructor and forward arguments. Shared by the adapter's run() and its repro writer."""
+constructor and forward arguments. Shared by the adapter's run() and its repro writer; adapter.py lists which
+spelling applies to which case."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
 SOFTMAX_TYPES = {"vanilla": "vanilla", "off_by_one": "off-by-one", "learnable": "learnable"}
+# the attn_mask_type strings TE normalises to the canonical ones (replace(",", "_"), then "causal_padding" ->
+# "padding_causal", in DotProductAttention.__init__ and forward; the docstring names 'padding,causal' and
+# 'causal,padding'): spelling -> canonical type -> the string passed
+MASK_TYPE_ALIASES = {
+    "comma-mask-type": {"padding_causal": "padding,causal", "padding_causal_bottom_right": "padding,causal_bottom_right",
+                        "causal_bottom_right": "causal,bottom_right"},
+    "causal-padding": {"padding_causal": "causal,padding"},
+}
 
 
 def band_kind(case: Case) -> str:
@@ -35,6 +44,8 @@ def te_mask(case: Case) -> tuple[str, tuple[int, int] | None]:
         mask_type = "causal_bottom_right" if case.alignment == "bottom_right" else "causal"
         if spelling == "wide":
             window = (wide if left is None else left, 0)
+        elif spelling == "unbounded-window":   # check_set_window_size turns (-1, -1) into (-1, 0) for causal types
+            window = (-1, -1)
         elif spelling == "explicit-window" or left is not None:
             window = (-1 if left is None else left, 0)
         else:
@@ -43,7 +54,10 @@ def te_mask(case: Case) -> tuple[str, tuple[int, int] | None]:
         mask_type, window = "no_mask", None
         if kind != "full" or spelling == "wide":
             window = (wide if left is None else left, wide if right is None else right)
-    if (case.padded or case.layout == "thd" or spelling == "padding") and mask_type != "arbitrary":
+        elif spelling == "unbounded-window":
+            window = (-1, -1)
+    padding = case.padded or case.layout == "thd" or spelling in ("padding", "attention_mask")
+    if padding and mask_type != "arbitrary":
         mask_type = "padding" if mask_type == "no_mask" else f"padding_{mask_type}"
     return mask_type, window
 
@@ -83,10 +97,13 @@ def te_call(case: Case, t: Tensors, backend: str) -> tuple[dict, tuple, dict]:
             "softmax_scale": case.scale, "softmax_type": SOFTMAX_TYPES[case.softmax]}
     lens = (case.lens_q, case.lens_kv, case.lens_kv) if case.layout == "thd" else ((), (), ())
     args = tuple(to_layout(case, x, n) for x, n in zip((t.q, t.k, t.v), lens))
+    init["attn_mask_type"] = MASK_TYPE_ALIASES.get(spelling, {}).get(mask_type, mask_type)
     kwargs = {}
     if padded and mask_type != "arbitrary" and spelling != "attention_mask":
         kwargs.update(cu_seqlens_q=cu_seqlens(case.lens_q, t.q.device), cu_seqlens_kv=cu_seqlens(case.lens_kv,
-                      t.q.device), max_seqlen_q=case.sq, max_seqlen_kv=case.skv)
+                      t.q.device))
+        if spelling != "no-max-seqlen":   # thd: TE rounds the longest sequence up to a multiple of 64 itself
+            kwargs.update(max_seqlen_q=case.sq, max_seqlen_kv=case.skv)
     if spelling == "attention_mask":
         masks = (padding_mask(case.lens_q, case.sq, t.q.device), padding_mask(case.lens_kv, case.skv, t.q.device))
         kwargs["attention_mask"] = masks if cross else masks[0]

@@ -35,13 +35,20 @@ def main() -> None:
     torch.set_num_threads(1)
     space = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64) if args.space == "small" else Space()
     ratios: list[float] = []
+    worst: list = [0.0, None, None]
+
+    def seen(case, verdict, tally) -> None:
+        ratios.append(verdict.ratio)
+        if verdict.ratio > worst[0]:
+            worst[:] = [verdict.ratio, case, verdict.checks[0] if verdict.checks else ""]
     t0 = time.time()
     tally, findings = fuzz(get("tests.fp8_kernels:fp8_attention"), space=space, seed=args.seed,
                            settings=profile("ci", max_examples=args.cases, derandomize=False),
-                           on_case=lambda c, v, t: ratios.append(v.ratio))
+                           on_case=seen)
     ratios.sort()
     print(f"fp8_attention: {len(ratios)} cases, {dict(tally.labels)}, {len(findings)} findings, largest ratio "
           f"{ratios[-1]:.3f}, 99th percentile {ratios[int(0.99 * (len(ratios) - 1))]:.3f}, {time.time() - t0:.0f} s")
+    print(f"    worst: {worst[1]!r}: {worst[2]}")
     for f in findings:
         print(f"    {f.verdict.label} {f.case!r}: {f.verdict.message[:300]}")
     for bug in BUGS:

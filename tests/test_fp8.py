@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.grade import grade
 from attnfuzz.oracles.reference import reference
 from attnfuzz.oracles.verdict import Output
+from attnfuzz.store import corpus as corpus_io
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import LARGEST, TORCH_FP8
 from attnfuzz.strategies.materialize import draw
@@ -142,3 +146,17 @@ def test_each_planted_fp8_bug_is_found_and_shrunk(bug, labels):
             c = f.case
             assert c.b == 1 and c.sq <= 2 and c.skv <= 2 and c.h <= 2 and c.d_qk <= 8, c   # shrunk
             assert c.fp8 is not None
+
+
+@pytest.mark.parametrize("kernel, code", [("no_saturation", 1), ("fp8_attention", 0)])
+def test_an_fp8_findings_repro_script_hands_the_kernel_its_encodings(tmp_path, kernel, code):
+    """The repro of a custom FP8 kernel calls it through the adapter with the case's encodings and descales: it
+    exits 1 on the planted bug and 0 on the correct kernel (the control)."""
+    case = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", fp8=("e4m3",) * 3, fp8_out="e4m3",
+                fp8_scales="saturating")
+    assert run_case(get(f"tests.fp8_kernels:{kernel}"), case).status == (V.FAIL if code else V.PASS)
+    verdict = V.Verdict(V.FAIL, V.NONFINITE, "planted")
+    script = corpus_io.save(tmp_path, corpus_io.Entry(f"tests.fp8_kernels:{kernel}", case, verdict)).with_suffix(".py")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=root, timeout=300)
+    assert result.returncode == code, result.stdout + result.stderr

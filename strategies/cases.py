@@ -200,12 +200,14 @@ def attention_cases(draw, space: Space = Space()) -> Case:
 
 
 def _fp8(draw, space: Space, paged: bool) -> dict:
-    """The FP8 fields of a case (strategies/fp8.py), drawn last: one format for q, k and v, or one each a time in four;
-    the output's format, P's, the scale granularity (per page only on a paged case) and how the scales are drawn.
+    """The FP8 fields of a case (strategies/fp8.py), drawn last: one format for q, k and v, or one each a time in four,
+    and q left in the dtype a time in four; the output's format, P's, the scale granularity (per page only on a paged case) and how the scales are drawn.
     Shrinks toward e4m3 everywhere, an output in the dtype, P kept wide, one scale per tensor, unit scales."""
     formats = space.fp8_formats
     one = pick(draw, formats)
     fp8 = tuple(pick(draw, formats) for _ in range(3)) if len(formats) > 1 and coin(draw, 4) else (one,) * 3
+    if space.fp8_plain_q and coin(draw, 4):   # q in the dtype, K and V in FP8 (an FP8 KV cache)
+        fp8 = (None, *fp8[1:])
     scalings = tuple(s for s in space.fp8_scalings if s != "page" or paged) or ("tensor",)
     return dict(fp8=fp8, fp8_out=pick(draw, space.fp8_outputs), fp8_p=pick(draw, space.fp8_ps),
                 fp8_scaling=pick(draw, scalings), fp8_scales=pick(draw, SCALE_KINDS))

@@ -20,7 +20,7 @@ that has them all (`witness_case`).
 - buffer: the least plain Case.storage of q, k and v.
 - spelling_form: the backend's default spelling ("") or another.
 - softcapped, alibi_bias: off / on.
-- fp8: FP8 inputs (strategies/fp8.py): off, e4m3 or e5m2 (all three of q, k, v), mixed.
+- fp8: FP8 inputs (strategies/fp8.py): off, e4m3 or e5m2 (all three of q, k, v), mixed, kv (q unquantised).
 - len_q, len_kv: the padded length of each side: 1; decode (queries only: at most 16 over 512 keys or more); edge
   (63..160 within 1 of a multiple of 64: a partial or a just-full tile); small (up to 160); long_edge (over 160,
   within 1 of a multiple of 64); long.
@@ -182,8 +182,9 @@ FEATURES: tuple[Feature, ...] = (
     _field("softmax", SOFTMAXES),
     Feature("len_q", ("1", "decode", "small", "edge", "long", "long_edge"), len_q_class, _len_q),
     Feature("len_kv", ("1", "small", "edge", "long", "long_edge"), lambda c: length_class(c.skv), _len_kv),
-    Feature("fp8", ("off", "e4m3", "e5m2", "mixed"), fp8_class,
-            lambda v, c: c.replace(fp8=None if v == "off" else ("e4m3", "e5m2", "e4m3") if v == "mixed" else (v,) * 3,
+    Feature("fp8", ("off", "e4m3", "e5m2", "mixed", "kv"), fp8_class,
+            lambda v, c: c.replace(fp8=None if v == "off" else ("e4m3", "e5m2", "e4m3") if v == "mixed" else
+                                   (None, "e4m3", "e4m3") if v == "kv" else (v,) * 3,
                                    fp8_out=None, fp8_p=None, fp8_scaling="tensor", fp8_scales="unit")),
 )
 BY_NAME = {f.name: f for f in FEATURES}

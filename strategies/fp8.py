@@ -1,7 +1,8 @@
 """FP8 attention in the case language: the formats, the scales, and inputs whose FP8 encodings are exact.
 
 A case with `fp8` set (formats of q, k, v: "e4m3" is float8_e4m3fn, largest 448; "e5m2" is float8_e5m2, largest
-57344) hands the kernel q, k and v as FP8 encodings plus descales: a real value is encoding * descale. Quantisation is
+57344; None for q: q stays in the case's dtype, as FlashInfer's FP8 KV caches take it) hands the kernel q, k and v as
+FP8 encodings plus descales: a real value is encoding * descale (an unquantised q has descales of 1). Quantisation is
 outside the kernel: the encodings are drawn, so the dequantised values that the oracle reads are exact (an encoding
 has at most 4 significant bits and a descale at most DESCALE_BITS, so their product is exact in float32).
 
@@ -45,9 +46,9 @@ FP8_SEED = 0xF8F8_5EED                               # the scales' generator is 
 
 def check_fields(case, check) -> None:
     """The FP8 fields' rules (strategies/case.py calls it; `check(ok, name, value, want)` raises naming the field)."""
-    check(case.fp8 is None or (isinstance(case.fp8, tuple) and len(case.fp8) == 3
-                               and all(f in FORMATS for f in case.fp8)), "fp8", case.fp8,
-          f"None (not FP8) or three of {FORMATS}, for q, k and v")
+    check(case.fp8 is None or (isinstance(case.fp8, tuple) and len(case.fp8) == 3 and case.fp8[0] in (None, *FORMATS)
+                               and all(f in FORMATS for f in case.fp8[1:])), "fp8", case.fp8,
+          f"None (not FP8) or three of {FORMATS}, for q, k and v (q may be None: in the case's dtype)")
     for name in ("fp8_out", "fp8_p"):
         value = getattr(case, name)
         check(value is None or value in FORMATS, name, value, f"None or one of {FORMATS}")
@@ -122,6 +123,9 @@ def quantised(case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
     per_key = scaling == "page"
     out = []
     for x, fmt, name in ((q, fq, "q"), (k, fk, "k"), (v, fv, "v")):
+        if fmt is None:   # q in the case's dtype, unquantised
+            out.append((x.float(), x.contiguous(), torch.ones(x.shape[2])))
+            continue
         x = x.float()
         if scaling == "head":
             amax = x.abs().amax(dim=(0, 1, 3))                               # [heads]
@@ -180,7 +184,9 @@ def spacing(fmt: str) -> tuple[float, float]:
 
 
 def fp8_class(case) -> str:
-    """The FP8 feature: off, e4m3 (all three), e5m2 (all three), mixed."""
+    """The FP8 feature: off, e4m3 (all three), e5m2 (all three), mixed, kv (q unquantised)."""
     if case.fp8 is None:
         return "off"
+    if case.fp8[0] is None:
+        return "kv"
     return case.fp8[0] if len(set(case.fp8)) == 1 else "mixed"

@@ -78,6 +78,7 @@ class Space:
     fp8: bool | None = None          # every case FP8 (strategies/fp8.py); None: for the backends that take FP8 inputs
                                      # (the harness decides), so other streams stay as they were
     fp8_formats: tuple[str, ...] = F.FORMATS
+    fp8_plain_q: bool = True         # FP8 K and V with q in the case's dtype (FlashInfer's FP8 KV caches)
     fp8_outputs: tuple[str | None, ...] = (None, *F.FORMATS)   # None: the output in the case's dtype
     fp8_ps: tuple[str | None, ...] = (None, "e4m3")             # None: P kept wider than FP8
     fp8_scalings: tuple[str, ...] = F.SCALINGS
@@ -197,6 +198,8 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
                "page_sizes": lambda v: dict(page_size=v),
                "storages": lambda v: dict(storage=(v, v, v))}
     if space.fp8:
+        if space.fp8_plain_q and not takes(fp8=(None, "e4m3", "e4m3")):
+            changes["fp8_plain_q"] = False
         choices.update(fp8_formats=lambda v: dict(fp8=(v, v, v)), fp8_outputs=lambda v: dict(fp8_out=v),
                        fp8_ps=lambda v: dict(fp8_p=v),
                        fp8_scalings=lambda v: dict(fp8_scaling=v, page_size=base.page_size or page))
@@ -241,7 +244,8 @@ def draws(space: Space, case: Case) -> bool:
         # the float64 oracle's cost with one sequence and one group of heads (attnfuzz.strategies.lengths.work)
         case.sq * case.skv * (case.d_qk + case.d_v + 32) * (case.h // case.hk) <= space.max_work,
         (case.fp8 is not None) == bool(space.fp8),
-        case.fp8 is None or (all(f in space.fp8_formats for f in case.fp8) and case.fp8_out in space.fp8_outputs
+        case.fp8 is None or (all(f in space.fp8_formats for f in case.fp8[1:]) and case.fp8_out in space.fp8_outputs
+                             and (case.fp8[0] in space.fp8_formats or (case.fp8[0] is None and space.fp8_plain_q))
                              and case.fp8_p in space.fp8_ps and case.fp8_scaling in space.fp8_scalings),
     )
     return all(checks)

@@ -36,6 +36,8 @@ def test_fp8_fields_round_trip_and_are_left_out_when_not_fp8():
     assert Case.from_json(case.to_json()) == case
     assert not any(k.startswith("fp8") for k in json.loads(Case().to_json()))   # older entries keep their bytes
     assert "fp8" in repr(case) and eval(repr(case), {"Case": Case}) == case
+    kv = Case(fp8=(None, "e4m3", "e5m2"), dtype="bfloat16")   # q in the dtype: an FP8 KV cache
+    assert Case.from_json(kv.to_json()) == kv and draw(kv, "cpu").fp8.q8.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("fields, named", [

@@ -4,7 +4,8 @@ it is handed and returns.
 A function whose signature names q_descale, k_descale and v_descale takes FP8 cases, and only those
 (strategies/fp8.py states their semantics):
 
-    q, k, v       the encodings [b, s, heads, d] in torch.float8_e4m3fn / torch.float8_e5m2 (case.fp8), bshd
+    q, k, v       the encodings [b, s, heads, d] in torch.float8_e4m3fn / torch.float8_e5m2 (case.fp8), bshd; q in
+                  the case's dtype where case.fp8[0] is None (an FP8 KV cache), with descales of 1
     q_descale     float32 [h]; k_descale, v_descale float32 [hk] (one value repeated where scales are per tensor),
                   or with per-page scales (case.fp8_scaling == "page", a paged case) [num_pages, hk], one per pool
                   page (the same for its KV heads)
@@ -15,8 +16,9 @@ A function whose signature names q_descale, k_descale and v_descale takes FP8 ca
     p_scale       float where P is quantised: P * p_scale rounded to p_dtype (divided back after), else None
 A real value is encoding * descale. Paged cases hand k_cache / v_cache as FP8 pages (garbage in every slot no sequence
 owns: K = 0, V the format's largest). The output (dequantised by the adapter where it is FP8) is graded.
-`fn.fp8 = dict(formats=..., outputs=..., ps=..., scalings=...)` narrows what is drawn (each a tuple of the values of
-strategies/fp8.py it takes; None in outputs / ps: the output in the dtype / P not quantised); absent: everything.
+`fn.fp8 = dict(formats=..., outputs=..., ps=..., scalings=..., plain_q=...)` narrows what is drawn (each a tuple of
+the values of strategies/fp8.py it takes; None in outputs / ps: the output in the dtype / P not quantised; plain_q a
+bool: q in the dtype); absent: everything.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from attnfuzz.strategies.paged import paged_kv
 
 FP8_FIELDS = ("q_descale", "k_descale", "v_descale")
 OPTIONAL = ("out_dtype", "out_descale", "p_dtype", "p_scale")
-DECLARED = {"formats": FORMATS, "outputs": (None, *FORMATS), "ps": (None, *FORMATS), "scalings": SCALINGS}
+DECLARED = {"formats": FORMATS, "outputs": (None, *FORMATS), "ps": (None, *FORMATS), "scalings": SCALINGS,
+            "plain_q": True}
 
 
 def declared(fn) -> dict:
@@ -39,6 +42,10 @@ def declared(fn) -> dict:
     if not isinstance(given, dict) or set(given) - set(DECLARED):
         raise ValueError(f"fp8={given!r}: a dict with keys among {sorted(DECLARED)}")
     for key, value in given.items():
+        if key == "plain_q":
+            if not isinstance(value, bool):
+                raise ValueError(f"fp8['plain_q']={value!r}: true or false (takes q in the case's dtype)")
+            continue
         if not isinstance(value, tuple) or not value or any(v not in DECLARED[key] for v in value):
             raise ValueError(f"fp8[{key!r}]={value!r}: a non-empty tuple of {DECLARED[key]}")
     return {**DECLARED, **given}
@@ -50,7 +57,9 @@ def refusal(name: str, takes: dict, case: Case) -> str | None:
         return f"{name} takes FP8 inputs only (it names {', '.join(FP8_FIELDS)})"
     if case.layout != "bshd":
         return "FP8 encodings reach a custom kernel as [b, s, h, d] (bshd)"
-    for what, values, key in (("input format", case.fp8, "formats"), ("output format", (case.fp8_out,), "outputs"),
+    if case.fp8[0] is None and not takes["plain_q"]:
+        return f"{name} takes FP8 q only (its fp8['plain_q'] is False)"
+    for what, values, key in (("input format", tuple(f for f in case.fp8 if f is not None), "formats"), ("output format", (case.fp8_out,), "outputs"),
                               ("P format", (case.fp8_p,), "ps"), ("scale granularity", (case.fp8_scaling,), "scalings")):
         off = [v for v in values if v not in takes[key]]
         if off:

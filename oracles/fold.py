@@ -54,4 +54,5 @@ def unfold(ref, case: Case):
         row_logit_size=heads_rows(ref.row_logit_size), row_dv_terms=rows_heads(ref.row_dv_terms),
         row_spread=rows_heads(ref.row_spread), row_rms=rows_heads(ref.row_rms), row_grad_rms=grad_rms,
         row_d_moves=rows_heads(ref.row_d_moves), row_d_size=rows_heads(ref.row_d_size),
-        key_mass=rows_heads(ref.key_mass), key_d_terms=rows_heads(ref.key_d_terms))
+        key_mass=rows_heads(ref.key_mass), key_d_terms=rows_heads(ref.key_d_terms),
+        row_p_max=rows_heads(ref.row_p_max), row_v_sum=rows_heads(ref.row_v_sum))

@@ -21,6 +21,7 @@ from attnfuzz.oracles import probe, shift
 from attnfuzz.oracles.gradients import (d_inherited, fused_backward, gradient_check,  # noqa: F401
                                        gradient_terms, grade_grads)
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_rows, wrong_shape
+from attnfuzz.oracles import fp8
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
 from attnfuzz.oracles.tolerance import Check, check, dominated_dot
@@ -131,7 +132,8 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
     return check(name, out.to(ref_out.device), ref_out, None, rows, family=family, quantity="out",
                  dtype=o.case.dtype, logit_size=size, spread=r.row_spread, bias_max=r.bias_max,
                  baseline=lambda: o.out_baseline, keys=o.case.skv, rms=r.row_rms,
-                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first)
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first,
+                 quantised=fp8.allowance(o.case, o.tensors, r))
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str,
@@ -160,6 +162,12 @@ def _matching(o: Oracle, out: torch.Tensor, family: str, rows: torch.Tensor | No
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)
         if check_out(o, out, alt.out, family, where=rows, bounds=alt).ok:  # each row within its bound of the alternative
+            matched.append((diagnosis, description))
+    for diagnosis, description, tensors in fp8.alternatives(o.case, o.tensors):  # FP8 descales twice or missing
+        if any(diagnosis == d for d, _ in matched):
+            continue
+        alt = reference(o.case, tensors, device=o.ref.out.device, grads=False)
+        if check_out(o, out, alt.out, family, where=rows, bounds=alt).ok:
             matched.append((diagnosis, description))
     return matched
 

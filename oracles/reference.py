@@ -7,6 +7,7 @@ sets the tolerance. It works one sequence and one chunk of queries at a time, so
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from attnfuzz.oracles.fold import fold, unfold
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.fp8 import saturate
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 CHUNK_BYTES = 64 * 2**20
@@ -54,6 +56,10 @@ class Reference:
     key_d_terms: torch.Tensor | None = None     # [b, skv, hk]: max over channels of sum_i P_ij R_i |Q_i| (a GQA
     #                                             group's heads summed): how far dK row j moves when each D_i is off
     #                                             by R_i
+    row_p_max: torch.Tensor | None = None       # [b, sq, h], FP8 cases that round P: the largest weight of the row,
+    #                                             the sink's included (oracles/fp8.py)
+    row_v_sum: torch.Tensor | None = None       # [b, sq, h], likewise: max over channels of sum_j |V_j| over the
+    #                                             keys the row sees
 
 
 class _RoundedWeights(torch.autograd.Function):
@@ -181,15 +187,20 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     if rounding is not None:
         p = _RoundedWeights.apply(p, rounding)
     lse = lse.to(s.dtype)
-    spread = rms = None
+    spread = rms = fp8_terms = None
     if terms and v.shape[-1]:
         pd, vd = p.detach(), v.detach()
         spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
         rms = _weighted_values(pd * pd, vd * vd, head_map).sqrt().amax(-1)
+        if case.fp8_p is not None:  # what the subnormals of P's FP8 rounding can move a row by (oracles/fp8.py)
+            top = pd.amax(-1) if pd.shape[-1] else pd.new_zeros(pd.shape[:2])
+            if sink is not None:
+                top = torch.maximum(top, torch.exp(sink.to(lse.dtype)[:, None] - lse_safe).to(top.dtype))
+            fp8_terms = (top.T, _weighted_values(visible.to(vd.dtype).expand_as(pd), vd.abs(), head_map).amax(-1))
     # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
     dv_terms = _transposed_weights(p.detach(), dout_abs, v.shape[1], head_map) if dout_abs is not None else None
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms, (scores, p.detach()), dv_terms)
+            spread, rms, (scores, p.detach()), dv_terms, fp8_terms)
 
 
 def _add_grad_terms(case: Case, acc: dict, n: int, r0: int, r1: int, scale: float, ds: torch.Tensor, p: torch.Tensor,
@@ -247,9 +258,9 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     the fused baseline reads. A batch of whole sequences without an explicit mask is computed in one pass, its
     sequences folded into the heads (oracles/fold.py; `fold_batch=False`: one sequence at a time)."""
     folded = fold(case, t) if fold_batch and head_map == "div" else None
-    if folded is not None:
-        return unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale, grads=grads,
-                                chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms), case)
+    if folded is not None:  # (the folded tensors have no FP8 inputs: the output is saturated here, as below)
+        return _saturated(case, t, unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale, grads=grads,
+                                chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms), case))
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -265,6 +276,9 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     row_logit_size = torch.zeros(case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
     row_spread = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     row_rms = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
+    fp8_rows = logit_terms and case.fp8_p is not None
+    row_p_max = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
+    row_v_sum = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
     dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
     grad_terms = {name: torch.zeros(case.b, *((case.sq, case.h) if name == "dq" else (case.skv, case.hk)),
                                     case.d_v if name == "dv" else case.d_qk, dtype=dtype, device=device)
@@ -300,7 +314,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
                 d_c = t.dout[n, r0:r1].to(device, dtype) if grads else None
-                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c = attend(
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c = attend(
                     case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
                     bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding,
                     dout_abs=d_c.abs() if terms else None)
@@ -309,6 +323,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 row_logit_size[n, :, r0:r1] = size_c
             if spread_c is not None:
                 row_spread[n, r0:r1], row_rms[n, r0:r1] = spread_c, rms_c
+            if fp8_c is not None:
+                row_p_max[n, r0:r1], row_v_sum[n, r0:r1] = fp8_c
             out[n, r0:r1] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)
             empty[n, r0:r1] = e_c
@@ -343,7 +359,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
         # the inputs' dtype: D moves by this much, and dQ / dK with it (oracles/grade.py, _gradient_terms).
         shift = ((out.to(t.q.dtype).to(dtype) - out) * t.dout.to(device, dtype)).sum(-1)
         d_rounding = float(shift.abs().max())
-    return Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_size=float(maxima[0]), empty=empty,
+    return _saturated(case, t, Reference(out=out, lse=lse, dq=dq, dk=dk, dv=dv, logit_size=float(maxima[0]), empty=empty,
                      bias_max=float(maxima[1]),
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
                      row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
@@ -352,4 +368,12 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None,
                      **({} if d_terms is None else dict(
                          row_d_moves=d_terms["moves"], row_d_size=d_terms["size"], key_mass=d_terms["mass"],
-                         key_d_terms=d_terms["dk"].amax(-1) if case.d_qk else None)))
+                         key_d_terms=d_terms["dk"].amax(-1) if case.d_qk else None)),
+                     row_p_max=row_p_max, row_v_sum=row_v_sum))
+
+
+def _saturated(case: Case, t: Tensors, ref: Reference) -> Reference:
+    """An FP8 output saturates at its format's largest value (strategies/fp8.py): the reference's output clamped."""
+    if case.fp8_out is None or t.fp8 is None:
+        return ref
+    return dataclasses.replace(ref, out=saturate(case, ref.out, t.fp8))

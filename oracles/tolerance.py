@@ -182,7 +182,8 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
           spread: torch.Tensor | None = None, scale_of_terms: float = 0.0, inherited: float = 0.0,
           bias_max: float = 0.0, baseline: torch.Tensor | Lazy | None = None, keys: int = 0,
           row_terms: float | torch.Tensor = 0.0, rms: torch.Tensor | None = None, dot_terms: int = 0,
-          softcap: float | None = None, final_eps: float | None = None, floor_first: bool = False) -> Check:
+          softcap: float | None = None, final_eps: float | None = None, floor_first: bool = False,
+          quantised: float | torch.Tensor = 0.0) -> Check:
     """Grade `got` against the float64 `ref`, row by row, at the elements `where` (bool, broadcast to got's shape);
     elements outside `where` are not graded. A row is all dims but the last for out / dq / dk / dv, one element for
     the LSE. Non-finite values count as infinite error. `logit_size` is a float or a per-row tensor (the shape of
@@ -195,7 +196,9 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     final rounding is allowed (1 for an output row, 2 for a gradient row). `naive` and `baseline` may be functions
     that compute them. `floor_first`: where every graded row's error is within its floor, the row passes whatever
     its baseline, which is then not computed (the Check is `within_floor`, its bound the floor); the verdict is the
-    same either way, and building the naive baseline is a third of the oracle's work on a small case."""
+    same either way, and building the naive baseline is a third of the oracle's work on a small case. `quantised`
+    (per row) is what a correct FP8 kernel's rounding of P and of its FP8 output may move an output row by
+    (oracles/fp8.py), added to the floor."""
     rowwise = quantity != "lse"
     got64, ref64 = got.to(torch.float64), ref.to(torch.float64)
     where = where.expand_as(ref64)
@@ -263,6 +266,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
         floor = (floor_terms + fast_exp_floor + final + 2 * weight_err * moved + (8 * logit_eps + 2 * float(
             logit_err.max() if isinstance(logit_err, torch.Tensor) and logit_err.numel() else logit_err))
             * scale_of_terms + 2 * inherited + 1e-7)
+        floor = floor + quantised
     k = k_for(family, quantity, dtype)
     floor = torch.as_tensor(floor, dtype=torch.float64, device=ref64.device).expand_as(diff_r)
     within_floor = floor_first and bool(torch.where(graded_r, diff_r <= floor, True).all())

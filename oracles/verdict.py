@@ -26,6 +26,7 @@ MASK_LEAK = "MASK_LEAK"                # a probe row counted a key it must not s
 MASK_DROP = "MASK_DROP"                # a probe row lost a key it sees
 GQA_MAPPING = "GQA_MAPPING"            # the output matches query head i reading KV head i % hk
 SCALE = "SCALE"                        # the output matches another softmax scale
+FP8_SCALE = "FP8_SCALE"                # the output matches an FP8 descale (q, k, v, output) applied twice or missing
 LSE = "LSE"                            # the output passes, the log-sum-exp does not
 GRADIENT = "GRADIENT"                  # the output passes, a gradient does not
 TOLERANCE = "TOLERANCE"                # wrong beyond the bound, and no alternative reference explains it
@@ -34,11 +35,11 @@ BATCH_VARIANT = "BATCH_VARIANT"        # graded fine, but a backend that claims 
                                        # bits alone (or in another batch order) than inside its batch
 CUDA_ILLEGAL_ADDRESS = "CUDA_ILLEGAL_ADDRESS"  # a crash whose message is CUDA error 700, whatever exception carried it
 DIAGNOSES = (SHAPE, ALL_ZERO, NONFINITE, EMPTY_ROWS, MASK_ALIGNMENT, MASK_IGNORED, WINDOW_OFF_BY_ONE, MASK_LEAK,
-             MASK_DROP, GQA_MAPPING, SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
+             MASK_DROP, GQA_MAPPING, SCALE, FP8_SCALE, LSE, GRADIENT, TOLERANCE, NONDETERMINISTIC, BATCH_VARIANT)
 # The diagnoses that name an alternative reference the failing output matches (oracles/grade.py alternatives): one
 # output can match several, and then a verdict lists the others in `also`; so does an EMPTY_ROWS verdict, which is
 # decided first, with every alternative its output matches.
-ALTERNATIVE = (MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, MASK_IGNORED, GQA_MAPPING, SCALE)
+ALTERNATIVE = (MASK_ALIGNMENT, WINDOW_OFF_BY_ONE, MASK_IGNORED, GQA_MAPPING, SCALE, FP8_SCALE)
 
 
 @dataclass

@@ -34,6 +34,8 @@ buffer, "padded_rows" each head-dim row followed by ROW_PAD unused elements, "st
 head dim (its stride 2); the unused elements hold NaN (strategies/materialize.py). Storage other than plain is
 for bshd cases without a paged cache (the adapters build sbhd, thd and paged buffers themselves); `spelling` names how the adapter spells the
 mask in its API ("" is the adapter's default): equivalent spellings must agree, so the spelling is fuzzed too.
+`fp8` (None: not FP8) and the fp8_* fields hand the kernel q, k and v as FP8 encodings and descales, maybe taking an FP8
+output and rounding P to FP8 (strategies/fp8.py states their semantics); the oracle reads the exact dequantised values.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+
+from attnfuzz.strategies import fp8
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -56,7 +60,8 @@ STORAGES = ("plain", "offset", "padded_rows", "strided")
 PLAIN_STORAGE = ("plain", "plain", "plain")
 # Fields added after cases were saved: left out of to_dict() at their default, so every saved case, corpus
 # signature (a hash of to_dict()), repro script and campaign log of before keeps its bytes.
-OMITTED_AT_DEFAULT = ("values", "page_size", "shared_prefix_pages", "storage")
+OMITTED_AT_DEFAULT = ("values", "page_size", "shared_prefix_pages", "storage", "fp8", "fp8_out", "fp8_p", "fp8_scaling",
+                      "fp8_scales")
 SCHEMA = 1
 
 
@@ -102,6 +107,11 @@ class Case:
     page_size: int | None = None
     shared_prefix_pages: int = 0
     storage: tuple[str, str, str] = PLAIN_STORAGE
+    fp8: tuple[str, str, str] | None = None   # FP8 inputs: the formats of q, k, v (strategies/fp8.py); None: not FP8
+    fp8_out: str | None = None
+    fp8_p: str | None = None
+    fp8_scaling: str = "tensor"
+    fp8_scales: str = "unit"
 
     def __post_init__(self) -> None:
         for name in ("causal", "grads"):  # JSON's "yes" or 1 is not a switch: a corpus entry must say true or false
@@ -176,6 +186,7 @@ class Case:
                "page_size=None or storage=plain")
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**63, "seed",
                self.seed, "an int in [0, 2**63)")
+        fp8.check_fields(self, _check)
 
     # -- derived views -------------------------------------------------------------------------------------------
     @property

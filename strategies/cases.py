@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from attnfuzz.strategies.case import FAMILIES, PLAIN_STORAGE, Case
 from attnfuzz.strategies.choices import _either, _ints, _one_of, coin, pick, uniform
 from attnfuzz.strategies.lengths import SCORE_COST, _lengths
-from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space
+from attnfuzz.strategies.fp8 import SCALE_KINDS
+from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space, fp8_narrowed
 
 _NO_SINK_FAMILIES = tuple(f for f in FAMILIES if f != "large_sink")
 HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
@@ -113,7 +114,10 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     lengths (tile edges, sq != skv both ways, sq = 1), GQA / MQA ratios, head dims (odd ones too, d_qk != d_v),
     dtypes, causal masks at both alignments, sliding windows (0, small, larger than the sequence), padding and
     packed layouts, explicit boolean masks, softcap, ALiBi, softmax sinks, memory formats, extreme logit scales and
-    gradients. Shrinks toward the smallest, plainest case that still fails."""
+    gradients; with `space.fp8`, FP8 inputs, scales and outputs (_fp8). Shrinks toward the smallest, plainest case
+    that still fails."""
+    if space.fp8:
+        space = fp8_narrowed(space)
     odds = _richness(draw)   # first, so that a shrink toward plain does not move the other choices
     sq, skv = _lengths(draw, space)   # at the everyday odds: a long shape in a rich case costs several times more
     # Head dims, then batch and heads, within space.max_work (see work()): the float64 oracle's cost, which a long
@@ -187,11 +191,29 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     storage = PLAIN_STORAGE
     if len(space.storages) > 1 and layout == "bshd" and page_size is None and _sometimes(draw, STORAGE_ONE_IN, odds):
         storage = tuple(pick(draw, space.storages) for _ in range(3))   # per tensor; each shrinks toward "plain"
+    fp8 = _fp8(draw, space, page_size is not None) if space.fp8 else {}
     return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,
                 mean=mean, std=std, seed=seed, grads=grads, values=values, page_size=page_size,
-                shared_prefix_pages=shared, storage=storage)
+                shared_prefix_pages=shared, storage=storage, **fp8)
+
+
+def _fp8(draw, space: Space, paged: bool) -> dict:
+    """The FP8 fields of a case (strategies/fp8.py), drawn last: one format for q, k and v, or one each a time in four,
+    and q left in the dtype a time in four; the output's format, P's, the scale granularity (per page only on a paged case) and how the scales are drawn.
+    Shrinks toward e4m3 everywhere, an output in the dtype, P kept wide, one scale per tensor, unit scales."""
+    formats = space.fp8_formats
+    one = pick(draw, formats)
+    fp8 = tuple(pick(draw, formats) for _ in range(3)) if len(formats) > 1 and coin(draw, 4) else (one,) * 3
+    if space.fp8_plain_q and coin(draw, 4):   # q in the dtype, K and V in FP8 (an FP8 KV cache)
+        fp8 = (None, *fp8[1:])
+    scalings = tuple(s for s in space.fp8_scalings if s != "page") or ("tensor",)
+    # a paged case takes per-page scales one time in two, where the space has them (a third of them were too few to
+    # meet a per-page bug within 200 cases of the default Space)
+    paged_scales = paged and "page" in space.fp8_scalings and coin(draw, 2)
+    return dict(fp8=fp8, fp8_out=pick(draw, space.fp8_outputs), fp8_p=pick(draw, space.fp8_ps),
+                fp8_scaling="page" if paged_scales else pick(draw, scalings), fp8_scales=pick(draw, SCALE_KINDS))
 
 
 def _paged(draw, space: Space, b: int, sq: int, skv: int, seqlens_q, seqlens_kv, alignment: str):

@@ -20,6 +20,7 @@ that has them all (`witness_case`).
 - buffer: the least plain Case.storage of q, k and v.
 - spelling_form: the backend's default spelling ("") or another.
 - softcapped, alibi_bias: off / on.
+- fp8: FP8 inputs (strategies/fp8.py): off, e4m3 or e5m2 (all three of q, k, v), mixed, kv (q unquantised).
 - len_q, len_kv: the padded length of each side: 1; decode (queries only: at most 16 over 512 keys or more); edge
   (63..160 within 1 of a multiple of 64: a partial or a just-full tile); small (up to 160); long_edge (over 160,
   within 1 of a multiple of 64); long.
@@ -33,6 +34,7 @@ from typing import Callable
 
 from attnfuzz.strategies.case import DTYPES, FAMILIES, LAYOUTS, MEMORY, SOFTMAXES, STORAGES, Case
 from attnfuzz.strategies.cases import alibi_slopes
+from attnfuzz.strategies.fp8 import fp8_class
 from attnfuzz.strategies.lengths import DECODE_MAX_QUERIES, DECODE_MIN_KEYS, SMALL_LEN
 
 TILE = 64               # the tile grain lengths are classed against: 64 and 128-row tiles share its edges
@@ -180,6 +182,10 @@ FEATURES: tuple[Feature, ...] = (
     _field("softmax", SOFTMAXES),
     Feature("len_q", ("1", "decode", "small", "edge", "long", "long_edge"), len_q_class, _len_q),
     Feature("len_kv", ("1", "small", "edge", "long", "long_edge"), lambda c: length_class(c.skv), _len_kv),
+    Feature("fp8", ("off", "e4m3", "e5m2", "mixed", "kv"), fp8_class,
+            lambda v, c: c.replace(fp8=None if v == "off" else ("e4m3", "e5m2", "e4m3") if v == "mixed" else
+                                   (None, "e4m3", "e4m3") if v == "kv" else (v,) * 3,
+                                   fp8_out=None, fp8_p=None, fp8_scaling="tensor", fp8_scales="unit")),
 )
 BY_NAME = {f.name: f for f in FEATURES}
 NAMES = tuple(f.name for f in FEATURES)
@@ -187,7 +193,7 @@ NAMES = tuple(f.name for f in FEATURES)
 # the switches last
 WITNESS_ORDER = ("len_kv", "len_q", "sequences", "layout", "heads", "memory", "head_dim", "band", "buffer",
                  "value_family", "softmax", "explicit_mask", "gradients", "dtype", "softcapped", "alibi_bias",
-                 "spelling_form")
+                 "spelling_form", "fp8")
 assert sorted(WITNESS_ORDER) == sorted(NAMES)
 WITNESS_BASE = Case(b=1, sq=8, skv=8, h=1, hk=1, d_qk=16, d_v=16, dtype="float16")
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.fp8 import FP8Inputs, quantised
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                 "float64": torch.float64}
@@ -54,7 +55,8 @@ class Tensors:
     """Inputs of one case. q/k/v are logical [b, s, heads, d] views in the case's dtype, with the case's memory
     format applied; `mask` is the explicit boolean mask [b, 1, sq, skv] (True = keep) or None; `sink` holds one
     logit per query head (zeros for off_by_one) or None; `alibi` holds the slopes [h] or None; `dout` is the
-    output gradient [b, sq, h, d_v] when the case checks gradients."""
+    output gradient [b, sq, h, d_v] when the case checks gradients. For an FP8 case q / k / v hold the dequantised
+    values in float32 (exact) and `fp8` what the kernel is handed (strategies/fp8.py)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -63,13 +65,14 @@ class Tensors:
     sink: torch.Tensor | None
     alibi: torch.Tensor | None
     dout: torch.Tensor | None
+    fp8: FP8Inputs | None = None
 
     def to(self, device: str | torch.device) -> Tensors:
         """The same values on `device`, in the same memory format (a stride-0 dimension stays stride 0)."""
         if torch.device(device) == self.q.device:
             return self
-        moved = {name: _moved(getattr(self, name), device) for name in self.__dataclass_fields__}
-        return Tensors(**moved)
+        moved = {name: _moved(getattr(self, name), device) for name in self.__dataclass_fields__ if name != "fp8"}
+        return Tensors(**moved, fp8=self.fp8.to(device) if self.fp8 is not None else None)
 
 
 def _moved(x: torch.Tensor | None, device) -> torch.Tensor | None:
@@ -296,4 +299,7 @@ def draw(case: Case, device: str | torch.device) -> Tensors:
         dout = normal((case.b, case.sq, case.h, case.d_v), 0.0, 1.0)
         for n, sq_n in enumerate(case.lens_q):
             dout[n, sq_n:] = 0
+    if case.fp8 is not None:  # the Gaussian draw encoded in FP8; the oracle reads its exact dequantised values
+        q, k, v, fp8 = quantised(case, q, k, v)
+        return Tensors(q=q, k=k, v=v, mask=mask, sink=sink, alibi=alibi, dout=dout, fp8=fp8)
     return Tensors(q=q, k=k, v=v, mask=mask, sink=sink, alibi=alibi, dout=dout)

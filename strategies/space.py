@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+from attnfuzz.strategies import fp8 as F
 from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, STORAGES, Case
 
 # Page sizes of a paged KV cache, smallest first (shrinking goes toward the first): the usual powers of two and odd
@@ -74,6 +75,13 @@ class Space:
                                      # kernel configurations it compiled already (strategies/compiled.py); 0: off
     storages: tuple[str, ...] = STORAGES  # per-tensor buffer layouts (Case.storage); ("plain",) turns them off
     single_key: bool = True          # skv = 1 (off for a kernel that refuses one key: cuDNN's SDPA); drawn as 2
+    fp8: bool | None = None          # every case FP8 (strategies/fp8.py); None: for the backends that take FP8 inputs
+                                     # (the harness decides), so other streams stay as they were
+    fp8_formats: tuple[str, ...] = F.FORMATS
+    fp8_plain_q: bool = True         # FP8 K and V with q in the case's dtype (FlashInfer's FP8 KV caches)
+    fp8_outputs: tuple[str | None, ...] = (None, *F.FORMATS)   # None: the output in the case's dtype
+    fp8_ps: tuple[str | None, ...] = (None, "e4m3")             # None: P kept wider than FP8
+    fp8_scalings: tuple[str, ...] = F.SCALINGS
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work", "long_one_in"):
@@ -95,6 +103,10 @@ class Space:
         _subset("storages", self.storages, STORAGES)
         if self.storages[0] != "plain":
             raise ValueError(f"Space: invalid storages={self.storages!r}: the first is 'plain' (cases shrink to it)")
+        _subset("fp8_formats", self.fp8_formats, F.FORMATS)
+        _subset("fp8_outputs", self.fp8_outputs, (None, *F.FORMATS))
+        _subset("fp8_ps", self.fp8_ps, (None, *F.FORMATS))
+        _subset("fp8_scalings", self.fp8_scalings, F.SCALINGS)
         if not isinstance(self.page_sizes, tuple) or not self.page_sizes or any(
                 not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in self.page_sizes):
             raise ValueError(f"Space: invalid page_sizes={self.page_sizes!r}: a non-empty tuple of ints >= 1")
@@ -152,12 +164,12 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
         except ValueError:  # the probe breaks a rule of the case language (gradients of a paged cache)
             return False
 
-    base = _PROBE
+    base = _PROBE.replace(fp8=("e4m3",) * 3) if space.fp8 else _PROBE
     # the page size the probes use: 16 where the backend takes it, else the first it takes (FA2: multiples of 256)
     page = next((p for p in (16, *space.page_sizes) if takes(page_size=p)), 16) if space.paged else 16
     paged_only = space.paged and not takes() and takes(page_size=page)
     if paged_only:
-        base = _PROBE.replace(page_size=page)
+        base = base.replace(page_size=page)
     dtypes = tuple(d for d in space.dtypes if takes(dtype=d)) or space.dtypes[:1]
     base = base.replace(dtype=dtypes[0])
     changes: dict = {"dtypes": dtypes, "unpaged": space.unpaged and not paged_only}
@@ -185,12 +197,26 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
                "softmaxes": lambda v: dict(softmax=v),
                "page_sizes": lambda v: dict(page_size=v),
                "storages": lambda v: dict(storage=(v, v, v))}
+    if space.fp8:
+        if space.fp8_plain_q and not takes(fp8=(None, "e4m3", "e4m3")):
+            changes["fp8_plain_q"] = False
+        choices.update(fp8_formats=lambda v: dict(fp8=(v, v, v)), fp8_outputs=lambda v: dict(fp8_out=v),
+                       fp8_ps=lambda v: dict(fp8_p=v),
+                       fp8_scalings=lambda v: dict(fp8_scaling=v, page_size=base.page_size or page))
     for name, fields in choices.items():
         changes[name] = tuple(v for v in getattr(space, name) if takes(**fields(v))) or getattr(space, name)[:1]
     # An alignment only shows when sq != skv; a backend may take it one way round only (FA: top-left with sq >= skv).
     changes["alignments"] = tuple(a for a in space.alignments if takes(causal=True, sq=16, alignment=a)
                                   or takes(causal=True, skv=16, alignment=a)) or space.alignments[:1]
     return space.replace(**changes)
+
+
+def fp8_narrowed(space: Space) -> Space:
+    """`space` without what FP8 cases never hold (strategies/fp8.py): gradients, probe and family values, drawn value
+    ranges, memory formats and buffers other than plain, float64."""
+    return space.replace(grads=False, probes=False, value_families=False, extreme_logits=False,
+                         memory=("contiguous",), storages=("plain",),
+                         dtypes=tuple(d for d in space.dtypes if d in F.DTYPES) or ("bfloat16",))
 
 
 def draws(space: Space, case: Case) -> bool:
@@ -217,5 +243,9 @@ def draws(space: Space, case: Case) -> bool:
         case.alignment in space.alignments or (case.right is None and case.alibi_slopes is None),
         # the float64 oracle's cost with one sequence and one group of heads (attnfuzz.strategies.lengths.work)
         case.sq * case.skv * (case.d_qk + case.d_v + 32) * (case.h // case.hk) <= space.max_work,
+        (case.fp8 is not None) == bool(space.fp8),
+        case.fp8 is None or (all(f in space.fp8_formats for f in case.fp8[1:]) and case.fp8_out in space.fp8_outputs
+                             and (case.fp8[0] in space.fp8_formats or (case.fp8[0] is None and space.fp8_plain_q))
+                             and case.fp8_p in space.fp8_ps and case.fp8_scaling in space.fp8_scalings),
     )
     return all(checks)

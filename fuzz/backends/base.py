@@ -61,6 +61,8 @@ class Backend:
                                    # live in the process only
     serves_paged: bool = False   # reads a paged KV cache when the case has one (strategies/paged.py); the others
                                  # would see the same logical k / v, so paged cases are not drawn for them
+    serves_fp8: bool = False     # takes FP8 inputs and descales (strategies/fp8.py), and only those: every case
+                                 # drawn for it is FP8, none for the others
     build_errors: tuple[str, ...] = ()  # with a compile_key: the exception types of a kernel that fails to build,
                                         # which fails so for every case of its key (engine/compiled_search.py)
     library_module: str = ""     # the module load() imports; "" for a backend that needs nothing beyond torch

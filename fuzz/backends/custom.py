@@ -37,6 +37,8 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
     cache_seqlens int32 [b]               keys per sequence (the same as seqlens_kv)
   Leading pages may be shared by several sequences (a common prefix). Decode cases have a few queries, bottom-right
   aligned to the cache. Paged cases never check gradients. For an unpaged case the four are None.
+- FP8 kernels name q_descale, k_descale and v_descale and are handed FP8 encodings and descales
+  (fuzz/backends/fp8_contract.py); they are drawn FP8 cases only, and others none.
 - A row with no visible key must give output 0 (and LSE -inf, or the sink logit).
 - Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
   [b, h, sq] (natural log, float32); a tensor in another shape (its axes in another order) is a FAIL:SHAPE. Cases
@@ -61,7 +63,7 @@ import sys
 
 import torch
 
-from attnfuzz.backends import layout
+from attnfuzz.backends import fp8_contract, layout
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
@@ -100,6 +102,8 @@ class CustomBackend(Backend):
         self.takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self.accepts = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
         self.serves_paged = all(name in self.accepts for name in PAGED_FIELDS)
+        self.serves_fp8 = all(name in self.accepts for name in fp8_contract.FP8_FIELDS)
+        self.fp8_takes = fp8_contract.declared(fn) if self.serves_fp8 else None
 
     def version(self) -> str:
         module = inspect.getmodule(self.fn)
@@ -126,7 +130,10 @@ class CustomBackend(Backend):
             (case.layout == "thd", "the custom contract passes [b, s, h, d] tensors; packed thd is not expressible "
                                    "(padding comes as seqlens_q / seqlens_kv)"),
             (case.spelling != "", f"spelling={case.spelling!r}: a custom function has only the default spelling ''"),
-        )
+            (case.fp8 is not None and not self.serves_fp8,
+             f"{self.name} does not accept {', '.join(fp8_contract.FP8_FIELDS)} (name them in its signature to be "
+             f"given FP8 inputs)"),
+        ) or (fp8_contract.refusal(self.name, self.fp8_takes, case) if self.serves_fp8 else None)
         if reason is not None:
             return reason
         supports = getattr(self.fn, "supports", None)
@@ -138,6 +145,8 @@ class CustomBackend(Backend):
         return None if verdict else f"{self.name}.supports(case) returned {verdict!r}"
 
     def run(self, case: Case, tensors: Tensors) -> Output:
+        if case.fp8 is not None:
+            return self._run_fp8(case, tensors)
         leaves, views = [], []
         for x, lens in ((tensors.q, case.lens_q), (tensors.k, case.lens_kv), (tensors.v, case.lens_kv)):
             leaf = layout.to_layout(case, x, lens).detach().requires_grad_(case.grads)
@@ -167,6 +176,21 @@ class CustomBackend(Backend):
                 layout.from_layout(case, g if g is not None else torch.zeros_like(leaf), (), s)
                 for g, leaf, s in zip(grads, leaves, (case.sq, case.skv, case.skv)))
         return output
+
+    def _run_fp8(self, case: Case, tensors: Tensors) -> Output:
+        """An FP8 case (fuzz/backends/fp8_contract.py): encodings and descales in, the output dequantised."""
+        views, kwargs = fp8_contract.kernel_inputs(case, tensors)
+        kwargs.update(causal=case.causal, window=case.window, bottom_right=case.alignment == "bottom_right",
+                      scale=case.softmax_scale)
+        kwargs.update({name: value for name, value in _field_values(case, tensors).items() if name in self._fields()})
+        kwargs = {name: value for name, value in kwargs.items() if name in self.accepts or self.takes_all}
+        result = self.fn(*views, **kwargs)
+        out, lse = (result[0], result[1] if len(result) > 1 else None) if isinstance(result, tuple) else (result, None)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{self.name} returned {type(out).__name__}; the contract is out [b, sq, h, d_v] or a "
+                            f"tuple (out, lse, ...)")
+        return Output(out=fp8_contract.dequantised(case, tensors, out.detach()),
+                      lse=lse.detach() if isinstance(lse, torch.Tensor) else None, ran=self.name)
 
 
 def _field_values(case: Case, tensors: Tensors) -> dict:
@@ -219,7 +243,7 @@ def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
     varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
     names = {p.name for p in params}
     missing = [] if takes_all else [name for name in CORE if name not in names]
-    known = {*CORE, *FIELDS, *PAGED_FIELDS}
+    known = {*CORE, *FIELDS, *PAGED_FIELDS, *fp8_contract.FP8_FIELDS, *fp8_contract.OPTIONAL}
     stray = [p.name for p in params[3:] if p.default is inspect.Parameter.empty and p.name not in known
              and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     if (len(positional) < 3 and not varargs) or missing or stray:

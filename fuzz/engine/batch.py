@@ -41,7 +41,7 @@ def _sequences(case: Case) -> list[int]:
 
 
 def checked(case: Case) -> bool:
-    return case.b > 1 and case.seed % CHECK_EVERY == 0 and bool(_sequences(case))
+    return case.b > 1 and case.seed % CHECK_EVERY == 0 and case.fp8 is None and bool(_sequences(case))
 
 
 def chosen(case: Case) -> int:

@@ -171,8 +171,10 @@ def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdi
 
 
 def served_space(backend: Backend, space: Space) -> Space:
-    """`space` with paged KV caches only for a backend that serves them (and not where the space turns them off)."""
-    return space.replace(paged=backend.serves_paged and space.paged is not False)
+    """`space` with paged KV caches only for a backend that serves them, and FP8 cases only (every case) for one that
+    takes FP8 inputs (neither where the space turns it off)."""
+    return space.replace(paged=backend.serves_paged and space.paged is not False,
+                         fp8=backend.serves_fp8 and space.fp8 is not False)
 
 
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:

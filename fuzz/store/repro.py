@@ -164,6 +164,8 @@ def script(entry) -> str:
     through = call is None
     if through:
         call = _ADAPTER_CALL
+        if case.fp8 is not None:  # the kernel takes the encodings and descales, which materialize gives from the seed
+            call = call.replace("dout=t.dout)", "dout=t.dout, fp8=t.fp8)")
         exits = "exits 1 while the bug is there, 2 when torch, attnfuzz or the kernel cannot be imported here"
     else:
         exits = "exits 1 while the bug is there, 2 when torch or the backend's library cannot be imported here"

@@ -35,16 +35,18 @@ def test_the_causal_band_is_one_trait_however_it_is_spelled():
     assert not when_fields(Case())["causal_band"] and not when_fields(Case(window=(None, 1)))["causal_band"]
 
 
-def test_fa2s_causal_alibi_lse_record_takes_the_plain_causal_band_only():
-    """FA2 adds slope * key index under its is_causal kernel only (a window bounded on the left goes through its local
-    kernel, which adds the documented -slope * distance): the record takes an LSE failure of causal ALiBi, spelled
-    either way, and neither a left-bounded window's nor one without ALiBi."""
+def test_fa2s_causal_alibi_lse_record_takes_causal_bands_only():
+    """FA2 adds slope * key index under a causal band (its is_causal kernel, and on the H200 a window (2, 0) too): the
+    record takes an LSE failure of causal ALiBi, spelled either way, bounded on the left or not, and neither a band
+    whose right side is open nor one without ALiBi."""
     assert when_fields(Case(window=(None, 0)))["full_causal"] and not when_fields(Case(window=(3, 0)))["full_causal"]
     lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 2 rows")
     alibi = Case(sq=2, skv=2, h=1, hk=1, alibi_slopes=(0.25,))
     assert _taken("fa2", alibi.replace(causal=True), lse) == "fa2-FAIL-LSE-4d72d21f217d"
     assert _taken("fa2", alibi.replace(window=(None, 0)), lse) == "fa2-FAIL-LSE-4d72d21f217d"
-    assert not _taken("fa2", alibi.replace(window=(1, 0)), lse)
+    assert _taken("fa2", alibi.replace(window=(1, 0)), lse) == "fa2-FAIL-LSE-4d72d21f217d"
+    assert _taken("fa2-kvcache", alibi.replace(window=(1, 0)), lse) == "fa2-kvcache-FAIL-LSE-64c8078216c0"
+    assert not _taken("fa2", alibi.replace(window=(1, None)), lse)
     assert not _taken("fa2", Case(sq=2, skv=2, causal=True), lse)
 
 
@@ -57,6 +59,10 @@ def test_fa2s_right_bound_clamp_record_takes_the_bands_the_clamp_widens_only():
     assert _taken("fa2-kvcache", widened, ignored) == "fa2-kvcache-FAIL-MASK_IGNORED-547c0401f7c9"
     assert _taken("fa2-kvcache", widened.replace(sq=9, causal=False, window=(None, 1)), ignored)
     assert not _taken("fa2-kvcache", widened.replace(sq=5), ignored)                   # right bound 2 < skv: kept
+    tolerance = V.Verdict(V.FAIL, "TOLERANCE", "out: worst of 3 rows at [0, 0, 0, 6]")
+    left_only = Case(sq=3, skv=1, d_qk=8, d_v=8, dtype="float16", window=(0, None), alignment="bottom_right")
+    assert _taken("fa2", left_only, tolerance) == "fa2-FAIL-MASK_IGNORED-5911753a13d0"   # seqlen_k put in on the right
+    assert not _taken("fa2", left_only.replace(sq=2), tolerance)                         # sq = skv + 1: nothing hidden
     assert not _taken("fa2-kvcache", widened.replace(alignment="bottom_right"), ignored)   # right 0: no clamp
 
 

@@ -39,10 +39,11 @@ def _band_empties_a_row(c: Case) -> bool:
 
 
 def _right_bound_past_keys(c: Case) -> bool:
-    if c.right is None:
-        return False
-    right = c.right + (c.sq - c.skv if c.alignment == "top_left" else 0)   # bottom-right: row i sees j <= i + skv - sq + right
-    return c.skv <= right < c.sq - 1
+    if c.right is None:   # flash-attn 2 puts seqlen_k in for an unbounded right side beside a finite left one
+        right = c.skv if c.left is not None else None
+    else:                 # measured from the bottom-right diagonal: row i sees j <= i + skv - sq + right
+        right = c.right + (c.sq - c.skv if c.alignment == "top_left" else 0)
+    return right is not None and c.skv <= right < c.sq - 1
 
 
 # Derived facts about a case that a known bug's `when` may name beside the Case fields.
@@ -78,8 +79,9 @@ TRAITS = {
     # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
     "offset_storage": lambda c: "offset" in c.storage,
     "alibi": lambda c: c.alibi_slopes is not None,
-    # a finite right bound that, measured from the bottom-right diagonal, reaches skv yet still hides keys from the
-    # first rows (sq > skv): flash-attn 2 reads a right bound >= seqlen_k as unbounded (Dao-AILab/flash-attention#895)
+    # a right bound that, measured from the bottom-right diagonal, reaches skv yet still hides keys from the first rows
+    # (sq > skv + 1): flash-attn 2 reads a right bound >= seqlen_k as unbounded, and puts seqlen_k in for an unbounded
+    # right side beside a finite left one (Dao-AILab/flash-attention#895)
     "right_bound_past_keys": _right_bound_past_keys,
     "softmax_sink": lambda c: c.softmax != "vanilla",  # off_by_one or learnable: a sink term in the denominator
     # flex_attention's kernel option BACKEND="FLASH" in the spelling (fuzz/backends/flex/knobs.py)

@@ -232,6 +232,25 @@ def test_a_finding_is_walked_on_through_its_compile_fields():
     assert backend.compile_key(MINIMAL) in configs
 
 
+def test_the_walk_does_not_step_into_a_known_bug():
+    """A failure that a known bug's record takes is no shrink step: with the failures under head dim 64 known, the
+    walk keeps the head dim it started from (without the record it walks down to MINIMAL's)."""
+    from attnfuzz.engine.compiled_search import finish_shrinking
+    from attnfuzz.engine.harness import Finding, run_case
+    backend = FakeJit(bug="config")
+    case = MINIMAL.replace(d_qk=64, d_v=64)
+    verdict = run_case(backend, case)
+    assert verdict.label == "FAIL:TOLERANCE"
+
+    def known(name, c, v):
+        return {"link": "x"} if c.d_qk < 64 else None
+
+    walked = finish_shrinking(Finding(backend.name, case, verdict), lambda c: run_case(backend, c), backend, known)
+    assert walked.case.d_qk == 64 and walked.verdict.failed
+    unknown = finish_shrinking(Finding(backend.name, case, verdict), lambda c: run_case(backend, c), backend)
+    assert unknown.case.d_qk == MINIMAL.d_qk
+
+
 def _first_failure_then(share: float, closing: bool, monkeypatch) -> tuple[int, int, list]:
     """Configurations compiled by the search before its first failure, and by Hypothesis after it (its shrink and
     what is left of its search; finish_shrinking's are not counted), with the findings, on the first stream that

@@ -69,12 +69,14 @@ def open_after(configs: CompiledConfigs | None):
             configs.closed = False
 
 
-def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend):
+def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend, known=None):
     """A compile-aware search's finding (attnfuzz.engine.harness.Finding) shrunk further outside Hypothesis, which
     shrank it inside the configurations compiled (open_after): the greedy shrinker walks its dtype, head dims and
     switches toward plain, each step kept while the case fails with the same label and as clearly
     (reshrink.as_clear), so the shrunk finding is of the same type; the steps into a configuration compiled already
-    go first. A hang is not re-run (each run would cost the whole timeout), nor what is FLAKY."""
+    go first. A step whose failure `known` (the harness's KnownBugs) takes is no step: walking a new bug into a known
+    bug's case would report the known one and lose the new one. A hang is not re-run (each run would cost the whole
+    timeout), nor what is FLAKY."""
     if finding.verdict.status in (V.HANG, V.FLAKY):
         return finding
     configs = compiled_configs(backend)
@@ -84,6 +86,8 @@ def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend
         key = backend.compile_key(case)
         if key is not None and verdict.status != V.UNSUPPORTED:   # compiled now: later passes count it cheap
             configs.add(key, case)
+        if known is not None and verdict.failed and known(backend.name, case, verdict) is not None:
+            return None
         return verdict if verdict.label == finding.verdict.label and reshrink.as_clear(verdict, finding.verdict) \
             else None
 

@@ -282,6 +282,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         worker = WrittenAhead(worker, inflight, backend.name, device)
     evidence = Evidence()
     configs = compiled_configs(backend) if is_compile_aware(backend, space) else None
+    plain_known = known
     known = CountedKnown(known, tally) if known is not None else None  # KNOWN per entry, in the tally and verdicts
 
     def seen(case: Case, verdict: V.Verdict, so_far: Tally) -> None:  # every case's verdict, for merge_root_causes
@@ -312,7 +313,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         if builds is not None:
             findings = [builds.settle(f, run) for f in findings]
         if is_compile_aware(backend, space):
-            findings = [finish_shrinking(f, run, backend) for f in findings]
+            findings = [finish_shrinking(f, run, backend, plain_known) for f in findings]
         if reruns > 0:
             findings = [confirm(f, run, reruns) for f in findings]
         findings = merge_root_causes(findings, evidence, probe=run)

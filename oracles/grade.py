@@ -24,7 +24,7 @@ from attnfuzz.oracles.alternatives import alternatives, fail, valid_rows, wrong_
 from attnfuzz.oracles import fp8
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
-from attnfuzz.oracles.tolerance import Check, check, dominated_dot
+from attnfuzz.oracles.tolerance import ROWSUM_OF_ROUNDED_P, Check, check, dominated_dot
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
@@ -74,6 +74,18 @@ class Oracle:
             return self.fused_grads.lse
         return reference(self.case, self.tensors, dtype=torch.float32, device=self.ref.lse.device, grads=False,
                          terms=False).lse
+
+    def lse_baseline_of(self, family: str) -> torch.Tensor:
+        """The LSE baseline of `family`: lse_baseline, or for a family that sums P rounded to the input dtype
+        (tolerance.ROWSUM_OF_ROUNDED_P), the fp32 reference whose row sum is taken so."""
+        if family not in ROWSUM_OF_ROUNDED_P or self.case.dtype not in ("float16", "bfloat16"):
+            return self.lse_baseline
+        return self._rounded_rowsum_lse
+
+    @cached_property
+    def _rounded_rowsum_lse(self) -> torch.Tensor:
+        return reference(self.case, self.tensors, dtype=torch.float32, device=self.ref.lse.device, grads=False,
+                         terms=False, rowsum=torch_dtype(self.case)).lse
 
     @cached_property
     def textbook_grads(self) -> Reference:
@@ -257,7 +269,7 @@ def lse_check(o: Oracle, lse: torch.Tensor, family: str, floor_first: bool = Fal
     ref = o.ref.lse
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
-    return check("lse", lse, ref, lambda: o.lse_baseline, rows & torch.isfinite(ref), family=family,
+    return check("lse", lse, ref, lambda: o.lse_baseline_of(family), rows & torch.isfinite(ref), family=family,
                  quantity="lse", dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
                  dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first)
 

@@ -131,14 +131,16 @@ def _transposed_weights(p: torch.Tensor, dout: torch.Tensor, hk: int, head_map: 
 
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True,
-           rounding: torch.dtype | None = None, dout_abs: torch.Tensor | None = None):
+           rounding: torch.dtype | None = None, dout_abs: torch.Tensor | None = None,
+           rowsum: torch.dtype | None = None):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
     see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), the scaled logits
     (before softcap: their gradient is dS) and P, [h, r, j], and (with `dout_abs` [r, h, d_v]) P^T |dO|
     [skv_n, hk, d_v], the terms dV sums (else None). `bounds` and `scale` override the case's band and scale (the
     diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before P V) and
-    the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference)."""
+    the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference). `rowsum`: the
+    LSE's row sum is taken over P = exp(s - max) rounded to that dtype (reference)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
     cols = torch.arange(skv_n, device=q.device)
@@ -182,6 +184,11 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         lse = torch.logsumexp(s.to(wide), dim=-1)
     # A row with no visible key: lse is -inf (or the sink) and every weight is 0, so its output is 0. Subtracting a
     # finite stand-in keeps exp() and its gradient free of NaN.
+    if rowsum is not None and sink is None and s.numel():
+        top = s.to(wide).amax(-1)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+        summed = torch.exp(s.to(wide) - top[..., None]).to(rowsum).to(wide).sum(-1)
+        lse = torch.where(torch.isfinite(lse), top + torch.log(summed), lse)
     lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
     p = torch.exp(s.to(wide) - lse_safe[..., None]).to(s.dtype)
     if rounding is not None:
@@ -246,7 +253,8 @@ def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tenso
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
-              rounding: torch.dtype | None = None, d_terms: bool = True, fold_batch: bool = True) -> Reference:
+              rounding: torch.dtype | None = None, d_terms: bool = True, fold_batch: bool = True,
+              rowsum: torch.dtype | None = None) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
     low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
     `terms=False` skips dv_terms and d_rounding (an extra backward pass) and the sizes of the logits' terms
@@ -254,13 +262,15 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     baselines and the diagnoses' alternatives do not need them. `rounding` (with `dtype` float32) is the backward
     pass of a fused kernel: fp32 everywhere, P and dS rounded to `rounding` before the products that take them, dK /
     dV rounded per query head before a GQA group's sum, every gradient rounded once to `rounding` at the end.
-    `d_terms=False` skips the D terms (row_d_moves, row_d_size, key_mass, key_d_terms), which only grading against
+    `rowsum` (with `dtype` float32): the LSE of a kernel that sums P as its P V matmul takes it, rounded to that
+    dtype (FlashInfer's prefill: tolerance.ROWSUM_OF_ROUNDED_P). `d_terms=False` skips the D terms (row_d_moves, row_d_size, key_mass, key_d_terms), which only grading against
     the fused baseline reads. A batch of whole sequences without an explicit mask is computed in one pass, its
     sequences folded into the heads (oracles/fold.py; `fold_batch=False`: one sequence at a time)."""
     folded = fold(case, t) if fold_batch and head_map == "div" else None
     if folded is not None:  # (the folded tensors have no FP8 inputs: the output is saturated here, as below)
         return _saturated(case, t, unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale, grads=grads,
-                                chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms), case))
+                                chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms,
+                                rowsum=rowsum), case))
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -316,7 +326,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 d_c = t.dout[n, r0:r1].to(device, dtype) if grads else None
                 o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c = attend(
                     case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
-                    bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding,
+                    bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding, rowsum=rowsum,
                     dout_abs=d_c.abs() if terms else None)
             # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:

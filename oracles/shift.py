@@ -38,7 +38,7 @@ def unshifted_lse(o, lse: torch.Tensor, shift: torch.Tensor, family: str):
     ref = o.ref.lse
     shift = shift.to(ref.device, ref.dtype)
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref) & torch.isfinite(ref) & (shift != 0)
-    baseline = (o.lse_baseline.to(torch.float64) - ref).abs().nan_to_num(nan=0.0, posinf=0.0)
+    baseline = (o.lse_baseline_of(family).to(torch.float64) - ref).abs().nan_to_num(nan=0.0, posinf=0.0)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
     return check("lse (unshifted)", lse.to(ref.device), ref - shift, None, rows, family=family, quantity="lse",
                  dtype=o.case.dtype, logit_size=size, baseline=baseline,

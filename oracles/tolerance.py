@@ -98,6 +98,12 @@ LOGITS_IN_INPUT_DTYPE = ("te-unfused",)
 # input dtype (baddbmm in bf16, autograd through it) and stays textbook, as do custom, flex, flashinfer and default
 # (context-parallel merges).
 FUSED_BACKWARD = ("fused",)
+# Families whose LSE sums P as its P V matmul takes it, rounded to the input dtype: FlashInfer's prefill kernels take
+# a row's denominator from P cast to fp16 / bf16 through an MMA with a ones vector (m16k16_rowsum_f16f16f32 in its
+# prefill.cuh), so log(d) carries P's rounding (up to 2^-11 in fp16, 2^-8 in bf16) where an fp32 row sum carries
+# none. Their LSE baseline rounds P so too (oracles/reference.py, `rowsum`): on an H200 FlashInfer's fp16 LSE was
+# 1.5e-4 off at LSEs of 0.25, 2.3 and 19 (1.1-1.2x the fp32 baseline's bound), whatever the scale's rounding.
+ROWSUM_OF_ROUNDED_P = ("flashinfer",)
 # A softcap's tanh taken with a fast approximation: PTX's tanh.approx.f32, which FlashInfer takes, has a relative
 # error of up to 2^-10.99, so each capped logit may be off by cap * 2^-11 (FlashInfer on an H200: prefill with cap
 # 0.5, an LSE 7.9e-4 off, 5.6x over without it; decode with cap 30, 1.4x over). The documented bound, not a measured

@@ -77,7 +77,7 @@ def parts(backend, device: str, space, n: int, seed: int, ipc_cases: int) -> dic
             _, kernel_s = _timed(lambda: backend.run(case, tensors), device)
         except Exception as e:  # refused at call time or crashed: not a graded case
             crashed += 1
-            if may_break_context(e):  # the process's CUDA context is gone: what was measured stands
+            if may_break_context(f"{type(e).__name__}: {e}"):  # the process's CUDA context is gone: what was measured stands
                 broken = f"stopped after a CUDA error: {str(e)[:120]}"
                 break
             continue

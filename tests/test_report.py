@@ -180,7 +180,7 @@ def test_html_parses_escapes_data_and_links_valid_pngs(campaign):
     assert page.tags["table"] >= 5 and page.tags["script"] == 0
     assert NASTY in "".join(page.text)                 # shown as text, so it was escaped
     assert LINK in page.links                          # the href attribute decodes back to the link
-    assert sorted(page.images) == ["combinations.png", "coverage.png", "outcomes.png", "ratios.png"]
+    assert sorted(page.images) == ["combinations.png", "coverage.png", "outcomes.png", "rate.png", "ratios.png"]
     for name in page.images:
         assert_valid_png(index.parent / name)
     repro = [link for link in page.links if link.endswith(".py")]

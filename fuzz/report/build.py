@@ -25,6 +25,7 @@ from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
 from attnfuzz.report.combos import Combos, campaign_reports, combos_table
+from attnfuzz.report.rate import Timeline, rate_table
 from attnfuzz.strategies.case import Case
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
@@ -69,6 +70,7 @@ class Campaign:
     findings: list[tuple[Path, corpus_io.Entry]] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     span: tuple[float, float] | None = None     # first and last case time (unix), where the lines carry one
+    timelines: dict[str, Timeline] = field(default_factory=dict)   # per backend, its timed cases (report/rate.py)
 
     def add_line(self, row: dict) -> None:
         backend, label = row["backend"], row["label"]
@@ -96,6 +98,7 @@ class Campaign:
         if isinstance(row.get("time"), (int, float)):
             t = float(row["time"])
             self.span = (min(self.span[0], t), max(self.span[1], t)) if self.span else (t, t)
+            self.timelines.setdefault(backend, Timeline()).add(t, status, float(row.get("seconds") or 0.0))
 
 
 def _ratio(value) -> float | None:
@@ -312,7 +315,8 @@ def _header(c: Campaign) -> list[tuple[str, str]]:
 
 
 PLOTS = (("ratios.png", "Error / bound per backend"), ("outcomes.png", "Outcomes per backend"),
-         ("coverage.png", "Coverage by axis value"), ("combinations.png", "Feature combinations against cases"))
+         ("coverage.png", "Coverage by axis value"), ("combinations.png", "Feature combinations against cases"),
+         ("rate.png", "Graded cases per minute"))
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:.5em 0}"
          "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left;vertical-align:top}"
          "th{background:#eee}.note{color:#555;font-size:13px}img{max-width:100%}")
@@ -332,7 +336,9 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     reports = campaign_reports(c.combos, str(c.meta.get("device") or "cpu"), c.meta.get("max_len"))
     combos = combos_table(reports)
     plots.plot_combinations(reports, out_dir / PLOTS[3][0])
-    tables = [totals_table(c), labels_table(c), refusals_table(c), combos, findings_table(c, out_dir)]
+    plots.plot_rate(c.timelines, c.span[0] if c.span else None, out_dir / PLOTS[4][0])
+    tables = [totals_table(c), rate_table(c.timelines, c.span), labels_table(c), refusals_table(c), combos,
+              findings_table(c, out_dir)]
     if c.state:
         tables.append(state_table(c))
     if c.meta.get("known") and campaign_dir.is_dir():

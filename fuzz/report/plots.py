@@ -166,3 +166,26 @@ def plot_combinations(reports: dict[str, dict], path: Path) -> Path:
     ax.set_ylim(0, 100)
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
+
+
+def plot_rate(timelines: dict, start: float | None, path: Path) -> Path:
+    """Graded cases per minute against the campaign's minutes, one line per backend (report/rate.py's Timeline),
+    refused cases per minute dotted in the same colour where there were any."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.set_title("graded cases per minute")
+    if start is None or not any(line.cases for line in timelines.values()):
+        _empty(ax, "no case carries a time")
+        return _save(fig, path)
+    for name in sorted(timelines):
+        minutes = timelines[name].per_minute(start)
+        if not minutes:
+            continue
+        (graded,) = ax.plot([m for m, _, _ in minutes], [g for _, g, _ in minutes], marker=".", label=name)
+        if any(r for _, _, r in minutes):
+            ax.plot([m for m, _, _ in minutes], [r for _, _, r in minutes], linestyle=":", color=graded.get_color(),
+                    label=f"{name}: refused")
+    ax.set_xlabel("minutes since the first case")
+    ax.set_ylabel("cases")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -20,6 +20,7 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
 from tests.fakes import flash_attn as fakes
 from tests.test_backend_flash_attn import BF16
+from tests.test_flash_paged import PAGED_FA4
 from tests.test_repro_scripts import assert_standalone_and_able_to_fail, comparable, write
 
 CAUSAL = Case(b=2, sq=7, skv=10, h=2, hk=2, causal=True, alignment="bottom_right", **BF16)
@@ -54,6 +55,9 @@ def test_each_form_is_listed_where_it_means_the_cases_attention():
     assert "sink_qdtype" in listed(OFF_BY_ONE) and "sink_qdtype" in listed(LARGE_SINK)
     assert "sink_qdtype" not in listed(LARGE_SINK.replace(values="gaussian"))  # randn sinks round in bf16
     assert "pack" not in listed(PADDED)                                         # GQA packs by default
+    for varlen in (PADDED, PAGED_FA4, PADDED.replace(spelling="seqused")):      # flash_attn_varlen_func calls
+        assert {"no_max_seqlen", "max_seqlen_tensor"} <= set(listed(varlen))
+    assert not {"no_max_seqlen", "max_seqlen_tensor"} & set(listed(CAUSAL))    # flash_attn_func has no max_seqlen
     assert "spelling='pack'" in FlashAttn4("cpu", arch=90).unsupported(PADDED.replace(spelling="pack"))
 
 
@@ -64,6 +68,7 @@ FORM_CALLS = [  # (case, spelling, what the recorded call holds)
     (CAUSAL, "pack", {"pack_gqa": True}),
     (PADDED, "explicit_scale", {"softmax_scale": 1 / math.sqrt(16), "cu_seqlens_q": [0, 3, 11]}),
     (PADDED, "no_lse", {"return_lse": False, "fn": "flash_attn_varlen_func"}),
+    (PADDED, "no_max_seqlen", {"max_seqlen_q": None, "max_seqlen_k": None, "cu_seqlens_q": [0, 3, 11]}),
 ]
 
 
@@ -88,6 +93,21 @@ def test_the_sink_form_hands_over_the_same_sinks_in_qs_dtype(monkeypatch, calls,
     assert grade(spelled, t, out, family=backend.family).status == V.PASS
 
 
+@pytest.mark.parametrize("case", [PADDED, PADDED.replace(grads=True), PAGED_FA4])
+def test_max_seqlen_forms_reach_the_varlen_call_and_grade_clean(monkeypatch, calls, case):
+    """no_max_seqlen leaves both to FA4 (None, the defaults, also where the paged call passes them); the tensor form
+    hands 0-d int32 tensors holding the adapter's values."""
+    backend = fa4(monkeypatch, calls)
+    assert verdict(backend, case.replace(spelling="no_max_seqlen")).status == V.PASS
+    assert (calls[-1]["max_seqlen_q"], calls[-1]["max_seqlen_k"]) == (None, None)
+    assert verdict(backend, case.replace(spelling="max_seqlen_tensor")).status == V.PASS
+    given = calls[-1]["max_seqlen_q"], calls[-1]["max_seqlen_k"]
+    assert all(isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.int32 for x in given)
+    assert [int(x) for x in given] == [case.sq, case.skv]
+    assert verdict(backend, case).status == V.PASS
+    assert (calls[-1]["max_seqlen_q"], calls[-1]["max_seqlen_k"]) == (case.sq, case.skv)
+
+
 def test_without_an_lse_the_output_alone_is_graded(monkeypatch, calls):
     """no_lse hands the grader no LSE even where the library returns one (FA4 does when gradients are asked), and a
     wrong output still fails."""
@@ -109,6 +129,7 @@ PLANTS = [  # (form bug, case, the spelling that exposes it)
     ("no_lse_drops_sink", LARGE_SINK, "no_lse"),
     ("half_sink_dropped", LARGE_SINK, "sink_qdtype"),
     ("pack_mha_head0", CAUSAL, "pack"),
+    ("max_seqlen_tensor_short", PADDED, "max_seqlen_tensor"),
 ]
 
 
@@ -132,12 +153,16 @@ def test_the_compile_key_follows_the_forms_that_change_a_kernel():
     assert key(grads.replace(spelling="softcap_none")) != key(grads)           # the backward's softcap != 0.0
     assert key(OFF_BY_ONE.replace(spelling="sink_qdtype")) != key(OFF_BY_ONE)  # the sink's dtype
     assert key(base.replace(spelling="pack")) != key(base)                     # pack_gqa
-    assert set(FORMS) <= set(FlashAttn4("cpu", arch=90).spellings(OFF_BY_ONE))
+    assert key(PADDED.replace(spelling="max_seqlen_tensor")) != key(PADDED)    # no host-side hint
+    assert key(PADDED.replace(spelling="no_max_seqlen")) == key(PADDED)
+    assert set(FORMS) <= set(FlashAttn4("cpu", arch=90).spellings(OFF_BY_ONE.replace(seqlens_q=(6,), seqlens_kv=(9,),
+                                                                                   layout="thd")))
 
 
 REPRO_CASES = [CAUSAL.replace(spelling="explicit_scale"), CAUSAL.replace(spelling="softcap_none"),
                PADDED.replace(spelling="no_lse"), LARGE_SINK.replace(spelling="sink_qdtype"),
-               CAUSAL.replace(spelling="pack")]
+               CAUSAL.replace(spelling="pack"), PADDED.replace(spelling="max_seqlen_tensor"),
+               PAGED_FA4.replace(spelling="no_max_seqlen")]
 
 
 @pytest.mark.parametrize("case", REPRO_CASES, ids=lambda c: c.spelling)

@@ -235,7 +235,7 @@ def resolve_fa4_window(causal, window, semantics):
 
 
 FA4_FORM_BUGS = ("explicit_scale_log2", "softcap_none_is_cap", "no_lse_drops_sink", "half_sink_dropped",
-                 "pack_mha_head0")
+                 "pack_mha_head0", "max_seqlen_tensor_short")
 
 
 def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = None,
@@ -244,7 +244,8 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
     "explicit_scale_log2" multiplies a given softmax_scale by log2(e) (None still takes 1/sqrt(d)),
     "softcap_none_is_cap" reads softcap=None as a cap of 1.0, "no_lse_drops_sink" drops learnable_sink when
     return_lse=False, "half_sink_dropped" drops a learnable_sink that is not float32, "pack_mha_head0" reads KV head
-    0 for every query head under pack_gqa=True without GQA."""
+    0 for every query head under pack_gqa=True without GQA, "max_seqlen_tensor_short" reads a tensor max_seqlen_q
+    as one less and leaves each sequence's rows from there on zero (varlen, unpaged)."""
     if semantics not in ("pre_2490", "post_2490"):
         raise ValueError(f"semantics={semantics!r}: one of 'pre_2490', 'post_2490'")
     if form_bug not in (None, *FA4_FORM_BUGS):
@@ -291,7 +292,7 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
                cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
                seqused_q=None if seqused_q is None else seqused_q.tolist(),
                seqused_k=None if seqused_k is None else seqused_k.tolist(), paged=page_table is not None,
-               return_lse=return_lse)
+               return_lse=return_lse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
         k, v, softmax_scale, softcap, learnable_sink = planted(k, v, softmax_scale, softcap, learnable_sink,
                                                                return_lse, pack_gqa, q.shape[-2])
         left, right = resolve_fa4_window(causal, window_size, semantics)
@@ -316,6 +317,12 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
                 return torch.cat(outs), (torch.cat(lses, dim=1) if return_lse else None)
         out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, used_q=seqused_q, used_k=seqused_k,
                         left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
+        if form_bug == "max_seqlen_tensor_short" and isinstance(max_seqlen_q, torch.Tensor):
+            rows = torch.arange(out.shape[-3])
+            if cu_seqlens_q is not None:   # packed: the row's place in its own sequence
+                starts = cu_seqlens_q.long()
+                rows = rows - starts[torch.searchsorted(starts, rows, right=True) - 1]
+            out = out * (rows < int(max_seqlen_q) - 1).to(out.dtype)[:, None, None]
         return out, (lse if return_lse else None)
 
     cute = types.ModuleType("flash_attn.cute")

@@ -179,7 +179,8 @@ class FlashAttn4(Backend):
         masks = fc.mask_spellings(band, with_negative=True) if band is not None else ("",)
         if case.padded and case.layout != "thd":
             masks += tuple(SEQUSED if m == "" else f"{SEQUSED}+{m}" for m in masks)
-        return masks + knob_spellings(case, self.arch) + form_spellings(case)
+        varlen = self.route(case.replace(spelling="")) != fc.BATCHED
+        return masks + knob_spellings(case, self.arch) + form_spellings(case, varlen=varlen)
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA4 call for this case and spelling (shared by run() and the tests)."""
@@ -238,14 +239,16 @@ class FlashAttn4(Backend):
         x = fc.flash_inputs(case, tensors, packed=fn in (fc.VARLEN, fc.PAGED_PACKED))
         try:  # the library's own input checks (forward or backward) are refusals; anything else is a crash
             if fn in (fc.PAGED, fc.PAGED_PACKED):
-                out, lse = api.flash_attn_varlen_func(x.q, **fc.paged_call(case, tensors, x), **kwargs)
+                out, lse = api.flash_attn_varlen_func(x.q, **{**fc.paged_call(case, tensors, x), **kwargs})
             elif fn == fc.VARLEN:
-                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
-                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+                lengths = {"cu_seqlens_q": x.cu_q, "cu_seqlens_k": x.cu_k, "max_seqlen_q": case.sq,
+                           "max_seqlen_k": case.skv}
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, **{**lengths, **kwargs})
             elif fn == fc.SEQUSED:
                 used_q, used_k = (cu_seqlens(lens, x.q.device).diff() for lens in (case.lens_q, case.lens_kv))
-                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, seqused_q=used_q, seqused_k=used_k,
-                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+                lengths = {"seqused_q": used_q, "seqused_k": used_k, "max_seqlen_q": case.sq,
+                           "max_seqlen_k": case.skv}
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, **{**lengths, **kwargs})
             else:
                 out, lse = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
             out = fc.logical_out(case, x, out)
@@ -257,7 +260,7 @@ class FlashAttn4(Backend):
             raise refused from e
         knobs = "".join(f", {name}={kwargs[name]}" for name in ("num_splits", "pack_gqa", "deterministic")
                         if name in kwargs)
-        forms = "".join(f", {name}={value.dtype if isinstance(value, torch.Tensor) else value}"
+        forms = "".join(f", {name}={shown(value)}"
                         for name, value in form_kwargs(case, case.spelling, tensors).items())
         ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']}{knobs}{forms})"
         lse = fc.logical_lse(case, x, lse) if kwargs["return_lse"] else None   # not asked for: the output alone
@@ -272,6 +275,13 @@ class FlashAttn4(Backend):
             return str(getattr(import_fa4(), "__version__", "unknown"))
         except ImportError:
             return ""
+
+
+def shown(value) -> str:
+    """An argument as run()'s `ran` shows it: a tensor by its dtype (0-d: its value), anything else by str."""
+    if not isinstance(value, torch.Tensor):
+        return str(value)
+    return f"tensor({value.item()})" if value.dim() == 0 else str(value.dtype)
 
 
 BACKENDS = {"fa4": FlashAttn4}

@@ -13,6 +13,11 @@ attention the adapter's own call asks for. Each is a spelling on its own, with t
   sink_qdtype     learnable_sink in q's dtype instead of float32 (_LEARNABLE_SINK_DTYPES takes float16, bfloat16,
                   float32; the sink's dtype is in the compile key), where every sink value is exact in that dtype:
                   off-by-one (zeros) and the learnable "large_sink" family (+-100, +-1000)
+  no_max_seqlen   flash_attn_varlen_func calls only: max_seqlen_q=None, max_seqlen_k=None, the signature's defaults
+                  (_flash_attn_fwd takes total_q, and the page-table row or k's length; the tiling is read off them)
+  max_seqlen_tensor  the same calls: max_seqlen_q / max_seqlen_k as 0-d int32 tensors on q's device, the form
+                  _flash_attn_fwd and _flash_attn_bwd test with torch.is_tensor ("e.g. HF/TE varlen"): host-side
+                  hints dropped, another scheduler choice (is_static_persistent) in the compile key
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ import torch
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors
 
-FORMS = ("explicit_scale", "softcap_none", "no_lse", "sink_qdtype")
+FORMS = ("explicit_scale", "softcap_none", "no_lse", "sink_qdtype", "no_max_seqlen", "max_seqlen_tensor")
 
 
-def form_spellings(case: Case) -> tuple[str, ...]:
-    """The forms that mean the case's attention (the module's docstring says where each applies)."""
+def form_spellings(case: Case, *, varlen: bool) -> tuple[str, ...]:
+    """The forms that mean the case's attention (the module's docstring says where each applies); `varlen`: the
+    default spelling goes through flash_attn_varlen_func, which takes max_seqlen_q / max_seqlen_k."""
     valid = {"explicit_scale": case.scale is None, "softcap_none": case.softcap is None, "no_lse": True,
-             "sink_qdtype": exact_sink(case)}
+             "sink_qdtype": exact_sink(case), "no_max_seqlen": varlen, "max_seqlen_tensor": varlen}
     return tuple(name for name in FORMS if valid[name])
 
 
@@ -51,13 +57,19 @@ def form_kwargs(case: Case, spelling: str, t: Tensors) -> dict:
         if not torch.equal(sink.float(), t.sink.float()):
             raise ValueError(f"sink_qdtype on a case whose sinks are not exact in {case.dtype}: {t.sink.tolist()}")
         return {"learnable_sink": sink}
+    if spelling == "no_max_seqlen":
+        return {"max_seqlen_q": None, "max_seqlen_k": None}
+    if spelling == "max_seqlen_tensor":
+        return {name: torch.tensor(n, dtype=torch.int32, device=t.q.device)
+                for name, n in (("max_seqlen_q", case.sq), ("max_seqlen_k", case.skv))}
     return {}
 
 
 def kernel_key(case: Case, spelling: str) -> tuple:
     """What a form changes in FA4's compiled kernels: whether the forward writes an LSE, the sink's dtype, whether
-    the backward builds a softcap score_mod. explicit_scale compiles nothing new (the scale is a runtime value)."""
+    the backward builds a softcap score_mod, max_seqlen as tensors. explicit_scale compiles nothing new (the scale
+    is a runtime value), nor does no_max_seqlen beyond what the lengths already choose."""
     writes_lse = spelling != "no_lse" or case.grads
     sink = case.dtype if spelling == "sink_qdtype" else ("float32" if case.softmax != "vanilla" else None)
     bwd_softcap = case.grads and (case.softcap is not None or spelling == "softcap_none")
-    return writes_lse, sink, bwd_softcap
+    return writes_lse, sink, bwd_softcap, spelling == "max_seqlen_tensor"

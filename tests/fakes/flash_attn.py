@@ -234,10 +234,36 @@ def resolve_fa4_window(causal, window, semantics):
     return left, right
 
 
-def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = None) -> dict:
-    """sys.modules entries of a fake flash-attn-4 (`flash_attn.cute`)."""
+FA4_FORM_BUGS = ("explicit_scale_log2", "softcap_none_is_cap", "no_lse_drops_sink", "half_sink_dropped",
+                 "pack_mha_head0", "max_seqlen_tensor_short")
+
+
+def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = None,
+             form_bug: str | None = None) -> dict:
+    """sys.modules entries of a fake flash-attn-4 (`flash_attn.cute`). `form_bug` plants a bug in one argument form:
+    "explicit_scale_log2" multiplies a given softmax_scale by log2(e) (None still takes 1/sqrt(d)),
+    "softcap_none_is_cap" reads softcap=None as a cap of 1.0, "no_lse_drops_sink" drops learnable_sink when
+    return_lse=False, "half_sink_dropped" drops a learnable_sink that is not float32, "pack_mha_head0" reads KV head
+    0 for every query head under pack_gqa=True without GQA, "max_seqlen_tensor_short" reads a tensor max_seqlen_q
+    as one less and leaves each sequence's rows from there on zero (varlen, unpaged)."""
     if semantics not in ("pre_2490", "post_2490"):
         raise ValueError(f"semantics={semantics!r}: one of 'pre_2490', 'post_2490'")
+    if form_bug not in (None, *FA4_FORM_BUGS):
+        raise ValueError(f"form_bug={form_bug!r}: one of {FA4_FORM_BUGS} or None")
+
+    def planted(k, v, softmax_scale, softcap, learnable_sink, return_lse, pack_gqa, h):
+        """(k, v, softmax_scale, softcap, learnable_sink) as the planted form bug reads them."""
+        if form_bug == "explicit_scale_log2" and softmax_scale is not None:
+            softmax_scale *= 1.4426950408889634
+        if form_bug == "softcap_none_is_cap" and softcap is None:
+            softcap = 1.0
+        if learnable_sink is not None and ((form_bug == "no_lse_drops_sink" and not return_lse)
+                                           or (form_bug == "half_sink_dropped"
+                                               and learnable_sink.dtype != torch.float32)):
+            learnable_sink = None
+        if form_bug == "pack_mha_head0" and pack_gqa is True and k.shape[-2] == h:
+            k, v = (x[..., :1, :].expand(x.shape) for x in (k, v))
+        return k, v, softmax_scale, softcap, learnable_sink
 
     def record(fn, q, causal, window_size, softmax_scale, learnable_sink, softcap, **extra):
         calls.append({"fn": fn, "causal": causal, "window_size": window_size, "softmax_scale": softmax_scale,
@@ -249,7 +275,9 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
                         aux_scalars=None, block_sparse_tensors=None, block_sparse_tensors_bwd=None,
                         return_lse=False, **_):
         record("flash_attn_func", q, causal, window_size, softmax_scale, learnable_sink, softcap,
-               num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic)
+               num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic, return_lse=return_lse)
+        k, v, softmax_scale, softcap, learnable_sink = planted(k, v, softmax_scale, softcap, learnable_sink,
+                                                               return_lse, pack_gqa, q.shape[-2])
         left, right = resolve_fa4_window(causal, window_size, semantics)
         out, lse = run_band(q, k, v, left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
         return out, (lse if return_lse else None)
@@ -263,7 +291,10 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
                num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
                cu_seqlens_q=None if cu_seqlens_q is None else cu_seqlens_q.tolist(),
                seqused_q=None if seqused_q is None else seqused_q.tolist(),
-               seqused_k=None if seqused_k is None else seqused_k.tolist(), paged=page_table is not None)
+               seqused_k=None if seqused_k is None else seqused_k.tolist(), paged=page_table is not None,
+               return_lse=return_lse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        k, v, softmax_scale, softcap, learnable_sink = planted(k, v, softmax_scale, softcap, learnable_sink,
+                                                               return_lse, pack_gqa, q.shape[-2])
         left, right = resolve_fa4_window(causal, window_size, semantics)
         if page_table is not None:   # "read_past": one slot past each cache; "consecutive": pages read in pool order
             lens = seqused_k.tolist()
@@ -286,6 +317,12 @@ def make_fa4(calls: list, semantics: str = "post_2490", paged_bug: str | None = 
                 return torch.cat(outs), (torch.cat(lses, dim=1) if return_lse else None)
         out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, used_q=seqused_q, used_k=seqused_k,
                         left=left, right=right, scale=softmax_scale, softcap=softcap, sink=learnable_sink)
+        if form_bug == "max_seqlen_tensor_short" and isinstance(max_seqlen_q, torch.Tensor):
+            rows = torch.arange(out.shape[-3])
+            if cu_seqlens_q is not None:   # packed: the row's place in its own sequence
+                starts = cu_seqlens_q.long()
+                rows = rows - starts[torch.searchsorted(starts, rows, right=True) - 1]
+            out = out * (rows < int(max_seqlen_q) - 1).to(out.dtype)[:, None, None]
         return out, (lse if return_lse else None)
 
     cute = types.ModuleType("flash_attn.cute")

@@ -17,7 +17,11 @@ Kernel knobs are spellings too (KNOBS, each with the default mask spelling): "sp
 its combine kernel; interface.py asserts "SplitKV not supported on SM 9.0", so sm100 / sm110 only), "nopack" =
 pack_gqa=False (GQA cases only: the interface's default packs the query heads of a KV head, pack_gqa = h / hk > 1),
 "deterministic" = deterministic=True (cases with gradients on sm100 / sm110: the backward asserts "bwd
-deterministic only supported for sm100/sm110 for now"). Each must give what the default gives.
+deterministic only supported for sm100/sm110 for now"), "pack" = pack_gqa=True without GQA (h == hk: the default
+resolves to False; nothing in _flash_attn_fwd refuses True, and its block counts read the group as
+`qhead_per_kvhead if pack_gqa and qhead_per_kvhead > 1 else 1`). Each must give what the default gives. Other
+values of one argument that mean the same attention (explicit scale, softcap None, no LSE, the sink's dtype) are
+spellings too: fa4_forms.py.
 
 sm90 backward (first H200 run): GQA with d_qk != d_v is an explicit assert in FlashAttentionBackwardSm90, declared
 here as a refusal; two other sm90 backward failures are the library's, not refusals, and stay findings: a compile
@@ -32,7 +36,10 @@ import importlib
 import os
 from importlib import metadata
 
+import torch
+
 from attnfuzz.backends.flash import common as fc
+from attnfuzz.backends.flash.fa4_forms import FORMS, form_kwargs, form_spellings, kernel_key
 from attnfuzz.backends.flash.repro import flash_source
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.layout import cu_seqlens
@@ -101,14 +108,16 @@ def capability_refusals(case: Case, arch: int) -> list[tuple[bool, str]]:
     ]
 
 
-KNOBS = {"splits3": {"num_splits": 3}, "nopack": {"pack_gqa": False}, "deterministic": {"deterministic": True}}
+KNOBS = {"splits3": {"num_splits": 3}, "nopack": {"pack_gqa": False}, "deterministic": {"deterministic": True},
+         "pack": {"pack_gqa": True}}
 SPLIT_ARCHS = (100, 103, 110)  # num_splits > 1 and a deterministic backward: sm100 / sm110 only
 
 
 def knob_spellings(case: Case, arch: int) -> tuple[str, ...]:
     """The knob spellings FA4 takes for this case on `arch` (the module's docstring says why each is where it is)."""
     split_kv = arch // 10 in (10, 11)
-    valid = {"splits3": split_kv, "nopack": case.h > case.hk, "deterministic": split_kv and case.grads}
+    valid = {"splits3": split_kv, "nopack": case.h > case.hk, "deterministic": split_kv and case.grads,
+             "pack": case.h == case.hk}
     return tuple(name for name in KNOBS if valid[name])
 
 
@@ -118,8 +127,9 @@ def knob_kwargs(spelling: str) -> dict:
 
 
 def split_spelling(spelling: str) -> tuple[bool, str]:
-    """(use seqused, mask spelling) from e.g. "seqused+causal+window"; a knob spelling has the default mask."""
-    if spelling in KNOBS:
+    """(use seqused, mask spelling) from e.g. "seqused+causal+window"; a knob or form spelling has the default
+    mask."""
+    if spelling in KNOBS or spelling in FORMS:
         return False, ""
     if spelling == SEQUSED or spelling.startswith(SEQUSED + "+"):
         return True, spelling[len(SEQUSED) + 1:]
@@ -169,7 +179,8 @@ class FlashAttn4(Backend):
         masks = fc.mask_spellings(band, with_negative=True) if band is not None else ("",)
         if case.padded and case.layout != "thd":
             masks += tuple(SEQUSED if m == "" else f"{SEQUSED}+{m}" for m in masks)
-        return masks + knob_spellings(case, self.arch)
+        varlen = self.route(case.replace(spelling="")) != fc.BATCHED
+        return masks + knob_spellings(case, self.arch) + form_spellings(case, varlen=varlen)
 
     def call_kwargs(self, case: Case, t: Tensors) -> dict:
         """The keyword arguments of the FA4 call for this case and spelling (shared by run() and the tests)."""
@@ -179,15 +190,17 @@ class FlashAttn4(Backend):
         _, mask_spelling = split_spelling(case.spelling)
         causal, window = fc.spelled_mask(band, mask_spelling, case, unbounded=None)
         return {"softmax_scale": case.scale, "causal": causal, "window_size": window, "learnable_sink": t.sink,
-                "softcap": case.softcap or 0.0, "return_lse": True, **knob_kwargs(case.spelling)}
+                "softcap": case.softcap or 0.0, "return_lse": True, **knob_kwargs(case.spelling),
+                **form_kwargs(case, case.spelling, t)}
 
     def compile_key(self, case: Case) -> tuple | None:
         """What FA4's interface keys its compiled kernels by (flash_attn.cute.interface: compile_key), read off the
         case: dtype, head dims, the GQA group (pack_gqa, qhead_per_kvhead), causal, which window bounds are set (a
         pair of negative bounds reads as unbounded), softcap and sink presence, which call (cu_seqlens / seqused /
         batched, paged), whether pages are loaded by TMA (a page of 128 keys, the sm90 key tile), the backward kernels
-        when gradients are asked, and the architecture. Lengths, batch, heads at one
-        group size, bound and scale values and the inputs are runtime arguments of one kernel."""
+        when gradients are asked, the architecture, the knobs, and what a form changes (fa4_forms.kernel_key).
+        Lengths, batch, heads at one group size, bound and scale values and the inputs are runtime arguments of one
+        kernel."""
         band, _ = fc.bottom_right_band(case)
         if band is None:
             return None
@@ -197,7 +210,8 @@ class FlashAttn4(Backend):
         return (case.dtype, case.d_qk, case.d_v, case.h // case.hk, causal, left is not None, right is not None,
                 case.softcap is not None, case.softmax != "vanilla", self.route(case), case.grads, self.arch,
                 None if case.page_size is None else case.page_size == 128,   # paged_kv_tma: pages of one key tile
-                tuple(sorted(knob_kwargs(case.spelling).items())))           # is_split_kv, pack_gqa, deterministic
+                tuple(sorted(knob_kwargs(case.spelling).items())),           # is_split_kv, pack_gqa, deterministic
+                kernel_key(case, case.spelling))                              # lse is None, sink dtype, bwd softcap
 
     def route(self, case: Case) -> str:
         """Which call takes the case: VARLEN (thd, or padding spelled through cu_seqlens), SEQUSED (padding in place,
@@ -225,14 +239,16 @@ class FlashAttn4(Backend):
         x = fc.flash_inputs(case, tensors, packed=fn in (fc.VARLEN, fc.PAGED_PACKED))
         try:  # the library's own input checks (forward or backward) are refusals; anything else is a crash
             if fn in (fc.PAGED, fc.PAGED_PACKED):
-                out, lse = api.flash_attn_varlen_func(x.q, **fc.paged_call(case, tensors, x), **kwargs)
+                out, lse = api.flash_attn_varlen_func(x.q, **{**fc.paged_call(case, tensors, x), **kwargs})
             elif fn == fc.VARLEN:
-                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k,
-                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+                lengths = {"cu_seqlens_q": x.cu_q, "cu_seqlens_k": x.cu_k, "max_seqlen_q": case.sq,
+                           "max_seqlen_k": case.skv}
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, **{**lengths, **kwargs})
             elif fn == fc.SEQUSED:
                 used_q, used_k = (cu_seqlens(lens, x.q.device).diff() for lens in (case.lens_q, case.lens_kv))
-                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, seqused_q=used_q, seqused_k=used_k,
-                                                      max_seqlen_q=case.sq, max_seqlen_k=case.skv, **kwargs)
+                lengths = {"seqused_q": used_q, "seqused_k": used_k, "max_seqlen_q": case.sq,
+                           "max_seqlen_k": case.skv}
+                out, lse = api.flash_attn_varlen_func(x.q, x.k, x.v, **{**lengths, **kwargs})
             else:
                 out, lse = api.flash_attn_func(x.q, x.k, x.v, **kwargs)
             out = fc.logical_out(case, x, out)
@@ -244,8 +260,11 @@ class FlashAttn4(Backend):
             raise refused from e
         knobs = "".join(f", {name}={kwargs[name]}" for name in ("num_splits", "pack_gqa", "deterministic")
                         if name in kwargs)
-        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']}{knobs})"
-        return Output(out=out.detach(), lse=fc.logical_lse(case, x, lse), dq=dq, dk=dk, dv=dv, ran=ran)
+        forms = "".join(f", {name}={shown(value)}"
+                        for name, value in form_kwargs(case, case.spelling, tensors).items())
+        ran = f"{fn}(causal={kwargs['causal']}, window_size={kwargs['window_size']}{knobs}{forms})"
+        lse = fc.logical_lse(case, x, lse) if kwargs["return_lse"] else None   # not asked for: the output alone
+        return Output(out=out.detach(), lse=lse, dq=dq, dk=dk, dv=dv, ran=ran)
 
     def version(self) -> str:
         try:
@@ -256,6 +275,13 @@ class FlashAttn4(Backend):
             return str(getattr(import_fa4(), "__version__", "unknown"))
         except ImportError:
             return ""
+
+
+def shown(value) -> str:
+    """An argument as run()'s `ran` shows it: a tensor by its dtype (0-d: its value), anything else by str."""
+    if not isinstance(value, torch.Tensor):
+        return str(value)
+    return f"tensor({value.item()})" if value.dim() == 0 else str(value.dtype)
 
 
 BACKENDS = {"fa4": FlashAttn4}

@@ -51,3 +51,16 @@ def test_the_report_shows_where_the_time_went(tmp_path):
     rows = table_rows(index.with_name("report.md").read_text(), "Where the time went")
     assert rows["b"][:5] == ["b", "3", "0.05", "6.00", "0"], rows
     assert_valid_png(index.with_name("rate.png"), min_bytes=4000)
+
+
+def test_a_backend_not_available_where_the_report_is_built_is_not_judged(tmp_path):
+    """Feasibility is the backend's own refusals: where it cannot run (sdpa-cudnn without CUDA) every combination
+    would read infeasible, so the report says so instead of a share of 0; a backend that runs here is judged."""
+    case = Case(sq=4, skv=4, d_qk=16, d_v=16, dtype="float16")
+    lines = [{"backend": b, "label": "PASS", "seconds": 0.1, "time": T0 + i, "case": case.to_dict(), "ratio": 0.1,
+              "device": "cuda"} for i, b in enumerate(("sdpa-cudnn", "custom-not-a-backend"))]
+    log = tmp_path / "run.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    rows = table_rows(build_report(log).with_name("report.md").read_text(), "Feature combinations graded")
+    assert rows["sdpa-cudnn"][2].startswith("not judged here"), rows
+    assert "% of" in rows["custom-not-a-backend"][2], rows

@@ -142,12 +142,19 @@ def campaign_reports(combos: dict[str, Combos], device: str, max_len: int | None
             backend = Backend()
             backend.name, backend.device = name, device
         reports[name] = combos[name].report(feasible_of(backend, space))
+        unavailable = backend.available()
+        if unavailable is not None:  # its refusals here are "not available": no combination is shown feasible
+            reports[name]["unavailable"] = unavailable
     return reports
 
 
 def combos_table(reports: dict[str, dict]) -> Table:
     rows = []
     for name, report in reports.items():
+        if "unavailable" in report:
+            rows.append([name, str(report["cases"]), f"not judged here: {report['unavailable']} (feasibility is the "
+                         f"backend's own refusals: build the report where it runs)", "-", "-", "-"])
+            continue
         share = {k: f"{100 * report[k]['share']:.1f}% of {report[k]['feasible']:,}" for k in ("2-way", "3-way", "4-way")}
         three = report["3-way"]
         rows.append([name, str(report["cases"]), share["2-way"], share["3-way"],

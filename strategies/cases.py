@@ -16,7 +16,7 @@ from attnfuzz.strategies.case import FAMILIES, PLAIN_STORAGE, Case
 from attnfuzz.strategies.choices import _either, _ints, _one_of, coin, pick, uniform
 from attnfuzz.strategies.lengths import SCORE_COST, _lengths
 from attnfuzz.strategies.fp8 import SCALE_KINDS
-from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space, fp8_narrowed
+from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space, fp8_narrowed, top_left_shift_refused
 
 _NO_SINK_FAMILIES = tuple(f for f in FAMILIES if f != "large_sink")
 HEAD_DIM_PAIRS = {192: 128, 64: 512}   # d_qk -> a d_v that kernels special-case (MLA-style 192 / 128, 64 / 512)
@@ -192,11 +192,14 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     if len(space.storages) > 1 and layout == "bshd" and page_size is None and _sometimes(draw, STORAGE_ONE_IN, odds):
         storage = tuple(pick(draw, space.storages) for _ in range(3))   # per tensor; each shrinks toward "plain"
     fp8 = _fp8(draw, space, page_size is not None) if space.fp8 else {}
-    return Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
+    case = Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,
                 mean=mean, std=std, seed=seed, grads=grads, values=values, page_size=page_size,
                 shared_prefix_pages=shared, storage=storage, **fp8)
+    if not space.top_left_shift and top_left_shift_refused(case):   # what the kernel would refuse, at its alignment
+        case = case.replace(alignment="bottom_right")
+    return case
 
 
 def _fp8(draw, space: Space, paged: bool) -> dict:

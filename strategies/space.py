@@ -75,6 +75,9 @@ class Space:
                                      # kernel configurations it compiled already (strategies/compiled.py); 0: off
     storages: tuple[str, ...] = STORAGES  # per-tensor buffer layouts (Case.storage); ("plain",) turns them off
     single_key: bool = True          # skv = 1 (off for a kernel that refuses one key: cuDNN's SDPA); drawn as 2
+    top_left_shift: bool = True      # top-left bands that move to the bottom-right diagonal only with a negative bound
+                                     # (off for kernels that align bands bottom-right: top_left_shift_refused); drawn
+                                     # bottom-right
     fp8: bool | None = None          # every case FP8 (strategies/fp8.py); None: for the backends that take FP8 inputs
                                      # (the harness decides), so other streams stay as they were
     fp8_formats: tuple[str, ...] = F.FORMATS
@@ -192,6 +195,9 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
             changes[switch] = False
     if space.single_key and not takes(skv=1) and not takes(sq=1, skv=1) and takes():
         changes["single_key"] = False
+    if (space.top_left_shift and not takes(causal=True, sq=16, alignment="top_left")
+            and takes(causal=True, sq=16, alignment="bottom_right")):
+        changes["top_left_shift"] = False
     choices = {"layouts": lambda v: dict(_SWITCHES["padding"], layout=v),
                "memory": lambda v: dict(h=4, hk=2, memory=v),
                "softmaxes": lambda v: dict(softmax=v),
@@ -209,6 +215,22 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     changes["alignments"] = tuple(a for a in space.alignments if takes(causal=True, sq=16, alignment=a)
                                   or takes(causal=True, skv=16, alignment=a)) or space.alignments[:1]
     return space.replace(**changes)
+
+
+def top_left_shift_refused(case: Case) -> bool:
+    """Whether a top-left case is one a kernel that aligns bands (and ALiBi distances) bottom-right cannot take: its
+    band, moved to the bottom-right diagonal by skv_n - sq_n, needs a negative bound, or its sequences need
+    different shifts, or its ALiBi shifts (flash-attn measures the distance from the bottom-right diagonal)."""
+    if case.alignment != "top_left":
+        return False
+    shifts = {kv - q for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0}
+    if case.alibi_slopes is not None and shifts - {0}:
+        return True
+    left, right = case.left, case.right
+    if left is None and right is None:
+        return False
+    return len(shifts) > 1 or any((right is not None and right - d < 0) or (left is not None and left + d < 0)
+                                  for d in shifts)
 
 
 def fp8_narrowed(space: Space) -> Space:
@@ -239,6 +261,7 @@ def draws(space: Space, case: Case) -> bool:
         case.page_size is None or case.page_size in space.page_sizes,
         max(case.d_qk, case.d_v) <= space.max_head_dim and heads,
         case.skv != 1 or space.single_key,
+        space.top_left_shift or not top_left_shift_refused(case),
         case.sq <= space.max_len and longest <= (space.decode_len if case.sq <= 16 else space.max_len),
         case.alignment in space.alignments or (case.right is None and case.alibi_slopes is None),
         # the float64 oracle's cost with one sequence and one group of heads (attnfuzz.strategies.lengths.work)

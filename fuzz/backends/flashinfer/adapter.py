@@ -26,7 +26,7 @@ from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases
 from attnfuzz.strategies.materialize import Tensors
-from attnfuzz.strategies.paged import paged_kv
+from attnfuzz.strategies.paged import PagedKV, paged_kv
 from attnfuzz.strategies.space import Space, narrow_to
 
 MIN_ARCH = 80
@@ -103,6 +103,9 @@ class FlashInferBackend(Backend):
             (case.layout == "thd" and self.single, f"{self.entry}: one request has no packed layout"),
             (self.paged is False and case.spelling.split("+")[0] == "hnd" and not self.single,
              f"{self.entry} takes ragged k / v as NHD only"),
+            (case.fp8 is not None and not self.serves_fp8,
+             f"fp8={case.fp8!r}: {self.name} passes q / k / v in the case's dtype; FP8 KV caches go to "
+             f"flashinfer-paged-*-fp8kv (flashinfer/fp8kv.py)"),
         ]
 
     def unsupported(self, case: Case) -> str | None:
@@ -225,6 +228,11 @@ class _Wrapped(FlashInferBackend):
     def workspace(self, device) -> torch.Tensor:
         return torch.zeros(fic.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
+    def paged_inputs(self, case: Case, t: Tensors) -> tuple[torch.Tensor, PagedKV, dict]:
+        """(q [b, sq, h, d], the paged cache, run()'s scale keywords): the case's tensors as they are (an FP8 KV
+        cache's adapter hands its encodings and scales, flashinfer/fp8kv.py)."""
+        return t.q, paged_kv(case, t.k, t.v), {}
+
 
 class Ragged(_Wrapped):
     name, entry = "flashinfer-ragged", "BatchPrefillWithRaggedKVCacheWrapper"
@@ -246,14 +254,14 @@ class PagedPrefill(_Wrapped):
     def call(self, case, t):
         fi, spelling = self._module(), self.spelled(case)
         device, layout, lse = t.q.device, spelling.kv_layout, not spelling.lse
-        cache = paged_kv(case, t.k, t.v)
+        q, cache, scales = self.paged_inputs(case, t)
         indptr, indices, last = fic.paged_metadata(cache)
         wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace(device), layout, backend=self.kernel_backend)
         wrapper.plan(fic.qo_indptr(case, device), indptr, indices, last, case.h, case.hk, case.d_qk,
-                     case.page_size, **fis.mask_kwargs(case, spelling, t, single=False), q_data_type=t.q.dtype,
-                     kv_data_type=t.k.dtype, **self.kwargs(case))
+                     case.page_size, **fis.mask_kwargs(case, spelling, t, single=False), q_data_type=q.dtype,
+                     kv_data_type=cache.k_cache.dtype, **self.kwargs(case))
         pages = fis.paged_cache(*fic.kv_pages(cache, layout), spelling)
-        return _returned(wrapper.run(pack(t.q, case.lens_q), pages, return_lse=lse), lse)
+        return _returned(wrapper.run(pack(q, case.lens_q), pages, return_lse=lse, **scales), lse)
 
 
 class PagedDecode(_Wrapped):
@@ -262,15 +270,15 @@ class PagedDecode(_Wrapped):
     def call(self, case, t):
         fi, spelling = self._module(), self.spelled(case)
         device, layout, lse = t.q.device, spelling.kv_layout, not spelling.lse
-        cache = paged_kv(case, t.k, t.v)
+        q, cache, scales = self.paged_inputs(case, t)
         indptr, indices, last = fic.paged_metadata(cache)
         cores = {"use_tensor_cores": True} if spelling.cores else {}
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace(device), layout, **cores,
                                                         backend=self.kernel_backend)
-        wrapper.plan(indptr, indices, last, case.h, case.hk, case.d_qk, case.page_size, q_data_type=t.q.dtype,
-                     kv_data_type=t.k.dtype, **self.kwargs(case))
+        wrapper.plan(indptr, indices, last, case.h, case.hk, case.d_qk, case.page_size, q_data_type=q.dtype,
+                     kv_data_type=cache.k_cache.dtype, **self.kwargs(case))
         pages = fis.paged_cache(*fic.kv_pages(cache, layout), spelling)
-        out, lse = _returned(wrapper.run(t.q[:, 0], pages, return_lse=lse), lse)
+        out, lse = _returned(wrapper.run(q[:, 0], pages, return_lse=lse, **scales), lse)
         keep = [n for n, count in enumerate(case.lens_q) if count]   # one row per sequence; drop those with none
         return out[keep], None if lse is None else lse[keep]
 

@@ -5,6 +5,8 @@
     flashinfer-ragged           BatchPrefillWithRaggedKVCacheWrapper              packed q / k / v (qo / kv indptr)
     flashinfer-paged-prefill    BatchPrefillWithPagedKVCacheWrapper               paged KV cache (paged cases only)
     flashinfer-paged-decode     BatchDecodeWithPagedKVCacheWrapper                paged KV cache, one query each
+    flashinfer-paged-prefill-fp8kv, flashinfer-paged-decode-fp8kv: the two paged wrappers over an FP8 KV cache, FP8
+                                cases only (flashinfer/fp8kv.py)
 
 Spellings (kv_layout, the pool as one tensor, the window / custom masks, sm_scale None, logits_soft_cap 0, return_lse,
 use_tensor_cores) are in flashinfer/spelling.py; conventions and refusals in flashinfer/common.py. Each backend draws its own cases: the general strategy's,
@@ -20,12 +22,13 @@ import torch
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash.common import cuda_arch
 from attnfuzz.backends.flashinfer import common as fic
+from attnfuzz.backends.flashinfer import fp8kv
 from attnfuzz.backends.flashinfer import spelling as fis
 from attnfuzz.backends.layout import cu_seqlens, pack, unpack
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases
-from attnfuzz.strategies.materialize import Tensors
+from attnfuzz.strategies.materialize import TORCH_DTYPES, Tensors
 from attnfuzz.strategies.paged import PagedKV, paged_kv
 from attnfuzz.strategies.space import Space, narrow_to
 
@@ -283,4 +286,33 @@ class PagedDecode(_Wrapped):
         return out[keep], None if lse is None else lse[keep]
 
 
-BACKENDS = {cls.name: cls for cls in (SinglePrefill, SingleDecode, Ragged, PagedPrefill, PagedDecode)}
+class _FP8KV:
+    """Mixed into a paged wrapper's backend: FP8 KV cache cases only, the FP8 pool and its scales in the call
+    (flashinfer/fp8kv.py)."""
+
+    serves_fp8 = True
+
+    def unsupported(self, case: Case) -> str | None:
+        return first_reason(*fp8kv.fp8_refusals(case)) or super().unsupported(case)
+
+    def fitted(self, case: Case) -> Case:
+        return super().fitted(fp8kv.as_kv_cache(case))
+
+    def paged_inputs(self, case: Case, t: Tensors) -> tuple[torch.Tensor, PagedKV, dict]:
+        return t.fp8.q8.to(TORCH_DTYPES[case.dtype]), fp8kv.fp8_pool(case, t), fp8kv.scales(t)
+
+    def compile_key(self, case: Case) -> tuple | None:
+        key = super().compile_key(case)
+        return None if key is None or case.fp8 is None else (*key, case.fp8[1])
+
+
+class PagedPrefillFP8KV(_FP8KV, PagedPrefill):
+    name = "flashinfer-paged-prefill-fp8kv"
+
+
+class PagedDecodeFP8KV(_FP8KV, PagedDecode):
+    name = "flashinfer-paged-decode-fp8kv"
+
+
+BACKENDS = {cls.name: cls for cls in (SinglePrefill, SingleDecode, Ragged, PagedPrefill, PagedDecode,
+                                      PagedPrefillFP8KV, PagedDecodeFP8KV)}

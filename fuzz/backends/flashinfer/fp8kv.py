@@ -1,5 +1,5 @@
-"""FlashInfer's paged wrappers over an FP8 KV cache, as backends of their own (they draw FP8 cases only, so the
-plain flashinfer-paged-* streams keep theirs):
+"""The translation of an FP8 KV cache case for FlashInfer's paged wrappers, whose FP8 backends (flashinfer/adapter.py)
+are backends of their own (they draw FP8 cases only, so the plain flashinfer-paged-* streams keep theirs):
 
     flashinfer-paged-prefill-fp8kv   BatchPrefillWithPagedKVCacheWrapper   q in fp16 / bf16, K / V pages in FP8
     flashinfer-paged-decode-fp8kv    BatchDecodeWithPagedKVCacheWrapper    the same, one query per sequence
@@ -18,13 +18,9 @@ Refused: FP8 q, an FP8 output, P quantised, per-head or per-page scales, K and V
 
 from __future__ import annotations
 
-import torch
-
-from attnfuzz.backends.flashinfer import adapter as fia
-from attnfuzz.backends.base import first_reason
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import LARGEST, TORCH_FP8
-from attnfuzz.strategies.materialize import TORCH_DTYPES, Tensors
+from attnfuzz.strategies.materialize import Tensors
 from attnfuzz.strategies.paged import PagedKV, paged_kv
 
 
@@ -64,33 +60,3 @@ def fp8_pool(case: Case, t: Tensors) -> PagedKV:
     return PagedKV(cache.k_cache.clamp(-LARGEST[fk], LARGEST[fk]).to(TORCH_FP8[fk]),
                    cache.v_cache.clamp(-LARGEST[fv], LARGEST[fv]).to(TORCH_FP8[fv]),
                    cache.block_table, cache.cache_seqlens, cache.pages, cache.garbage_page)
-
-
-class _FP8KV:
-    """Mixed into a paged wrapper's backend: FP8 cases only, the FP8 pool and its scales in the call."""
-
-    serves_fp8 = True
-
-    def unsupported(self, case: Case) -> str | None:
-        return first_reason(*fp8_refusals(case)) or super().unsupported(case)
-
-    def fitted(self, case: Case) -> Case:
-        return super().fitted(as_kv_cache(case))
-
-    def paged_inputs(self, case: Case, t: Tensors) -> tuple[torch.Tensor, PagedKV, dict]:
-        return t.fp8.q8.to(TORCH_DTYPES[case.dtype]), fp8_pool(case, t), scales(t)
-
-    def compile_key(self, case: Case) -> tuple | None:
-        key = super().compile_key(case)
-        return None if key is None or case.fp8 is None else (*key, case.fp8[1])
-
-
-class PagedPrefillFP8KV(_FP8KV, fia.PagedPrefill):
-    name = "flashinfer-paged-prefill-fp8kv"
-
-
-class PagedDecodeFP8KV(_FP8KV, fia.PagedDecode):
-    name = "flashinfer-paged-decode-fp8kv"
-
-
-BACKENDS = {cls.name: cls for cls in (PagedPrefillFP8KV, PagedDecodeFP8KV)}

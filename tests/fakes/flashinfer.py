@@ -17,6 +17,12 @@ caps nothing. Knobs, each planting one wrong convention:
   kv_tensor_swapped the one-tensor pool unbound with k and v swapped
   tensor_cores_gqa  use_tensor_cores: query head i reads KV head i % hk instead of i // (h / hk)
   default_scale     what sm_scale=None stands for (None: 1/sqrt(head_dim))
+The paged wrappers take an FP8 KV cache as FlashInfer 0.7.2.post1 does: plan(q_data_type=, kv_data_type=) names
+the dtypes and run() refuses q or k_cache in another (ValueError); the FP8 pages are read as values, sm_scale is
+multiplied by run(k_scale=) before the kernel and the output (in q's dtype) by v_scale after it. FP8 knobs:
+  v_scale_ignored   run()'s v_scale never applied
+  k_scale_twice     sm_scale multiplied by k_scale twice
+  e5m2_as_e4m3      an e5m2 cache's bytes read as e4m3
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class Knobs:
     kv_tensor_swapped = False
     tensor_cores_gqa = False
     default_scale = None
+    v_scale_ignored = False
+    k_scale_twice = False
+    e5m2_as_e4m3 = False
 
 
 def _one(q, k, v, *, causal=False, sm_scale=None, window_left=-1, logits_soft_cap=None, keep=None, cores=False,
@@ -89,6 +98,33 @@ def _pool(cache, kv_layout, knobs):
         return cache
     k, v = cache.unbind(1)
     return (v, k) if knobs.kv_tensor_swapped else (k, v)
+
+
+def _read_kv(x, knobs):
+    """A KV page's values in float32: FP8 encodings as their values (or an e5m2 page's bytes as e4m3)."""
+    if x.dtype == torch.float8_e5m2 and knobs.e5m2_as_e4m3:
+        return x.view(torch.float8_e4m3fn).float()
+    return x.float()
+
+
+def _scaled(sm_scale, head_dim, k_scale, knobs):
+    """The sm_scale the kernel runs with: the planned one (None: the default) times k_scale, as run() folds it."""
+    scale = sm_scale if sm_scale is not None else knobs.default_scale or 1.0 / math.sqrt(head_dim)
+    for _ in range(2 if knobs.k_scale_twice else 1):
+        scale = scale * (1.0 if k_scale is None else k_scale)
+    return scale
+
+
+def _dtypes_checked(q, cache, plan_args, kv_layout, knobs):
+    k_cache = _pool(cache, kv_layout, knobs)[0]
+    for name, x, want in (("q", q, plan_args["q_data_type"]), ("k", k_cache, plan_args["kv_data_type"])):
+        if want is not None and x.dtype != want:
+            raise ValueError(f"The dtype of {name} {x.dtype} does not match the {name[0]}"
+                             f"{'v' if name == 'k' else ''}_data_type {want} specified in plan function.")
+
+
+def _v_scaled(out, v_scale, knobs):
+    return out if v_scale is None or knobs.v_scale_ignored else out * v_scale
 
 
 def _nhd(x, kv_layout):
@@ -159,23 +195,28 @@ def make_flashinfer(calls: list, knobs=Knobs) -> dict:
                                   kv_indices=paged_kv_indices.tolist(), last=last,
                                   page_size=page_size, causal=causal, sm_scale=sm_scale, window_left=window_left,
                                   logits_soft_cap=logits_soft_cap, heads=(num_qo_heads, num_kv_heads, head_dim_qk),
+                                  q_data_type=q_data_type, kv_data_type=kv_data_type,
                                   **self._planned_masks(custom_mask, packed_custom_mask, qo_indptr.tolist(), kv_lens))
 
-        def run(self, q, paged_kv_cache, return_lse=False, **_):
+        def run(self, q, paged_kv_cache, return_lse=False, k_scale=None, v_scale=None, **_):
             a = dict(self.plan_args)
             masks = a.pop("masks")
             self._record("BatchPrefillWithPagedKVCacheWrapper.run", return_lse=return_lse,
-                         kv_tensor=not isinstance(paged_kv_cache, tuple), **a)
+                         kv_tensor=not isinstance(paged_kv_cache, tuple), k_scale=k_scale, v_scale=v_scale,
+                         **{n: (repr(x) if n.endswith("data_type") else x) for n, x in a.items()})
+            _dtypes_checked(q, paged_kv_cache, a, self.kv_layout, knobs)
             outs, lses = [], []
             seqs = paged_sequences(a["kv_indptr"], torch.tensor(a["kv_indices"]), a["last"], paged_kv_cache,
                                    self.kv_layout, a["page_size"])
+            scale = _scaled(a["sm_scale"], q.shape[-1], k_scale, knobs)
             for n, (k, v) in enumerate(seqs):
                 q_n = q[a["qo_indptr"][n]:a["qo_indptr"][n + 1]]
-                out, lse = _one(q_n, k, v, causal=a["causal"], sm_scale=a["sm_scale"], window_left=a["window_left"],
-                                logits_soft_cap=a["logits_soft_cap"], keep=masks[n], knobs=knobs)
+                out, lse = _one(q_n, _read_kv(k, knobs), _read_kv(v, knobs), causal=a["causal"], sm_scale=scale,
+                                window_left=a["window_left"], logits_soft_cap=a["logits_soft_cap"], keep=masks[n],
+                                knobs=knobs)
                 outs.append(out)
                 lses.append(lse)
-            out, lse = torch.cat(outs), torch.cat(lses)
+            out, lse = _v_scaled(torch.cat(outs), v_scale, knobs), torch.cat(lses)
             return (out, lse) if return_lse else out
 
     class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
@@ -185,21 +226,27 @@ def make_flashinfer(calls: list, knobs=Knobs) -> dict:
             self.plan_args = dict(kv_indptr=indptr.tolist(), kv_indices=indices.tolist(),
                                   last=last_page_len.tolist(), page_size=page_size, sm_scale=sm_scale,
                                   window_left=window_left, logits_soft_cap=logits_soft_cap,
-                                  heads=(num_qo_heads, num_kv_heads, head_dim))
+                                  heads=(num_qo_heads, num_kv_heads, head_dim), q_data_type=q_data_type,
+                                  kv_data_type=kv_data_type)
 
-        def run(self, q, paged_kv_cache, return_lse=False, **_):
+        def run(self, q, paged_kv_cache, return_lse=False, k_scale=None, v_scale=None, **_):
             a = self.plan_args
             self._record("BatchDecodeWithPagedKVCacheWrapper.run", q_shape=tuple(q.shape), return_lse=return_lse,
-                         use_tensor_cores=self.cores, kv_tensor=not isinstance(paged_kv_cache, tuple), **a)
+                         use_tensor_cores=self.cores, kv_tensor=not isinstance(paged_kv_cache, tuple),
+                         k_scale=k_scale, v_scale=v_scale,
+                         **{n: (repr(x) if n.endswith("data_type") else x) for n, x in a.items()})
+            _dtypes_checked(q, paged_kv_cache, a, self.kv_layout, knobs)
             outs, lses = [], []
             seqs = paged_sequences(a["kv_indptr"], torch.tensor(a["kv_indices"]), a["last"], paged_kv_cache,
                                    self.kv_layout, a["page_size"])
+            scale = _scaled(a["sm_scale"], q.shape[-1], k_scale, knobs)
             for n, (k, v) in enumerate(seqs):
-                out, lse = _one(q[n:n + 1], k, v, sm_scale=a["sm_scale"], window_left=a["window_left"],
-                                logits_soft_cap=a["logits_soft_cap"], cores=self.cores, knobs=knobs)
+                out, lse = _one(q[n:n + 1], _read_kv(k, knobs), _read_kv(v, knobs), sm_scale=scale,
+                                window_left=a["window_left"], logits_soft_cap=a["logits_soft_cap"], cores=self.cores,
+                                knobs=knobs)
                 outs.append(out)
                 lses.append(lse)
-            out, lse = torch.cat(outs), torch.cat(lses)
+            out, lse = _v_scaled(torch.cat(outs), v_scale, knobs), torch.cat(lses)
             return (out, lse) if return_lse else out
 
     class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):

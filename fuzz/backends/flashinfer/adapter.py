@@ -5,6 +5,8 @@
     flashinfer-ragged           BatchPrefillWithRaggedKVCacheWrapper              packed q / k / v (qo / kv indptr)
     flashinfer-paged-prefill    BatchPrefillWithPagedKVCacheWrapper               paged KV cache (paged cases only)
     flashinfer-paged-decode     BatchDecodeWithPagedKVCacheWrapper                paged KV cache, one query each
+    flashinfer-paged-prefill-fp8kv, flashinfer-paged-decode-fp8kv: the two paged wrappers over an FP8 KV cache, FP8
+                                cases only (flashinfer/fp8kv.py)
 
 Spellings (kv_layout, the pool as one tensor, the window / custom masks, sm_scale None, logits_soft_cap 0, return_lse,
 use_tensor_cores) are in flashinfer/spelling.py; conventions and refusals in flashinfer/common.py. Each backend draws its own cases: the general strategy's,
@@ -20,13 +22,14 @@ import torch
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash.common import cuda_arch
 from attnfuzz.backends.flashinfer import common as fic
+from attnfuzz.backends.flashinfer import fp8kv
 from attnfuzz.backends.flashinfer import spelling as fis
 from attnfuzz.backends.layout import cu_seqlens, pack, unpack
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.cases import attention_cases
-from attnfuzz.strategies.materialize import Tensors
-from attnfuzz.strategies.paged import paged_kv
+from attnfuzz.strategies.materialize import TORCH_DTYPES, Tensors
+from attnfuzz.strategies.paged import PagedKV, paged_kv
 from attnfuzz.strategies.space import Space, narrow_to
 
 MIN_ARCH = 80
@@ -103,6 +106,9 @@ class FlashInferBackend(Backend):
             (case.layout == "thd" and self.single, f"{self.entry}: one request has no packed layout"),
             (self.paged is False and case.spelling.split("+")[0] == "hnd" and not self.single,
              f"{self.entry} takes ragged k / v as NHD only"),
+            (case.fp8 is not None and not self.serves_fp8,
+             f"fp8={case.fp8!r}: {self.name} passes q / k / v in the case's dtype; FP8 KV caches go to "
+             f"flashinfer-paged-*-fp8kv (flashinfer/fp8kv.py)"),
         ]
 
     def unsupported(self, case: Case) -> str | None:
@@ -225,6 +231,11 @@ class _Wrapped(FlashInferBackend):
     def workspace(self, device) -> torch.Tensor:
         return torch.zeros(fic.WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
+    def paged_inputs(self, case: Case, t: Tensors) -> tuple[torch.Tensor, PagedKV, dict]:
+        """(q [b, sq, h, d], the paged cache, run()'s scale keywords): the case's tensors as they are (an FP8 KV
+        cache's adapter hands its encodings and scales, flashinfer/fp8kv.py)."""
+        return t.q, paged_kv(case, t.k, t.v), {}
+
 
 class Ragged(_Wrapped):
     name, entry = "flashinfer-ragged", "BatchPrefillWithRaggedKVCacheWrapper"
@@ -246,14 +257,14 @@ class PagedPrefill(_Wrapped):
     def call(self, case, t):
         fi, spelling = self._module(), self.spelled(case)
         device, layout, lse = t.q.device, spelling.kv_layout, not spelling.lse
-        cache = paged_kv(case, t.k, t.v)
+        q, cache, scales = self.paged_inputs(case, t)
         indptr, indices, last = fic.paged_metadata(cache)
         wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace(device), layout, backend=self.kernel_backend)
         wrapper.plan(fic.qo_indptr(case, device), indptr, indices, last, case.h, case.hk, case.d_qk,
-                     case.page_size, **fis.mask_kwargs(case, spelling, t, single=False), q_data_type=t.q.dtype,
-                     kv_data_type=t.k.dtype, **self.kwargs(case))
+                     case.page_size, **fis.mask_kwargs(case, spelling, t, single=False), q_data_type=q.dtype,
+                     kv_data_type=cache.k_cache.dtype, **self.kwargs(case))
         pages = fis.paged_cache(*fic.kv_pages(cache, layout), spelling)
-        return _returned(wrapper.run(pack(t.q, case.lens_q), pages, return_lse=lse), lse)
+        return _returned(wrapper.run(pack(q, case.lens_q), pages, return_lse=lse, **scales), lse)
 
 
 class PagedDecode(_Wrapped):
@@ -262,17 +273,46 @@ class PagedDecode(_Wrapped):
     def call(self, case, t):
         fi, spelling = self._module(), self.spelled(case)
         device, layout, lse = t.q.device, spelling.kv_layout, not spelling.lse
-        cache = paged_kv(case, t.k, t.v)
+        q, cache, scales = self.paged_inputs(case, t)
         indptr, indices, last = fic.paged_metadata(cache)
         cores = {"use_tensor_cores": True} if spelling.cores else {}
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace(device), layout, **cores,
                                                         backend=self.kernel_backend)
-        wrapper.plan(indptr, indices, last, case.h, case.hk, case.d_qk, case.page_size, q_data_type=t.q.dtype,
-                     kv_data_type=t.k.dtype, **self.kwargs(case))
+        wrapper.plan(indptr, indices, last, case.h, case.hk, case.d_qk, case.page_size, q_data_type=q.dtype,
+                     kv_data_type=cache.k_cache.dtype, **self.kwargs(case))
         pages = fis.paged_cache(*fic.kv_pages(cache, layout), spelling)
-        out, lse = _returned(wrapper.run(t.q[:, 0], pages, return_lse=lse), lse)
+        out, lse = _returned(wrapper.run(q[:, 0], pages, return_lse=lse, **scales), lse)
         keep = [n for n, count in enumerate(case.lens_q) if count]   # one row per sequence; drop those with none
         return out[keep], None if lse is None else lse[keep]
 
 
-BACKENDS = {cls.name: cls for cls in (SinglePrefill, SingleDecode, Ragged, PagedPrefill, PagedDecode)}
+class _FP8KV:
+    """Mixed into a paged wrapper's backend: FP8 KV cache cases only, the FP8 pool and its scales in the call
+    (flashinfer/fp8kv.py)."""
+
+    serves_fp8 = True
+
+    def unsupported(self, case: Case) -> str | None:
+        return first_reason(*fp8kv.fp8_refusals(case)) or super().unsupported(case)
+
+    def fitted(self, case: Case) -> Case:
+        return super().fitted(fp8kv.as_kv_cache(case))
+
+    def paged_inputs(self, case: Case, t: Tensors) -> tuple[torch.Tensor, PagedKV, dict]:
+        return t.fp8.q8.to(TORCH_DTYPES[case.dtype]), fp8kv.fp8_pool(case, t), fp8kv.scales(t)
+
+    def compile_key(self, case: Case) -> tuple | None:
+        key = super().compile_key(case)
+        return None if key is None or case.fp8 is None else (*key, case.fp8[1])
+
+
+class PagedPrefillFP8KV(_FP8KV, PagedPrefill):
+    name = "flashinfer-paged-prefill-fp8kv"
+
+
+class PagedDecodeFP8KV(_FP8KV, PagedDecode):
+    name = "flashinfer-paged-decode-fp8kv"
+
+
+BACKENDS = {cls.name: cls for cls in (SinglePrefill, SingleDecode, Ragged, PagedPrefill, PagedDecode,
+                                      PagedPrefillFP8KV, PagedDecodeFP8KV)}

@@ -55,7 +55,7 @@ def capability_refusals(case: Case) -> list[tuple[bool, str]]:
     _, band_reason = band(case)
     return [
         (case.dtype not in DTYPES, f"dtype {case.dtype}: FlashInfer's attention takes {' / '.join(DTYPES)} "
-                                   f"(fp8 KV caches are not in the case language)"),
+                                   f"(FP8 KV caches: flashinfer-paged-*-fp8kv)"),
         (case.d_qk != case.d_v, f"d_qk={case.d_qk} != d_v={case.d_v}: these entry points take one head_dim"),
         (case.d_qk not in HEAD_DIMS, f"head dim {case.d_qk}: FlashInfer's prebuilt kernels take {HEAD_DIMS}"),
         (case.grads, "FlashInfer's serving kernels are forward-only: no gradients"),

@@ -1,6 +1,7 @@
 """The FlashInfer adapters' standalone repro source: the call run() makes, with the paged cache rebuilt from the
 logical k / v through the very kv_indptr / kv_indices the run used (embedded), garbage in every slot no sequence
-owns, and the same workspace, plan and run arguments. Needs only torch and flashinfer."""
+owns, and the same workspace, plan and run arguments; an FP8 KV cache's pool holds the encodings (k / k_scale, exact)
+in its FP8 dtype, and run() gets k_scale / v_scale. Needs only torch and flashinfer."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import torch
 from attnfuzz.backends import layout
 from attnfuzz.backends import source as src
 from attnfuzz.backends.flashinfer import common as fic
+from attnfuzz.backends.flashinfer import fp8kv
 from attnfuzz.backends.flashinfer import spelling as fis
 from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.fp8 import LARGEST, TORCH_FP8
 from attnfuzz.strategies.materialize import materialize
 from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
@@ -42,6 +45,14 @@ def flashinfer_source(backend, case: Case) -> str | None:
     hnd = ".transpose(0, 1).contiguous()" if kv_layout == "HND" else ""
     workspace = f"workspace = torch.zeros({fic.WORKSPACE_BYTES}, dtype=torch.uint8, device=q.device)"
     returned = "out, lse = " if lse else "out = "
+    fp8 = backend.serves_fp8
+    scales = ""
+    if fp8:   # an FP8 KV cache: the encodings in the pool, their per-tensor descales as k_scale / v_scale
+        named.update({name.upper(): (value, f"run()'s {name}: the case's {name[0]} descale")
+                      for name, value in fp8kv.scales(t).items()})
+        typed["kv_data_type"], scales = "k_cache.dtype", ", k_scale=K_SCALE, v_scale=V_SCALE"
+        body += [f"q = q.to(torch.{case.dtype})  # q unquantised, in the case's dtype",
+                 "k, v = k / K_SCALE, v / V_SCALE  # the FP8 encodings' values (exact: value = encoding * descale)"]
     if backend.paged:
         cache = paged_kv(case, t.k, t.v)
         indptr, indices, last = fic.paged_metadata(cache)
@@ -53,6 +64,10 @@ def flashinfer_source(backend, case: Case) -> str | None:
                  f"k_cache, v_cache = pool_from_table(k, v, block_table, lens_kv, {case.page_size}, "
                  f"{cache.k_cache.shape[0]}, {GARBAGE_K!r}, {GARBAGE_V!r})",
                  "indptr, indices, last = (x.to(q.device) for x in (KV_INDPTR, KV_INDICES, KV_LAST_PAGE_LEN))"]
+        if fp8:
+            fmt = case.fp8[1]
+            body.append(f"k_cache, v_cache = (x.clamp(-{LARGEST[fmt]!r}, {LARGEST[fmt]!r}).to({TORCH_FP8[fmt]}) "
+                        f"for x in (k_cache, v_cache))  # the FP8 pool, garbage saturated")
         if kv_layout == "HND":
             body.append("k_cache, v_cache = (x.transpose(1, 2).contiguous() for x in (k_cache, v_cache))  # HND")
         pages = ("torch.stack([k_cache, v_cache], dim=1)  # one tensor, k and v on dim 1" if spelling.cache
@@ -64,12 +79,12 @@ def flashinfer_source(backend, case: Case) -> str | None:
         heads = [str(case.h), str(case.hk), str(case.d_qk), str(case.page_size)]
         if backend.decode:
             body += [src.call("wrapper.plan", ["indptr", "indices", "last", *heads], {**typed, **kwargs}),
-                     f"{returned}wrapper.run(q[:, 0], pages, return_lse={lse})",
+                     f"{returned}wrapper.run(q[:, 0], pages, return_lse={lse}{scales})",
                      "return out[:, None]  # one query per sequence"]
         else:
             body += [src.call("wrapper.plan", ["cu_seqlens(lens_q, q.device)", "indptr", "indices", "last", *heads],
                               {**typed, **kwargs}),
-                     f"{returned}wrapper.run(pack(q, lens_q), pages, return_lse={lse})",
+                     f"{returned}wrapper.run(pack(q, lens_q), pages, return_lse={lse}{scales})",
                      f"return unpack(out, lens_q, {case.sq})"]
     elif backend.single:
         kv = f"k[0, :lens_kv[0]]{hnd}, v[0, :lens_kv[0]]{hnd}"

@@ -87,17 +87,17 @@ def parts(backend, device: str, space, n: int, seed: int, ipc_cases: int) -> dic
         rows.append({"draw": draw_s, "refuse": refuse_s, "inputs": inputs_s, "build": max(first_s - kernel_s, 0.0),
                      "kernel": kernel_s, "oracle": oracle_s, "grade": grade_s})
     graded = [r for r in rows if "kernel" in r]
+    ipc = []   # the worker's round trip on a sample: each case's second run isolated less its second run here
     if graded and ipc_cases and not broken:
         with Worker(backend.name, device) as worker:
-            sample = [c for c in cases if backend.unsupported(c) is None][:ipc_cases]
-            for case in sample:
+            for case in [c for c in cases if backend.unsupported(c) is None][:ipc_cases]:
                 worker.run(case)
                 _, isolated = _timed(lambda: worker.run(case), "cpu")
                 run_case(backend, case, device=device)
                 _, inline = _timed(lambda: run_case(backend, case, device=device), device)
-                graded[sample.index(case) % len(graded)]["ipc"] = max(isolated - inline, 0.0)
+                ipc.append(max(isolated - inline, 0.0))
     return {"backend": backend.name, "device": device, "cases": len(cases), "refused": refused, "crashed": crashed,
-            "graded": len(graded), "rows": rows, "broken": broken}
+            "graded": len(graded), "rows": rows, "ipc": ipc, "broken": broken}
 
 
 def _inputs(case, device, draw, draw_device, with_storage):
@@ -106,19 +106,20 @@ def _inputs(case, device, draw, draw_device, with_storage):
 
 
 def table(result: dict) -> str:
-    rows = result["rows"]
-    total = {p: sum(r.get(p, 0.0) for r in rows) for p in PARTS}
+    samples = {p: [r[p] for r in result["rows"] if p in r] for p in PARTS}
+    samples["ipc"] = result["ipc"]
+    total = {p: sum(v) for p, v in samples.items()}   # each part's seconds over the run (ipc: the sampled cases')
     whole = sum(total.values()) or 1.0
     lines = [f"{result['backend']} on {result['device']}: {result['cases']} cases drawn, {result['graded']} graded, "
              f"{result['refused']} refused, {result['crashed']} refused at call time or crashed {result['broken']}",
              f"{'part':<8} {'median ms':>10} {'p90 ms':>9} {'share':>6}"]
     for p in PARTS:
-        values = sorted(r[p] * 1e3 for r in rows if p in r)
+        values = sorted(v * 1e3 for v in samples[p])
         if values:
             p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
             lines.append(f"{p:<8} {statistics.median(values):>10.2f} {p90:>9.2f} {total[p] / whole:>6.1%}")
     lines.append(f"a graded case costs {whole / max(result['graded'], 1) * 1e3:.1f} ms in all, refusals included "
-                 f"(ipc: sampled cases only)")
+                 f"(ipc: {len(result['ipc'])} sampled cases only)")
     return "\n".join(lines)
 
 

@@ -287,3 +287,15 @@ def _tupled(value):
     if isinstance(value, list):
         return tuple(_tupled(v) for v in value)
     return value
+
+
+def top_left_shifts(case: Case) -> tuple[int, ...]:
+    """The distinct skv_n - sq_n of the sequences with queries and keys: how far a top-left band, or an ALiBi distance,
+    moves to be measured from the bottom-right diagonal instead."""
+    return tuple(sorted({kv - q for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0}))
+
+
+def shifted_band(case: Case, d: int) -> tuple[int | None, int | None]:
+    """The case's (left, right) moved by `d` (top_left_shifts) to the bottom-right diagonal; a bound may go negative."""
+    left, right = case.left, case.right
+    return (None if left is None else left + d, None if right is None else right - d)

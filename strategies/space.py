@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from attnfuzz.strategies import fp8 as F
-from attnfuzz.strategies.case import ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, STORAGES, Case
+from attnfuzz.strategies.case import (ALIGNMENTS, DTYPES, LAYOUTS, MEMORY, SOFTMAXES, STORAGES, Case, shifted_band,
+                                     top_left_shifts)
 
 # Page sizes of a paged KV cache, smallest first (shrinking goes toward the first): the usual powers of two and odd
 # ones, for the backends that take any size.
@@ -223,14 +224,12 @@ def top_left_shift_refused(case: Case) -> bool:
     different shifts, or its ALiBi shifts (flash-attn measures the distance from the bottom-right diagonal)."""
     if case.alignment != "top_left":
         return False
-    shifts = {kv - q for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0}
-    if case.alibi_slopes is not None and shifts - {0}:
+    shifts = top_left_shifts(case)
+    if case.alibi_slopes is not None and set(shifts) - {0}:
         return True
-    left, right = case.left, case.right
-    if left is None and right is None:
+    if case.left is None and case.right is None:
         return False
-    return len(shifts) > 1 or any((right is not None and right - d < 0) or (left is not None and left + d < 0)
-                                  for d in shifts)
+    return len(shifts) > 1 or any(b is not None and b < 0 for d in shifts for b in shifted_band(case, d))
 
 
 def fp8_narrowed(space: Space) -> Space:

@@ -23,12 +23,14 @@ bool: q in the dtype); absent: everything.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import FORMATS, LARGEST, SCALINGS, TORCH_FP8
 from attnfuzz.strategies.materialize import TORCH_DTYPES, Tensors
-from attnfuzz.strategies.paged import paged_kv
+from attnfuzz.strategies.paged import PagedKV, paged_kv
 
 FP8_FIELDS = ("q_descale", "k_descale", "v_descale")
 OPTIONAL = ("out_dtype", "out_descale", "p_dtype", "p_scale")
@@ -76,14 +78,20 @@ def kernel_inputs(case: Case, t: Tensors) -> tuple[list, dict]:
               "p_scale": f.p_scale}
     if not case.paged:
         return [f.q8, f.k8, f.v8], kwargs
-    paged = paged_kv(case, f.k8.float(), f.v8.float())
-    fk, fv = case.fp8[1], case.fp8[2]
-    k_cache = paged.k_cache.clamp(-LARGEST[fk], LARGEST[fk]).to(TORCH_FP8[fk])
-    v_cache = paged.v_cache.clamp(-LARGEST[fv], LARGEST[fv]).to(TORCH_FP8[fv])
+    paged = fp8_pages(case, t)
     if case.fp8_scaling == "page":
         kwargs["k_descale"], kwargs["v_descale"] = (_per_page(case, paged, d) for d in (f.k_descale, f.v_descale))
-    kwargs.update(block_table=paged.block_table, k_cache=k_cache, v_cache=v_cache, cache_seqlens=paged.cache_seqlens)
+    kwargs.update(block_table=paged.block_table, k_cache=paged.k_cache, v_cache=paged.v_cache,
+                  cache_seqlens=paged.cache_seqlens)
     return [f.q8, None, None], kwargs
+
+
+def fp8_pages(case: Case, t: Tensors) -> PagedKV:
+    """The paged cache of the case's K / V encodings, in their FP8 dtypes (garbage slots saturated to the format)."""
+    paged = paged_kv(case, t.fp8.k8.float(), t.fp8.v8.float())
+    fk, fv = case.fp8[1], case.fp8[2]
+    return dataclasses.replace(paged, k_cache=paged.k_cache.clamp(-LARGEST[fk], LARGEST[fk]).to(TORCH_FP8[fk]),
+                               v_cache=paged.v_cache.clamp(-LARGEST[fv], LARGEST[fv]).to(TORCH_FP8[fv]))
 
 
 def _per_page(case: Case, paged, per_key: torch.Tensor) -> torch.Tensor:

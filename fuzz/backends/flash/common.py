@@ -16,7 +16,7 @@ import torch
 
 from attnfuzz.backends.base import Unsupported
 from attnfuzz.backends.layout import cu_seqlens, lse_from_packed, pack, pool_from_table, to_layout, unpack
-from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.case import Case, shifted_band, top_left_shifts
 from attnfuzz.strategies.materialize import Tensors
 from attnfuzz.strategies.paged import GARBAGE_K, GARBAGE_V, paged_kv
 
@@ -38,12 +38,12 @@ def bottom_right_band(case: Case) -> tuple[Bounds | None, str | None]:
     left, right = case.left, case.right
     if case.alignment == "bottom_right" or (left is None and right is None):
         return (left, right), None
-    shifts = sorted({kv - q for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0})
+    shifts = top_left_shifts(case)
     if len(shifts) > 1:
-        return None, (f"top-left band with per-sequence skv - sq in {shifts}: flash-attn aligns bands bottom-right "
-                      f"and one window cannot shift by several offsets")
+        return None, (f"top-left band with per-sequence skv - sq in {list(shifts)}: flash-attn aligns bands "
+                      f"bottom-right and one window cannot shift by several offsets")
     d = shifts[0] if shifts else 0
-    shifted = (None if left is None else left + d, None if right is None else right - d)
+    shifted = shifted_band(case, d)
     if any(b is not None and b < 0 for b in shifted):
         return None, (f"top-left band (left={left}, right={right}) with skv - sq = {d} needs the bottom-right "
                       f"window {shifted}, and flash-attn documents no negative bounds (FA2/FA3 read one as "
@@ -55,7 +55,7 @@ def alibi_reason(case: Case) -> str | None:
     """flash-attn's ALiBi distance is |i + skv_n - sq_n - j| (bottom-right); a top-left case needs skv_n == sq_n."""
     if case.alibi_slopes is None or case.alignment == "bottom_right":
         return None
-    if any(q != kv for q, kv in zip(case.lens_q, case.lens_kv) if q > 0 and kv > 0):
+    if set(top_left_shifts(case)) - {0}:
         return "top-left ALiBi with skv != sq: flash-attn measures the ALiBi distance from the bottom-right diagonal"
     return None
 

@@ -19,6 +19,7 @@ import importlib
 
 import torch
 
+from attnfuzz.backends import fp8_contract
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.flash.common import cuda_arch
 from attnfuzz.backends.flashinfer import common as fic
@@ -299,7 +300,7 @@ class _FP8KV:
         return super().fitted(fp8kv.as_kv_cache(case))
 
     def paged_inputs(self, case: Case, t: Tensors) -> tuple[torch.Tensor, PagedKV, dict]:
-        return t.fp8.q8.to(TORCH_DTYPES[case.dtype]), fp8kv.fp8_pool(case, t), fp8kv.scales(t)
+        return t.fp8.q8.to(TORCH_DTYPES[case.dtype]), fp8_contract.fp8_pages(case, t), fp8kv.scales(t)
 
     def compile_key(self, case: Case) -> tuple | None:
         key = super().compile_key(case)

@@ -19,9 +19,7 @@ Refused: FP8 q, an FP8 output, P quantised, per-head or per-page scales, K and V
 from __future__ import annotations
 
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.fp8 import LARGEST, TORCH_FP8
 from attnfuzz.strategies.materialize import Tensors
-from attnfuzz.strategies.paged import PagedKV, paged_kv
 
 
 def fp8_refusals(case: Case) -> list[tuple[bool, str]]:
@@ -51,12 +49,3 @@ def as_kv_cache(case: Case) -> Case:
 def scales(t: Tensors) -> dict:
     """run()'s k_scale / v_scale: the case's per-tensor descales as Python floats (exact: float32 in a double)."""
     return {"k_scale": float(t.fp8.k_descale[0]), "v_scale": float(t.fp8.v_descale[0])}
-
-
-def fp8_pool(case: Case, t: Tensors) -> PagedKV:
-    """The paged cache of the FP8 encodings, in the cache's FP8 dtype (garbage slots saturated to the format)."""
-    cache = paged_kv(case, t.fp8.k8.float(), t.fp8.v8.float())
-    fk, fv = case.fp8[1], case.fp8[2]
-    return PagedKV(cache.k_cache.clamp(-LARGEST[fk], LARGEST[fk]).to(TORCH_FP8[fk]),
-                   cache.v_cache.clamp(-LARGEST[fv], LARGEST[fv]).to(TORCH_FP8[fv]),
-                   cache.block_table, cache.cache_seqlens, cache.pages, cache.garbage_page)

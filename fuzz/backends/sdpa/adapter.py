@@ -8,8 +8,8 @@ aten op called on the same inputs (math has none); a refusal there is reported i
 an error.
 
 A case is run in one of its spellings (fuzz/backends/sdpa/spelling.py); which of them the kernel takes, torch's
-dispatcher says, asked once per shape on empty tensors (for the nn.MultiheadAttention spellings, the module itself,
-run once per shape on zeros: fuzz/backends/sdpa/modules.py).
+dispatcher says, asked once per shape on empty tensors (for the nn.MultiheadAttention spellings, on what the module's
+own code hands SDPA, with its GEMMs and the kernel stubbed: fuzz/backends/sdpa/modules.py).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class SdpaBackend(Backend):
         with self._forced():
             for spelling in spellings:
                 if spelling.module:
-                    answers.append(self._module_probe(case, spelling))
+                    answers.append(self._module_probe(choose, case, spelling))
                     continue
                 if spelling.heads not in views:
                     views[spelling.heads] = sdpa_inputs(case, q, k, v, spelling, grads=case.grads)[1]
@@ -220,21 +220,23 @@ class SdpaBackend(Backend):
             reasons.append(f"torch's dispatcher chose backend {chosen}, not {self.kernel}")
         return f"{self.kernel} refuses spelling {spelling.name or 'plain'!r}: {' / '.join(reasons)}"
 
-    def _module_probe(self, case: Case, spelling: Spelling) -> str | None:
-        """None when the kernel runs the module call on zeros of the case's shapes, else torch's reasons."""
+    def _module_probe(self, choose, case: Case, spelling: Spelling) -> str | None:
+        """None when torch's dispatcher picks the kernel for what the module hands SDPA, else its reasons: the
+        module's own code runs with its GEMMs and its SDPA call stubbed (modules.dispatch_only), so no kernel runs."""
         q, k, v = skeleton(case, self.device)
-        leaves = sdpa_inputs(case, q.zero_(), k.zero_(), v.zero_(), spelling, grads=case.grads)[0]
+        leaves = sdpa_inputs(case, q, k, v, spelling, grads=case.grads)[0]
         mha = self._mha(case, q.dtype)
         masks = modules.module_masks(case, None, spelling, q.dtype, self.device)
-        with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(case.grads):
-            warnings.simplefilter("always")
-            try:
-                modules.call(mha, *(modules.embedded(case, x) for x in leaves), masks)
-            except RuntimeError as e:
-                if "No available kernel" not in str(e) and "No viable backend" not in str(e):
-                    raise
-                return f"{self.kernel} refuses spelling {spelling.name!r}: {_torch_reason(caught, e)}"
-        return None
+        answers = []
+
+        def ask(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            answers.append(self._dispatched(choose, [(attn_mask, is_causal)], q, k, v, case, spelling))
+            return q.new_empty(*q.shape[:-1], v.shape[-1])
+
+        with modules.dispatch_only(ask), torch.set_grad_enabled(case.grads), warnings.catch_warnings(record=True):
+            modules.call(mha, *(modules.embedded(case, x) for x in leaves), masks)
+        (answer,) = answers   # one SDPA call per module call, or torch's module changed
+        return answer
 
     def _mha(self, case: Case, dtype) -> torch.nn.Module:
         """The identity nn.MultiheadAttention for the case, built once per (embed_dim, heads, dtype, batch_first)."""

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from attnfuzz.strategies.case import FAMILIES, PLAIN_STORAGE, Case
 from attnfuzz.strategies.choices import _either, _ints, _one_of, coin, pick, uniform
-from attnfuzz.strategies.lengths import SCORE_COST, _lengths
+from attnfuzz.strategies.lengths import (ELEMENT_BYTES, FIXED_BYTES, SCORE_BYTES, SCORE_COST, _lengths,
+                                         head_bytes)
 from attnfuzz.strategies.fp8 import SCALE_KINDS
 from attnfuzz.strategies.space import HEAD_DIMS, ODD_HEAD_DIMS, Space, fp8_narrowed, top_left_shift_refused
 
@@ -123,9 +124,14 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     # Head dims, then batch and heads, within space.max_work (see work()): the float64 oracle's cost, which a long
     # case would otherwise multiply by thousands
     room = max(1, space.max_work // (sq * skv) - SCORE_COST)
+    if space.max_bytes is not None:   # and within the device memory a case may hold (a campaign lane's share)
+        free = space.max_bytes - FIXED_BYTES - sq * skv * SCORE_BYTES
+        room = min(room, max(1, free // ((sq + skv) * ELEMENT_BYTES)))
     d_qk = _head_dim(draw, space, room // 2, odds)
     d_v = _head_dim(draw, space, room - d_qk, odds, d_qk) if space.split_head_dims else d_qk
     room = max(1, space.max_work // (sq * skv * (d_qk + d_v + SCORE_COST)))
+    if space.max_bytes is not None:
+        room = min(room, max(1, (space.max_bytes - FIXED_BYTES) // head_bytes(sq, skv, d_qk, d_v)))
     b = uniform(draw, 1, max(1, min(space.max_batch, room)))
     heads = max(1, min(space.max_heads, room // b))
     if space.gqa:

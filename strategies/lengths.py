@@ -120,6 +120,27 @@ def _keys(space: Space, sq: int, most: int) -> int:
     return max(1, min(most, space.max_work // (sq * (SCORE_COST + 2))))
 
 
+# A generous bound on the device memory a case holds at once, for Space.max_bytes: per element of q, k, v and the
+# output (each sequence, each head) the kernel's copy and its gradient (4 bytes at most each), buffers in a drawn
+# storage (twice that), and the float64 oracle's copies with their gradients (8 bytes each, three of them); per score,
+# a dense mask in the kernel's dtype and the oracle's float64 one; and the oracle's query chunks
+# (attnfuzz.oracles.reference.CHUNK_BYTES, a few live at once) with the CUDA context's own allocations.
+ELEMENT_BYTES = 64
+SCORE_BYTES = 12
+FIXED_BYTES = 512 * 2**20
+
+
+def head_bytes(sq: int, skv: int, d_qk: int, d_v: int) -> int:
+    """device_bytes's share of one sequence and one head."""
+    return (sq + skv) * (d_qk + d_v) * ELEMENT_BYTES + sq * skv * SCORE_BYTES
+
+
+def device_bytes(case: Case) -> int:
+    """A generous bound on the device memory, kernel and float64 oracle together, a case holds at once (K and V
+    counted at every query head, so GQA and paged pools with spare pages stay under it)."""
+    return case.b * case.h * head_bytes(case.sq, case.skv, case.d_qk, case.d_v) + FIXED_BYTES
+
+
 def work(case: Case) -> int:
     """What the float64 oracle's time grows with, in multiply-adds: b * h * sq * skv * (d_qk + d_v + SCORE_COST)."""
     return case.b * case.h * case.sq * case.skv * (case.d_qk + case.d_v + SCORE_COST)

@@ -48,6 +48,7 @@ class Space:
     max_head_dim: int = 512
     max_decode_len: int | None = None
     max_work: int = 2**24
+    max_bytes: int | None = None     # the device memory a case may hold (attnfuzz.strategies.lengths.device_bytes)
     long_one_in: int = 10            # one case in this many draws a long shape, where max_len passes SMALL_LEN
     head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
@@ -90,8 +91,9 @@ class Space:
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work", "long_one_in"):
             _positive(name, getattr(self, name))
-        if self.max_decode_len is not None:
-            _positive("max_decode_len", self.max_decode_len)
+        for name in ("max_decode_len", "max_bytes"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         if self.head_dims is not None and (not isinstance(self.head_dims, tuple) or not self.head_dims):
             raise ValueError(f"Space: invalid head_dims={self.head_dims!r}: a non-empty tuple of ints >= 1, or None")
         for d in self.head_dims or ():

@@ -19,7 +19,7 @@ from attnfuzz.engine import reshrink
 from attnfuzz.backends.base import Backend
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.lengths import work
+from attnfuzz.strategies.lengths import device_bytes, work
 from attnfuzz.strategies.compiled import CompiledConfigs, compile_aware
 from attnfuzz.strategies.space import Space
 
@@ -50,8 +50,11 @@ def compiled_configs(backend: Backend) -> CompiledConfigs:
 
 def compile_aware_cases(backend: Backend, cases: st.SearchStrategy[Case], space: Space) -> st.SearchStrategy[Case]:
     """`cases` drawn, at the space's compiled_share, inside the configurations `backend` compiled already."""
-    return compile_aware(cases, compiled_configs(backend), backend.compile_key,
-                         lambda case: backend.unsupported(case) is None, space.compiled_share, space.max_work)
+    def takes(case: Case) -> bool:   # and, pinned to a configuration, within the device memory a case may hold
+        return backend.unsupported(case) is None and (space.max_bytes is None or device_bytes(case) <= space.max_bytes)
+
+    return compile_aware(cases, compiled_configs(backend), backend.compile_key, takes, space.compiled_share,
+                         space.max_work)
 
 
 @contextlib.contextmanager

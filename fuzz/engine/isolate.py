@@ -39,7 +39,7 @@ import os
 import signal
 import time
 
-from attnfuzz.engine import interrupt, poison
+from attnfuzz.engine import interrupt, memshare, poison
 from attnfuzz.engine.cuda_errors import raised_cuda_error
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -64,6 +64,7 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict
         os.environ.update(env)
     import torch
     torch.set_num_threads(threads)
+    memshare.apply(device)   # a campaign lane's share of a GPU other lanes use too (inherited with the environment)
     if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
         poison.enable()
     from attnfuzz.backends import get
@@ -150,7 +151,7 @@ class Worker:
         self.confirm_factor = confirm_factor
         self.hang_floor_s, self.hang_factor = hang_floor_s, hang_factor
         self.hangs, self.slowest_s = 0, 0.0
-        self.env = dict(env or {})
+        self.env = {**({memshare.ENV: os.environ[memshare.ENV]} if os.environ.get(memshare.ENV) else {}), **(env or {})}
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
         self._process = None

@@ -25,7 +25,7 @@ from hypothesis import Phase
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from attnfuzz.store import caselog
-from attnfuzz.engine import interrupt, poison
+from attnfuzz.engine import interrupt, memshare, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import mark_known
@@ -178,6 +178,10 @@ class Lane:
         self.started = time.perf_counter()
         self.deadline = self.started + self.config["hours"] * 3600 - self.state["elapsed"]
 
+    def space(self) -> Space:
+        """The device's default space, within the campaign's --max-len and the lane's share of its GPU."""
+        return Space.for_device(self.device, self.config.get("max_len")).replace(max_bytes=memshare.share_bytes())
+
     def save_state(self) -> None:
         self.state["elapsed"] += time.perf_counter() - self.started
         self.started = time.perf_counter()
@@ -197,7 +201,8 @@ class Lane:
         cfg = self.config
         database = open_database(cfg["db"], self.dir)
         done = load_log(self.log_path)
-        space = Space.for_device(self.device, cfg.get("max_len"))
+        space = self.space()
+        memshare.apply(self.device)   # the cases this lane runs itself (--no-isolate) keep to its share too
         backends = [get(name, self.device) for name in lane_backends(cfg["backends"], cfg["lanes"], self.index)]
         if cfg.get("poison_memory"):
             poison.enable()  # before the workers start: each is handed it

@@ -21,9 +21,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from attnfuzz.campaign import lanes as lanes_mod
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import paths
-from attnfuzz.engine import options
+from attnfuzz.store.parallel_replay import shared_cache_env
+from attnfuzz.engine import memshare, options
 from attnfuzz.report.coverage import Coverage
 from attnfuzz.report.build import build_report
 
@@ -43,8 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument("--hours", type=options.positive, help="time budget in hours, over all resumes (default 1)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     p.add_argument("--gpus", help="cuda: 'all' (default) or N: one lane per GPU")
-    p.add_argument("--workers", type=options.count, help="cpu: lanes to run (default 1); cuda: lanes per GPU (default 1: "
-                   "small cases are bound by the host's CPU, so more lanes per GPU use more of its cores)")
+    p.add_argument("--workers", type=options.count, help="cpu: lanes to run (default 1); cuda: lanes per GPU (default: "
+                   "as many as the host's cores and the GPU's and host's memory allow, fuzz/campaign/lanes.py)")
     p.add_argument("--db", help="example database: a directory (default db, inside --dir) or a redis:// URL")
     p.add_argument("--round-examples", type=options.count, help="examples per backend per round (default 200)")
     p.add_argument("--round-seconds", type=options.positive, help="seconds per backend per round, shrinking included "
@@ -75,11 +77,8 @@ def new_config(args) -> dict:
         gpus = have if args.gpus in (None, "all") else _positive("--gpus", args.gpus)
         if have == 0 or gpus > have:
             raise CampaignError(f"--gpus={args.gpus or 'all'}: this machine has {have} GPU(s) visible to torch")
-        lanes = gpus * (args.workers or 1)
-    else:
-        if args.gpus:
-            raise CampaignError("--gpus needs --device cuda; on cpu give --workers N")
-        lanes = args.workers or 1
+    elif args.gpus:
+        raise CampaignError("--gpus needs --device cuda; on cpu give --workers N")
     backends = [b for b in args.backends.split(",") if b]
     from attnfuzz.backends import get
     versions, skipped = {}, {}
@@ -97,12 +96,20 @@ def new_config(args) -> dict:
             raise CampaignError(f"--backends: {name} cannot run here: {why} (or pass --skip-unavailable to skip it)")
     if not versions:
         raise CampaignError(f"--backends: none can run here: {skipped}")
-    if device == "cuda" and lanes > 1 and any(n.startswith(("ring-", "te-cp-")) for n in versions):
+    context_parallel = any(n.startswith(("ring-", "te-cp-")) for n in versions)
+    sizing = None
+    if device == "cuda":   # by default as many lanes per GPU as the host and the GPU hold (one for CP backends)
+        sizing = lanes_mod.size(lanes_mod.host_cores(), gpus, lanes_mod.gpu_memory_bytes(),
+                                lanes_mod.host_memory_bytes(), per_gpu=args.workers or (1 if context_parallel else None))
+    lanes = gpus * sizing.per_gpu if sizing else args.workers or 1
+    if device == "cuda" and lanes > 1 and context_parallel:
         raise CampaignError("context-parallel backends spread over every GPU themselves: give them a campaign of one "
                             "lane (--gpus 1; a single lane still sees all the GPUs)")
     if args.db and args.db.startswith(("redis://", "rediss://", "unix://")):
         _check_redis(args.db)
     return {"backends": list(versions), "skipped": skipped, "device": device, "lanes": lanes, "gpus": gpus,
+            "sizing": sizing.describe(gpus) if sizing else None,
+            "gpu_share": sizing.share_bytes if sizing and sizing.per_gpu > 1 else None,
             "hours": 1.0 if args.hours is None else args.hours,
             "db": args.db or "db", "round_examples": args.round_examples or 200,
             "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
@@ -155,7 +162,9 @@ def _die_with_parent() -> None:
 
 
 def start_lane(campaign: Path, index: int, config: dict) -> subprocess.Popen:
-    env = dict(os.environ)
+    env = {**os.environ, **shared_cache_env()}   # every lane reads and fills the same compile caches
+    if config.get("gpu_share"):   # lanes that share a GPU: each keeps to its share (attnfuzz.engine.memshare)
+        env[memshare.ENV] = str(config["gpu_share"])
     if config["device"] == "cuda" and config["lanes"] > 1:
         gpus = config.get("gpus") or config["lanes"]
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
@@ -241,6 +250,8 @@ def run_campaign(args) -> int:
     stored_path.write_text(json.dumps(config, indent=1) + "\n")
     for name, why in config["skipped"].items():
         print(f"[{name}] skipped: {why}", file=sys.stderr)
+    if config.get("sizing"):
+        print(f"attnfuzz campaign: {config['sizing']}", file=sys.stderr)
     before = {p.name for p in corpus_io.entry_paths(campaign / "corpus")}
     if config["lanes"] > 1:
         warm_jit_backends(config)

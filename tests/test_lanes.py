@@ -122,3 +122,22 @@ def test_a_lanes_cases_keep_to_its_share(tmp_path, monkeypatch):
     assert Lane(tmp_path, 0).space().max_bytes == 7 * GiB
     monkeypatch.delenv(memshare.ENV)
     assert Lane(tmp_path, 0).space().max_bytes is None
+
+
+def test_a_share_caps_the_allocator_of_the_lanes_gpu(monkeypatch):
+    capped = []
+
+    class Properties:
+        total_memory = 140 * GiB
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Properties())
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: capped.append((f, index)))
+    monkeypatch.setenv(memshare.ENV, str(7 * GiB))
+    memshare.apply("cuda")
+    memshare.apply("cuda:1")
+    memshare.apply("cpu")
+    assert capped == [(0.05, 0), (0.05, 1)]
+    monkeypatch.delenv(memshare.ENV)
+    memshare.apply("cuda")
+    assert len(capped) == 2

@@ -34,8 +34,10 @@ def apply(device: str) -> None:
     if share is None or not str(device).startswith("cuda"):
         return
     import torch
-    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, share / total), torch.device(device))
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index   # torch's calls want the index itself
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, share / total), index)
 
 
 def refusal(error: BaseException) -> str | None:

@@ -37,6 +37,7 @@ EXPLAIN = {
 }
 LIBRARIES = {"flex-eager": ("torch", "torch flex_attention, eager"), "fa2": ("flash-attn 2", "flash-attn 2"),
              "flex-compiled": ("torch", "torch.compile(flex_attention)"), "fa3": ("flash-attn 3", "flash-attn 3"),
+             "fa3-fp8": ("flash-attn 3", "flash-attn 3's FP8 forward"),
              "fa4": ("flash-attn-4", "flash-attn-4 (flash_attn.cute)")}
 TE_ONLY = {"te-flash": "FlashAttention", "te-fused": "FusedAttention (cuDNN)",
            "te-unfused": "UnfusedDotProductAttention"}

@@ -191,15 +191,56 @@ def make_fa2(calls: list, kvcache_bug: str | None = None, packed_bug: str | None
     return {"flash_attn": pkg, "flash_attn.flash_attn_interface": iface}
 
 
-def make_fa3(calls: list) -> dict:
-    """sys.modules entries of a fake FA3 hopper build (`flash_attn_interface`)."""
+FA3_FP8_BUGS = ("k_descale_twice", "v_descale_heads_swapped")
+
+
+def fa3_fp8_values(q, k, v, q_descale, k_descale, v_descale, bug=None):
+    """FA3's FP8 inputs [b, s, heads, d] as real values: float32 encodings times their [b, hk] descales (q's per KV head, shared by
+    its group), checked as mha_fwd checks them; `bug` (FA3_FP8_BUGS) plants a scale mistake."""
+    if q.dtype != torch.float8_e4m3fn or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise RuntimeError("FlashAttention only supports fp16, bf16, and fp8_e4m3 data type")
+    b, hk = k.shape[0], k.shape[-2]
+    group = q.shape[-2] // hk
+    scales = {}
+    for name, d in (("q", q_descale), ("k", k_descale), ("v", v_descale)):
+        d = torch.ones(b, hk) if d is None else d.float()
+        if tuple(d.shape) != (b, hk):
+            raise RuntimeError(f"{name}_descale must have shape (batch_size, num_heads_k)")
+        scales[name] = d
+    if bug == "k_descale_twice":
+        scales["k"] = scales["k"] * scales["k"]
+    if bug == "v_descale_heads_swapped" and hk > 1:
+        scales["v"] = scales["v"][:, [1, 0, *range(2, hk)]]
+
+    def real(x, d, per_head):
+        return x.float() * d.repeat_interleave(per_head, dim=1)[:, None, :, None]
+
+    return real(q, scales["q"], group), real(k, scales["k"], 1), real(v, scales["v"], 1)
+
+
+def make_fa3(calls: list, fp8_bug: str | None = None) -> dict:
+    """sys.modules entries of a fake FA3 hopper build (`flash_attn_interface`); FP8 inputs come back in BF16."""
+    def fp8(q, k, v, descales):
+        if q.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) and k.dtype not in (torch.float8_e4m3fn,
+                                                                                         torch.float8_e5m2):
+            return q, k, v, None
+        q, k, v = fa3_fp8_values(q, k, v, *descales, bug=fp8_bug)
+        return q, k, v, torch.bfloat16
+
+    def described(descales):
+        return {f"{n}_descale": None if d is None else d.tolist() for n, d in zip("qkv", descales)}
+
     def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                         v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                         pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+        descales = (q_descale, k_descale, v_descale)
         calls.append({"fn": "flash_attn_func", "causal": causal, "window_size": window_size,
-                      "softmax_scale": softmax_scale, "softcap": softcap, "shape": tuple(q.shape)})
+                      "softmax_scale": softmax_scale, "softcap": softcap, "shape": tuple(q.shape),
+                      **({"dtype": repr(q.dtype), **described(descales)} if q.element_size() == 1 else {})})
+        q, k, v, out_dtype = fp8(q, k, v, descales)
         left, right = _fa2_bounds(causal, window_size)
         out, lse = run_band(q, k, v, left=left, right=right, scale=softmax_scale, softcap=softcap)
+        out = out if out_dtype is None else out.to(out_dtype)
         return (out, lse) if return_attn_probs else out
 
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
@@ -207,12 +248,23 @@ def make_fa3(calls: list) -> dict:
                                k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                                num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
                                return_attn_probs=False):
+        descales = (q_descale, k_descale, v_descale)
         calls.append({"fn": "flash_attn_varlen_func", "causal": causal, "window_size": window_size,
                       "softmax_scale": softmax_scale, "softcap": softcap, "cu_seqlens_q": cu_seqlens_q.tolist(),
-                      "cu_seqlens_k": cu_seqlens_k.tolist(), "shape": tuple(q.shape)})
+                      "cu_seqlens_k": cu_seqlens_k.tolist(), "shape": tuple(q.shape),
+                      **({"dtype": repr(q.dtype), **described(descales)} if q.element_size() == 1 else {})})
+        out_dtype = None
+        if q.element_size() == 1:   # per sequence: each one's row of the [b, hk] descales
+            b = len(cu_seqlens_q) - 1
+            pieces = [fa3_fp8_values(*(x[int(cu[n]):int(cu[n + 1])][None] for x, cu in (
+                (q, cu_seqlens_q), (k, cu_seqlens_k), (v, cu_seqlens_k))),
+                *(None if d is None else d[n:n + 1] for d in descales), bug=fp8_bug) for n in range(b)]
+            q, k, v = (torch.cat([p[i][0] for p in pieces]) for i in range(3))
+            out_dtype = torch.bfloat16
         left, right = _fa2_bounds(causal, window_size)
         out, lse = run_band(q, k, v, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, left=left, right=right, scale=softmax_scale,
                         softcap=softcap)
+        out = out if out_dtype is None else out.to(out_dtype)
         return (out, lse) if return_attn_probs else out
 
     iface = types.ModuleType("flash_attn_interface")

@@ -22,16 +22,18 @@ def spelled_kwargs(kwargs: dict) -> tuple[dict, dict]:
                      for name, x in kwargs.items()}
 
 
-def flash_source(backend, case: Case, *, module: str, library: str, positional_varlen: bool) -> str | None:
+def flash_source(backend, case: Case, *, module: str, library: str, positional_varlen: bool,
+                 prelude: tuple[str, ...] = ()) -> str | None:
     """Source defining `attention(q, k, v)` for `backend` (a flash-attn adapter with call_kwargs and route), or
-    None for a case it refuses. `positional_varlen`: FA2 / FA3 take cu_seqlens and max lengths positionally."""
+    None for a case it refuses. `positional_varlen`: FA2 / FA3 take cu_seqlens and max lengths positionally;
+    `prelude`: lines run first on the logical [b, s, h, d] q, k, v (FP8 encoding)."""
     if backend.unsupported(case) is not None:
         return None
     t = materialize(case, "cpu")
     tensors, spelled = spelled_kwargs(backend.call_kwargs(case, t))
     route = backend.route(case)
     fn = route.split("[")[0]
-    body = [f"from {module} import {fn}", ""]
+    body = [f"from {module} import {fn}", "", *prelude]
     args = ["q", "k", "v"]
     functions = [layout.pack, layout.unpack, layout.cu_seqlens] if route in (fc.VARLEN, fc.PAGED_PACKED) else []
     named = {}

@@ -146,6 +146,12 @@ class TEFusedFP8(TransformerEngineAttention):
     def __init__(self, device: str = "cuda") -> None:
         super().__init__("te-fused-fp8", sel.FUSED, device)
 
+    def available(self) -> str | None:
+        missing = super().available()
+        if missing is None and self.arch < 90:
+            return f"TE's FP8 fused attention needs sm90+ (this GPU is sm{self.arch})"
+        return missing
+
     def unsupported(self, case: Case) -> str | None:
         known = applicable_spellings(case)
         return first_reason(*fp8_refusals(case, self.arch),

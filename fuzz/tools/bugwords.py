@@ -40,7 +40,8 @@ LIBRARIES = {"flex-eager": ("torch", "torch flex_attention, eager"), "fa2": ("fl
              "fa3-fp8": ("flash-attn 3", "flash-attn 3's FP8 forward"),
              "fa4": ("flash-attn-4", "flash-attn-4 (flash_attn.cute)")}
 TE_ONLY = {"te-flash": "FlashAttention", "te-fused": "FusedAttention (cuDNN)",
-           "te-unfused": "UnfusedDotProductAttention"}
+           "te-unfused": "UnfusedDotProductAttention",
+           "te-fused-fp8": "FusedAttention (cuDNN FP8 attention, DelayedScaling, Float8Tensor inputs)"}
 
 
 def library(name: str) -> tuple[str, str]:

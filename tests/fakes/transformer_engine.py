@@ -15,7 +15,8 @@ causal = "causal" in the mask type and window_size as check_set_window_size left
 each mishandle one argument form: `mask_type_exact` (no normalisation of 'padding,causal' and the like: a string
 outside the canonical types is read as no_mask), `causal_unbounded_window` (a causal type given window (-1, -1)
 reads the right -1 as unbounded and drops the causal bound), `inferred_max_seqlen` (thd without max_seqlen: bands
-aligned by the rounded-up longest lengths instead of each sequence's).
+aligned by the rounded-up longest lengths instead of each sequence's). FP8 attention (te.autocast, Float8Tensor
+inputs, `fp8_bug` for its planted bugs) is tests/fakes/te_fp8.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import warnings
 
 import torch
 
+from tests.fakes import te_fp8
 from tests.fakes.attention import alibi_bias, attend, band_keep
 
 FLASH, FUSED, UNFUSED = "FlashAttention", "FusedAttention", "UnfusedDotProductAttention"
@@ -61,11 +63,12 @@ class FakeTE:
     """One fake TE install: records constructor and forward calls; knobs as in the module docstring."""
 
     def __init__(self, misroute=None, misrecord=None, cache_selection=True, flash_impl=None, mask_type_exact=False,
-                 causal_unbounded_window=False, inferred_max_seqlen=False):
+                 causal_unbounded_window=False, inferred_max_seqlen=False, fp8_bug=None):
         self.misroute, self.misrecord, self.cache_selection = misroute, misrecord, cache_selection
         self.flash_impl = flash_impl
         self.mask_type_exact, self.causal_unbounded_window = mask_type_exact, causal_unbounded_window
         self.inferred_max_seqlen = inferred_max_seqlen
+        self.fp8_bug = fp8_bug
         self.inits, self.forwards = [], []
         self.record = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
                        "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
@@ -98,7 +101,10 @@ class FakeTE:
 
         pt.DotProductAttention = DotProductAttention
         te.pytorch = pt
-        return {m.__name__: m for m in (te, pt, attn, dpa_pkg, dpa_mod, utils)}
+        te_fp8.export(pt)
+        extra = te_fp8.modules()
+        te.common = extra["transformer_engine.common"]
+        return {**{m.__name__: m for m in (te, pt, attn, dpa_pkg, dpa_mod, utils)}, **extra}
 
     def install(self, monkeypatch) -> FakeTE:
         for name, module in self.modules.items():
@@ -164,19 +170,23 @@ class _FakeDPA(torch.nn.Module):
             self.softmax_offset = torch.nn.Parameter(torch.zeros(num_attention_heads))
         self.flash_attention, self.fused_attention = _Core(fake.flash_impl), _Core()
         self.unfused_attention = _Core()
+        self.fp8, self.fp8_meta = False, {}
 
-    def _select(self, key, q, mask_type, softcap):
+    def init_fp8_metadata(self, num_gemms=1):
+        te_fp8.init_fp8_metadata(self, num_gemms)
+
+    def _select(self, key, q, mask_type, softcap, fp8=False):
         record, log = self.fake.record, logging.getLogger("DotProductAttention")
         if (self.fake.cache_selection and record["attention_params"] == key
                 and not record["backend_selection_requires_update"]):
             return next(b for b, f in FLAG.items() if record[f])
         log.setLevel(self.utils.AttentionLogging._log_level)
         eligible = [b for b in (FUSED, FLASH, UNFUSED) if os.environ.get(ENV[b], "1") == "1"]
-        rules = {FLASH: [(self.softmax_type != "vanilla", f"softmax_type = {self.softmax_type}"),
+        rules = {FLASH: [(fp8, "FP8 attention"), (self.softmax_type != "vanilla", f"softmax_type = {self.softmax_type}"),
                          (mask_type == "arbitrary", "arbitrary mask"), (q.dtype == torch.float32, "qkv_dtype fp32")],
                  FUSED: [(mask_type == "arbitrary", "arbitrary mask"), (softcap != 0.0, "softcap"),
                          (q.dtype == torch.float32, "qkv_dtype fp32")],
-                 UNFUSED: []}
+                 UNFUSED: [(fp8, "FP8 attention")]}
         for backend in list(eligible):
             for refused, why in rules[backend]:
                 if refused:
@@ -203,6 +213,8 @@ class _FakeDPA(torch.nn.Module):
                                        bottom_right_diagonal=bottom_right_diagonal,
                                        core_attention_bias_type=core_attention_bias_type,
                                        alibi_slopes=alibi_slopes, **rest))
+        self.init_fp8_metadata(num_gemms=3)
+        fp8 = te_fp8.attention_on(self)
         mask_type = normalised(self.fake, attn_mask_type if attn_mask_type is not None else self.mask_type)
         given = window_size if window_size is not None else self.window
         window = check_set_window_size(mask_type, given)
@@ -219,8 +231,8 @@ class _FakeDPA(torch.nn.Module):
         assert fmt != "thd" or "padding" in mask_type, "thd needs a padding mask type"
         assert (alibi_slopes is None) == (core_attention_bias_type != "alibi"), "alibi needs its bias type"
         key = (mask_type, window, brd, softcap, core_attention_bias_type, q.dtype, fmt, tuple(q.shape),
-               tuple(k.shape), tuple(v.shape))
-        selected = self._select(key, q, mask_type, softcap)
+               tuple(k.shape), tuple(v.shape), fp8)
+        selected = self._select(key, q, mask_type, softcap, fp8)
         if self.fake.misrecord:
             self.fake.record.update({f: b == self.fake.misrecord for b, f in FLAG.items()})
         ran = self.fake.misroute or selected
@@ -230,6 +242,13 @@ class _FakeDPA(torch.nn.Module):
                     attention_mask=attention_mask, cu_q=cu_seqlens_q, cu_k=cu_seqlens_kv, scale=self.scale,
                     sink=self.softmax_offset if self.softmax_type != "vanilla" else None,
                     cross=self.attention_type == "cross")
+        if fp8:
+            nominal = q.dtype
+            spec["attend"] = te_fp8.p_quantised_attend(self)
+            out = getattr(self, SUBMODULE[ran])(spec, *te_fp8.dequantised(self, q, k, v))
+            return te_fp8.output(self, out, nominal, rest.get("fp8_output", False))
+        if isinstance(q, te_fp8.Float8Tensor):   # FP8 inputs without FP8 attention: dequantised, as TE does
+            q, k, v = (x.dequantize() for x in (q, k, v))
         return getattr(self, SUBMODULE[ran])(spec, q, k, v)
 
 
@@ -271,8 +290,8 @@ def _compute(spec, q, k, v):
         if spec["mask_type"] == "arbitrary":
             keep = keep & ~spec["attention_mask"][n % spec["attention_mask"].shape[0], 0, :lens_q[n], :lens_k[n]]
         bias = alibi_bias(spec["alibi"], lens_q[n], lens_k[n], off, q.device) if spec["alibi"] is not None else None
-        o, _ = attend(q_n, k_n, v_n, keep, scale=spec["scale"], softcap=spec["softcap"], bias=bias,
-                      sink=spec["sink"])
+        o, _ = spec.get("attend", attend)(q_n, k_n, v_n, keep, scale=spec["scale"], softcap=spec["softcap"],
+                                          bias=bias, sink=spec["sink"])
         outs.append(o.reshape(o.shape[0], o.shape[1] * o.shape[2]))
     if fmt == "thd":
         return torch.cat(outs)

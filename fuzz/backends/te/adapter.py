@@ -121,6 +121,8 @@ def capability_refusals(case: Case, backend: str, flash_major: str | None = None
     sliding = window is not None and (window[0] != -1 or window[1] not in (-1, 0))
     fa4_dims = fa4_head_dim_reason(arch, case.d_qk, case.d_v) if flash_major == "4" else None
     rows = [
+        (case.fp8 is not None, f"fp8={case.fp8!r}: {backend} is fed q / k / v in the case's dtype here; TE's "
+                               f"FP8 attention is te-fused-fp8 (te/fp8.py)"),
         (case.dtype not in DTYPES[backend], f"dtype {case.dtype}: TE's {backend} takes {' / '.join(DTYPES[backend])}"),
         (case.mask_density is not None and backend != sel.UNFUSED,
          f"explicit boolean mask ('arbitrary' mask type): TE runs it only on {sel.UNFUSED}"),

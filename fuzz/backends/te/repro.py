@@ -75,3 +75,45 @@ def te_source(backend, case: Case) -> str:
         [padding_mask] if case.spelling == "attention_mask" else [])
     named = {"NVTE": (sel.ENV[backend.te_backend], f"only {backend.te_backend} eligible"), **constants}
     return src.preamble(used, named) + src.attention(doc, body)
+
+
+def fp8_source(backend, case: Case, init: dict, kwargs: dict, named: dict[str, tuple[object, str]]) -> str:
+    """Source defining `attention(q, k, v)` for te-fused-fp8 (fuzz/backends/te/fp8.py), from its construction and
+    forward arguments and `named` constants: Q_DESCALE, K_DESCALE, V_DESCALE, P_SCALE, O_SCALE (and OUT_DESCALE for
+    an FP8 output). q, k, v (the dequantised values) are divided by their descales back into their e4m3 encodings
+    (exact) and handed over as Float8Tensors with those descales; P's and O's scales are set in the module's fp8_meta
+    inside the FP8 autocast, as run() does."""
+    spelled, constants = _forward_kwargs(case, kwargs)
+    constants.update(named)
+    fmt = "E4M3" if case.spelling == "e4m3-format" else "HYBRID"
+    body = construction(init, learnable=False)
+    at = body.index("import transformer_engine.pytorch as te") + 1
+    body[at:at] = ["from transformer_engine.common.recipe import DelayedScaling, Format",
+                   "from transformer_engine.pytorch.cpp_extensions.fused_attn import META_O, META_S"]
+    body.append("dpa.train(False)")
+    if "cu_seqlens_q" in kwargs:
+        body.append(f"lens_q, lens_kv = {list(case.lens_q)!r}, {list(case.lens_kv)!r}  # valid tokens per sequence")
+    seq_major = ".transpose(0, 1)" if case.layout == "sbhd" else ""
+    body += ["pairs = ((q, Q_DESCALE), (k, K_DESCALE), (v, V_DESCALE))",
+             f"encoded = [((x / d.to(x.device)){seq_major}.contiguous().to(torch.float8_e4m3fn), d.to(x.device))",
+             f"           for x, d in pairs]  # the e4m3 encodings (exact){', sbhd' if seq_major else ''}",
+             f"q, k, v = (te.Float8Tensor(shape=x.shape, dtype=torch.{case.dtype}, data=x.view(torch.uint8), "
+             f"fp8_scale_inv=d,",
+             "                           fp8_dtype=te.DType.kFloat8E4M3, requires_grad=False, device=x.device)",
+             "           for x, d in encoded)",
+             f"recipe = DelayedScaling(fp8_format=Format.{fmt}, fp8_dpa=True)",
+             "with torch.no_grad(), te.autocast(enabled=True, recipe=recipe):",
+             "    dpa.init_fp8_metadata(num_gemms=3)  # the S and O scales exist from here",
+             "    dpa.fp8_meta['scaling_fwd'].scale[META_S] = P_SCALE",
+             "    dpa.fp8_meta['scaling_fwd'].scale[META_O] = O_SCALE",
+             "    out = " + src.call("dpa", ["q", "k", "v"], spelled, indent=8).replace("\n", "\n    ")]
+    if kwargs["fp8_output"]:
+        body.append("out = out._data.view(torch.float8_e4m3fn).float() * OUT_DESCALE  # dequantised e4m3 encodings")
+    body.append(f"out = out.reshape(*out.shape[:2], {case.h}, {case.d_v})  # heads split out of h * d_v")
+    body.append("return out.transpose(0, 1)" if case.layout == "sbhd" else "return out")
+    doc = (f"TransformerEngine DotProductAttention with only FusedAttention enabled (NVTE_*) under FP8 attention "
+           f"(DelayedScaling, fp8_dpa), as attnfuzz's {backend.name} adapter builds and calls it for spelling "
+           f"{case.spelling!r}.")
+    used = [layout.cu_seqlens] if "cu_seqlens_q" in kwargs else []
+    switches = {"NVTE": (sel.ENV[backend.te_backend], f"only {backend.te_backend} eligible")}
+    return src.preamble(used, {**switches, **constants}) + src.attention(doc, body)

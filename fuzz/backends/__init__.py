@@ -14,8 +14,9 @@ from attnfuzz.backends.base import Backend, Unsupported
 
 # one folder per family: sdpa/, flex/, flash/ (FA2, FA3, FA4), te/ (TransformerEngine; te.fp8 its FP8 attention),
 # cp/ (context parallelism), flashinfer/ (serving kernels)
-ADAPTER_MODULES = ("sdpa.adapter", "sdpa.cudnn", "flex.adapter", "flash.fa2", "flash.kvcache", "flash.fa3", "flash.fa3_fp8",
-                   "flash.fa4", "flex.paged", "te.adapter", "te.fp8", "cp.adapter", "flashinfer.adapter")
+ADAPTER_MODULES = ("sdpa.adapter", "sdpa.cudnn", "flex.adapter", "flash.fa2", "flash.kvcache", "flash.fa3",
+                   "flash.fa3_fp8", "flash.fa4", "flex.paged", "te.adapter", "te.fp8", "cp.adapter",
+                   "flashinfer.adapter")
 
 
 def factories() -> dict[str, Callable[[str], Backend]]:

@@ -99,8 +99,9 @@ def new_config(args) -> dict:
     context_parallel = any(n.startswith(("ring-", "te-cp-")) for n in versions)
     sizing = None
     if device == "cuda":   # by default as many lanes per GPU as the host and the GPU hold (one for CP backends)
+        per_gpu = args.workers or (1 if context_parallel else None)
         sizing = lanes_mod.size(lanes_mod.host_cores(), gpus, lanes_mod.gpu_memory_bytes(),
-                                lanes_mod.host_memory_bytes(), per_gpu=args.workers or (1 if context_parallel else None))
+                                lanes_mod.host_memory_bytes(), per_gpu=per_gpu)
     lanes = gpus * sizing.per_gpu if sizing else args.workers or 1
     if device == "cuda" and lanes > 1 and context_parallel:
         raise CampaignError("context-parallel backends spread over every GPU themselves: give them a campaign of one "

@@ -68,9 +68,9 @@ def _octaves(lo: int, hi: int) -> tuple[tuple[int, int], ...]:
     return tuple((a, b - 1) for a, b in zip(cuts, cuts[1:] + [hi + 1]))
 
 
-def ladder_length(draw, lo: int, hi: int) -> int:
+def ladder_length(draw, lo: int, hi: int, snap_odds: float = 1.0) -> int:
     """A length in lo..hi, log-uniform (an octave, then a length in it), moved up to a tile residue half the time
-    (L % 128 = 64, L % 64 = 1, ...: RESIDUES). Every octave draws its length with as many choices as the widest one,
+    (`snap_odds` times that: Space.long_edge_odds) (L % 128 = 64, L % 64 = 1, ...: RESIDUES). Every octave draws its length with as many choices as the widest one,
     and the residue is drawn either way, so shrinking can lower the octave, walk the length down, and drop the residue
     (the coin comes last: dropped before the length is walked down, it leaves a length that still fails more often;
     measured with hypothesis.find on 24 shrinks, 15 reached the smallest length against 9 to 11 for other orders)."""
@@ -78,7 +78,7 @@ def ladder_length(draw, lo: int, hi: int) -> int:
         a, b = pick(draw, _octaves(lo, hi))
         tile, residue = pick(draw, RESIDUES)
         n = uniform(draw, a, b, _digits(hi - lo))
-        snap = coin(draw, 2)
+        snap = coin(draw, 2, snap_odds)
     if snap:
         up = n + (residue - n) % tile
         n = up if up <= b else up - tile if up - tile >= a else n
@@ -101,15 +101,17 @@ def _shape(draw, space: Space, odds: float) -> tuple[int, int]:
     kinds = _long_kinds(space)
     if kinds and coin(draw, space.long_one_in, odds):
         kind = pick(draw, kinds)
+        edge = space.long_edge_odds
         if kind == "decode":
             sq = uniform(draw, 1, DECODE_MAX_QUERIES)
-            return sq, ladder_length(draw, DECODE_MIN_KEYS, max(DECODE_MIN_KEYS, _keys(space, sq, space.decode_len)))
+            most = max(DECODE_MIN_KEYS, _keys(space, sq, space.decode_len))
+            return sq, ladder_length(draw, DECODE_MIN_KEYS, most, edge)
         if kind == "tall":
-            sq = ladder_length(draw, short + 1, space.max_len)
-            return sq, ladder_length(draw, 1, _keys(space, sq, sq // 8))
-        sq = ladder_length(draw, 1, space.max_len)
+            sq = ladder_length(draw, short + 1, space.max_len, edge)
+            return sq, ladder_length(draw, 1, _keys(space, sq, sq // 8), edge)
+        sq = ladder_length(draw, 1, space.max_len, edge)
         keys = _keys(space, sq, space.max_len)
-        return sq, (sq if coin(draw, 2) and sq <= keys else ladder_length(draw, 1, keys))
+        return sq, (sq if coin(draw, 2) and sq <= keys else ladder_length(draw, 1, keys, edge))
     sq = short_length(draw, short)
     # sq == skv half the time; shrinking goes toward independent lengths, so each can reach its own minimum
     return sq, (sq if coin(draw, 2) else short_length(draw, short))

@@ -50,6 +50,7 @@ class Space:
     max_work: int = 2**24
     max_bytes: int | None = None     # the device memory a case may hold (attnfuzz.strategies.lengths.device_bytes)
     long_one_in: int = 10            # one case in this many draws a long shape, where max_len passes SMALL_LEN
+    long_edge_odds: float = 1.0      # how much likelier than half a long length sits at a tile residue (GPU_EDGE_ODDS)
     head_dims: tuple[int, ...] | None = None
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
     layouts: tuple[str, ...] = LAYOUTS
@@ -91,6 +92,9 @@ class Space:
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work", "long_one_in"):
             _positive(name, getattr(self, name))
+        if not isinstance(self.long_edge_odds, (int, float)) or not self.long_edge_odds > 0:
+            raise ValueError(f"Space: invalid long_edge_odds={self.long_edge_odds!r}: a number > 0 (1: half the long "
+                             f"lengths at a tile residue)")
         for name in ("max_decode_len", "max_bytes"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
@@ -130,7 +134,7 @@ class Space:
         lengths up to 16k, decode shapes up to 128k keys and 2**34 multiply-adds (GPU_MAX_WORK). `max_len` (--max-len) bounds every
         length, decode keys included."""
         space = cls() if device == "cpu" else cls(max_len=GPU_MAX_LEN, max_decode_len=GPU_MAX_DECODE_LEN,
-                                                   max_work=GPU_MAX_WORK)
+                                                   max_work=GPU_MAX_WORK, long_edge_odds=GPU_EDGE_ODDS)
         return space if max_len is None else space.replace(max_len=max_len, max_decode_len=max_len)
 
 
@@ -142,6 +146,10 @@ GPU_MAX_DECODE_LEN = 131072
 # long cases hold a bounded share of a run's time (docs/performance.md). 2^34 still reaches every length: a 16k x 16k
 # square with head dims to 32, 128k decode keys with any.
 GPU_MAX_WORK = 2**34
+# On a GPU, four long lengths in five sit at a tile residue (half of them on a CPU): a long case costs the same at a
+# tile edge as beside one, and the edges, where a kernel's last tile is partial, are where its bugs are; a length
+# beside an edge still comes one time in five, and shrinking drops the residue first.
+GPU_EDGE_ODDS = 1.6
 
 
 # Each switch is probed with a small case that turns on that one feature, in a dtype the backend takes.

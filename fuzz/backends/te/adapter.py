@@ -242,13 +242,7 @@ class TransformerEngineAttention(Backend):
                 with torch.no_grad():
                     dpa.softmax_offset.copy_(tensors.sink)
             with sel.watched(dpa) as selection:
-                try:
-                    out = dpa(*args, **kwargs)
-                except Exception as e:
-                    reason = sel.refusal_reason(self.te_backend, e, selection)
-                    if reason is None:
-                        raise
-                    raise Unsupported(reason) from e
+                out = sel.called(self.te_backend, selection, lambda: dpa(*args, **kwargs))
             ran = sel.check_ran(self.te_backend, selection)
             out = _logical_out(case, out)
             grads = (torch.autograd.grad(out, leaves, tensors.dout.to(out.dtype)) if case.grads

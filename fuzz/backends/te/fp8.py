@@ -194,13 +194,7 @@ class TEFusedFP8(TransformerEngineAttention):
                 _check_fp8(dpa, "before the call")
                 meta = dpa.fp8_meta["scaling_fwd"].scale
                 meta[fused.META_S], meta[fused.META_O] = scale_s, scale_o
-                try:
-                    out = dpa(q, k, v, **kwargs)
-                except Exception as e:
-                    reason = sel.refusal_reason(self.te_backend, e, selection)
-                    if reason is None:
-                        raise
-                    raise Unsupported(reason) from e
+                out = sel.called(self.te_backend, selection, lambda: dpa(q, k, v, **kwargs))
             ran = sel.check_ran(self.te_backend, selection)
             _check_fp8(dpa, f"{ran} ran")
         if kwargs["fp8_output"]:   # the e4m3 encodings, dequantised with the case's own descale

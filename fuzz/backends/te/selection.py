@@ -20,6 +20,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from attnfuzz.backends.base import Unsupported
+
 DPA_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention"
 UTILS_MODULE = "transformer_engine.pytorch.attention.dot_product_attention.utils"
 LOGGER = "DotProductAttention"
@@ -165,6 +167,18 @@ def refusal_reason(wanted: str, exc: BaseException, selection: Selection) -> str
     if isinstance(exc, (AssertionError, NotImplementedError)) or LAYOUT_REFUSED in message:
         return f"TE refused the case: {message.strip() or type(exc).__name__}"
     return None
+
+
+def called(wanted: str, selection: Selection, call):
+    """call()'s result; an error TE raised before entering a backend (refusal_reason) is Unsupported, any other is
+    raised as it is."""
+    try:
+        return call()
+    except Exception as e:
+        reason = refusal_reason(wanted, e, selection)
+        if reason is None:
+            raise
+        raise Unsupported(reason) from e
 
 
 def flash_versions() -> dict[str, str]:

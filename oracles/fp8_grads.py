@@ -17,7 +17,8 @@ row of dQ (query i) or of dK, dV (key j), maxima over the row's channels (docs/g
   kernel returned, which carries P's FP8 rounding and the output's, and its saturation: the reference's O is clamped
   as an FP8 output is, and reference.fp8_d_saturation is what that moves D by) + sum_c |dO_ic| (u_O |out_ic| +
   s_O out_descale) where the output is FP8; dS_ij moves by scale P_ij dD_i, so dQ_i by scale dD_i sum_j P_ij |K_j|
-  and dK_j by scale max_i dD_i sum_i P_ij |Q_i|.
+  and dK_j by scale max_i dD_i sum_i P_ij |Q_i|, times 1 + u_S where dS is rounded to FP8 (the rounding is relative
+  to the kernel's dS, D's shift included).
 - FP8 gradients (fp8_dqkv): each rounded once, within u_G |dX| + s_G descale of its head; FINAL_ROUNDINGS of it are
   allowed, as for the forward's FP8 output (the kernel's value carries its own error across a rounding boundary).
 These are worst cases, not random walks: a row's equal terms round alike and add up (oracles/fp8.py says why).
@@ -53,8 +54,10 @@ def allowance(o, name: str, out: torch.Tensor | None) -> torch.Tensor | float:
         u, sub = spacing(case.fp8_p)
         total = total + u * ref.row_dv_terms + sub / f.p_scale * terms["dv_seen"]
     if name in ("dq", "dk"):
+        # D's shift moves the kernel's dS, which its FP8 rounding then rounds too: (1 + u_S) of it
+        grown = 1 + (spacing(case.fp8_ds)[0] if case.fp8_ds is not None else 0.0)
         shift = d_shift(o, out)                                                      # [b, sq, h]
-        total = total + scale * (shift if name == "dq" else shift.max()) * terms[f"{name}_p"]
+        total = total + grown * scale * (shift if name == "dq" else shift.max()) * terms[f"{name}_p"]
     if case.fp8_dqkv is not None:
         u, sub = spacing(case.fp8_dqkv)
         size = getattr(ref, name).abs().amax(-1)

@@ -10,8 +10,9 @@ runs it (transformer_engine/pytorch/attention/dot_product_attention/backends.py;
 - `fp8_ds`: the format dS = scale * P o (dP - D) is rounded to before dQ = dS K and dK = dS^T Q (what cuDNN and TE
   call dP: Scale_dP / Descale_dP / Amax_dP, TE's dP_quantizer; cuDNN casts it to dO's data type), as
   round(dS * ds_scale), divided back after the product; None keeps dS wider. ds_scale is capped so that no dS can
-  saturate: |dS_ij| <= 2 scale max_i |dO_i| max_j |V_j| (|dP_ij| <= |dO_i| |V_j| and |D_i| <= max_j |dP_ij|), so
-  the cap is the largest power of two with that bound times ds_scale <= the format's largest.
+  saturate: |dS_ij| <= DS_BOUND scale max_i |dO_i| max_j |V_j| (|dP_ij| <= |dO_i| |V_j|, and |D_i| <=
+  (1 + u_O) max_j |dP_ij| where D is taken from an output rounded to FP8, u_O <= 1/8), so the cap is the largest
+  power of two with that bound times ds_scale <= the format's largest.
 - P before dV = P^T dO: the forward's `fp8_p` and `p_scale` (cuDNN's backward rounds P = exp(S - stats) times
   Scale_S to q's data type with the same Scale_S as its forward).
 - `fp8_dqkv`: dQ, dK and dV's format (TE's one dQKV_quantizer; None: returned in the case's dtype, as TE's current
@@ -29,6 +30,7 @@ import torch
 
 from attnfuzz.strategies.fp8 import FORMATS, FP8_SEED, LARGEST, FP8Inputs, _descales, encode
 
+DS_BOUND = 2.125                      # |dP - D| <= DS_BOUND max |dO| max |V| (the docstring says why)
 DS_SCALES = (1.0, 2.0**6, 2.0**12)   # ds_scale drawn (before its cap) where scales are not unit
 FIELDS = ("fp8_dout", "fp8_ds", "fp8_dqkv")
 BACKWARD_SEED = 0xB4C8_5EED   # the backward's scales: a generator of their own, so the forward's are as without it
@@ -71,7 +73,7 @@ def backward_scales(case, dout: torch.Tensor, v: torch.Tensor, gen: torch.Genera
     out = {"ds_scale": None, "dq_descale": None, "dk_descale": None, "dv_descale": None}
     kind = case.fp8_scales
     if case.fp8_ds is not None:
-        bound = 2 * case.softmax_scale * float(dout.double().norm(dim=-1).max()) * float(v.double().norm(dim=-1).max())
+        bound = DS_BOUND * case.softmax_scale * float(dout.double().norm(dim=-1).max()) * float(v.double().norm(dim=-1).max())
         cap = 2.0 ** torch.floor(torch.log2(torch.tensor(LARGEST[case.fp8_ds] / max(bound, 2.0**-60)))).item()
         drawn = 1.0 if kind == "unit" else cap if kind == "saturating" else DS_SCALES[
             int(torch.randint(len(DS_SCALES), (), generator=gen))]

@@ -38,7 +38,8 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
   Leading pages may be shared by several sequences (a common prefix). Decode cases have a few queries, bottom-right
   aligned to the cache. Paged cases never check gradients. For an unpaged case the four are None.
 - FP8 kernels name q_descale, k_descale and v_descale and are handed FP8 encodings and descales
-  (fuzz/backends/fp8_contract.py); they are drawn FP8 cases only, and others none.
+  (fuzz/backends/fp8_contract.py); they are drawn FP8 cases only, and others none. Those that also name dout and
+  dout_descale run an FP8 backward and return (out, lse, dq, dk, dv) for FP8 cases with gradients.
 - A row with no visible key must give output 0 (and LSE -inf, or the sink logit).
 - Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
   [b, h, sq] (natural log, float32); a tensor in another shape (its axes in another order) is a FAIL:SHAPE. Cases

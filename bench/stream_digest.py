@@ -4,7 +4,8 @@
     python3 bench/stream_digest.py --compare BEFORE.json AFTER.json
 
 Runs derandomized ci streams (the same cases every time) of sdpa-math on the CPU's default Space and on small
-shapes, and of planted and broken kernels (bench/planted.py, tests/broken.py) on small shapes; writes per stream a
+shapes, and of planted, broken and FP8 kernels (bench/planted.py, tests/broken.py, tests/fp8_kernels.py) on small
+shapes; writes per stream a
 digest of every case with its label and error ratio, the tally of labels and the shrunk findings. --compare says
 per stream whether the digests, the tallies and the findings are the same, and where a digest differs, the largest
 relative change of a ratio. Run from the repository root, once on each tree.
@@ -20,7 +21,8 @@ from pathlib import Path
 
 STREAMS = ["sdpa-math", "sdpa-math:small", "bench.planted:leak_key", "bench.planted:row_times_1p01",
            "bench.planted:zero_row", "bench.planted:grads_1p01_row", "broken-zero-causal", "broken-window",
-           "broken-gqa", "broken-alignment", "broken-scale"]
+           "broken-gqa", "broken-alignment", "broken-scale", "tests.fp8_kernels:fp8_attention",
+           "tests.fp8_kernels:head_scale_swapped"]
 
 
 def run(names: list[str], examples: int) -> dict:
@@ -36,7 +38,8 @@ def run(names: list[str], examples: int) -> dict:
     small = Space(max_batch=2, max_len=64, max_heads=4, max_head_dim=64)
     out = {}
     for name in names:
-        backend_name, _, space_name = name.partition(":") if not name.startswith("bench.") else (name, "", "small")
+        module = name.startswith(("bench.", "tests."))   # a kernel of the repository, module:function
+        backend_name, _, space_name = name.partition(":") if not module else (name, "", "small")
         backend = BROKEN[backend_name]() if backend_name in BROKEN else get(backend_name, "cpu")
         space = small if space_name == "small" or backend_name in BROKEN else Space()
         cases: list = []

@@ -48,6 +48,7 @@ def unfold(ref, case: Case):
         return None if x is None else x[0].unflatten(0, (b, -1))
 
     grad_rms = ref.row_grad_rms and {name: rows_heads(x) for name, x in ref.row_grad_rms.items()}
+    fp8_terms = ref.fp8_grad_terms and {name: rows_heads(x) for name, x in ref.fp8_grad_terms.items()}
     return dataclasses.replace(
         ref, out=rows_heads(ref.out), lse=heads_rows(ref.lse), dq=rows_heads(ref.dq), dk=rows_heads(ref.dk),
         dv=rows_heads(ref.dv), empty=None if ref.empty is None else ref.empty.expand(b, -1).contiguous(),
@@ -55,4 +56,4 @@ def unfold(ref, case: Case):
         row_spread=rows_heads(ref.row_spread), row_rms=rows_heads(ref.row_rms), row_grad_rms=grad_rms,
         row_d_moves=rows_heads(ref.row_d_moves), row_d_size=rows_heads(ref.row_d_size),
         key_mass=rows_heads(ref.key_mass), key_d_terms=rows_heads(ref.key_d_terms),
-        row_p_max=rows_heads(ref.row_p_max), row_v_sum=rows_heads(ref.row_v_sum))
+        row_p_max=rows_heads(ref.row_p_max), row_v_sum=rows_heads(ref.row_v_sum), fp8_grad_terms=fp8_terms)

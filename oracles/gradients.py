@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from attnfuzz.oracles import fp8_grads
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows, wrong_shape
 from attnfuzz.oracles.reference import reference
@@ -72,7 +73,8 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
     error it inherits from D: against the fused baseline row by row, from `out`, the output the kernel returned with
     the gradients (d_inherited); without `out`, and against the textbook baseline, the worst row's shift on every
     row. `floor_first`: the baseline only where an error passes the floor (tolerance.check). `expected`: another
-    reference's gradient (an alternative's), graded within the oracle's own bound."""
+    reference's gradient (an alternative's), graded within the oracle's own bound. An FP8 backward's rounding is
+    allowed on top, per row (oracles/fp8_grads.py)."""
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
     terms, inherited = o.gradient_terms[name]
     terms_floor = terms  # the sum of |terms| the cancellation floor takes: the tensor's largest, or per row (below)
@@ -124,7 +126,7 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
                  family=family, quantity="grad", dtype=o.case.dtype, logit_size=o.ref.logit_size,
                  scale_of_terms=terms_floor, inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms,
                  softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first,
-                 dot_terms=dominated_dot(o.case))
+                 dot_terms=dominated_dot(o.case), quantised=fp8_grads.allowance(o, name, out))
 
 
 def d_inherited(o, name: str, out: torch.Tensor) -> torch.Tensor:
@@ -165,9 +167,22 @@ def grade_grads(o, output: V.Output, family: str, checks: list[Check]) -> V.Verd
         c = gradient_check(o, name, got, family, output.out, floor_first=True)
         checks.append(c)
         if not c.ok:
+            scaled = _dout_scale(o, name, got, family, output.out)
+            if scaled is not None:   # an FP8 dO descale applied twice or missing
+                return fail(V.FP8_SCALE, f"{name} {scaled}; {c.describe()}", c, c.ratio, [x.describe() for x in checks])
             verdict = fail(V.GRADIENT, c.describe() + _only_empty_rows(o, name, got, family, output.out), c, c.ratio,
                            [x.describe() for x in checks])
             return dataclasses.replace(verdict, also=_alternatives_matched(o, name, got, family))
+    return None
+
+
+def _dout_scale(o, name: str, got: torch.Tensor, family: str, out: torch.Tensor) -> str | None:
+    """The description of the FP8 dO descale alternative (applied twice, missing) whose gradient `name` the failing
+    one matches, graded as the oracle of that dO would grade it (its gradients' sizes set its bounds), or None."""
+    for _, description, tensors in fp8_grads.dout_alternatives(o.case, o.tensors):
+        alt = type(o).of(o.case, tensors, device=o.ref.out.device, family=family)   # its own reference and bounds
+        if gradient_check(alt, name, got, family, out).ok:
+            return description
     return None
 
 

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from attnfuzz.oracles.fold import fold, unfold
+from attnfuzz.oracles.grad_terms import FP8_TERMS, add_d_terms, add_fp8_terms, add_grad_terms
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import saturate
+from attnfuzz.strategies.fp8_backward import saturate_grads
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 CHUNK_BYTES = 64 * 2**20
@@ -60,6 +62,11 @@ class Reference:
     #                                             the sink's included (oracles/fp8.py)
     row_v_sum: torch.Tensor | None = None       # [b, sq, h], likewise: max over channels of sum_j |V_j| over the
     #                                             keys the row sees
+    fp8_d_saturation: torch.Tensor | None = None  # [b, sq, h], an FP8 backward with an FP8 output:
+    #                                             |rowsum(dO o (O clamped - O))|, what D taken from the saturated
+    #                                             output is off by (oracles/fp8_grads.py)
+    fp8_grad_terms: dict | None = None          # an FP8 backward's sums (grad_terms.FP8_TERMS), each the max over
+    #                                             channels per row: "dq_*" [b, sq, h], "dk_*" / "dv_*" [b, skv, hk]
 
 
 class _RoundedWeights(torch.autograd.Function):
@@ -210,46 +217,6 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
             spread, rms, (scores, p.detach()), dv_terms, fp8_terms)
 
 
-def _add_grad_terms(case: Case, acc: dict, n: int, r0: int, r1: int, scale: float, ds: torch.Tensor, p: torch.Tensor,
-                    q: torch.Tensor, k: torch.Tensor, dout: torch.Tensor) -> None:
-    """Adds one chunk of queries' squared gradient terms (rows r0..r1 of sequence n) to `acc`, per channel:
-    (scale dS_ij K_jc)^2 summed over keys ("dq"), (scale dS_ij Q_ic)^2 and (P_ij dO_ic)^2 summed over queries and a
-    GQA group's heads ("dk", "dv"). ds (the logits' gradient), p [h, r, j]; q [r, h, d]; k [j, h or hk, d];
-    dout [r, h, d_v]."""
-    ds2, hk = (ds.detach() * scale).square(), case.hk
-    k = k.repeat_interleave(case.h // hk, dim=1) if k.shape[1] != case.h else k
-    acc["dq"][n, r0:r1] = torch.einsum("hrj,jhd->rhd", ds2, k.square())
-
-    def grouped(x: torch.Tensor) -> torch.Tensor:  # [j, h, d] -> [j, hk, d]: query head i reads KV head i // g
-        return x.unflatten(1, (hk, case.h // hk)).sum(2)
-    skv_n = ds.shape[-1]
-    acc["dk"][n, :skv_n] += grouped(torch.einsum("hrj,rhd->jhd", ds2, q.square()))
-    acc["dv"][n, :skv_n] += grouped(torch.einsum("hrj,rhd->jhd", p.square(), dout.square()))
-
-
-def _add_d_terms(case: Case, acc: dict, n: int, r0: int, r1: int, p: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                 out: torch.Tensor, dout: torch.Tensor, rms: torch.Tensor) -> None:
-    """Adds one chunk of queries' D terms (rows r0..r1 of sequence n) to `acc`: how far a shift of D_i =
-    rowsum(dO_i * O_i) moves dQ row i ("moves", |sum_j P_ij K_j|, max over channels), the size R_i of the shift a
-    rounded output gives ("size"), R_i |Q_i| summed over the queries of each key, per channel ("dk"), and each key's
-    P mass ("mass"). p [h, r, j];
-    q [r, h, d]; k [j, h or hk, d]; out, dout [r, h, d_v]; rms [r, h] (attend's)."""
-    hk, u = case.hk, torch.finfo(torch_dtype(case)).eps / 2
-    k = k.repeat_interleave(case.h // hk, dim=1) if k.shape[1] != case.h else k
-    # with a softcap, dS_ij carries tanh' (in (0, 1]) too, so the signed sum bounds it no more: sum_j P_ij |K_j| does
-    acc["moves"][n, r0:r1] = torch.einsum("hrj,jhd->rhd", p, k if case.softcap is None else k.abs()).abs().amax(-1)
-    # R_i: what D_i = sum_c dO_ic O_ic moves by when each O_ic the kernel stored is off by its final rounding, u |O_ic|,
-    # plus u rms_i for P rounded before P V (FlashAttention's forward, torch's CPU flash kernel), plus the output
-    # floor's 1e-7 absolute, so no row's is 0. It only weighs the rows against each other: the grade scales it by the
-    # largest |dD_i| / R_i a kernel shows (oracles/grade.py, d_inherited), so a poor guess loosens dK, never fails it.
-    rms = rms[..., None] if rms is not None else 0.0
-    size = (dout.abs() * (u * (out.abs() + rms) + 1e-7)).sum(-1)                 # [r, h]
-    acc["size"][n, r0:r1] = size
-    acc["dk"][n, :p.shape[-1]] += torch.einsum("hrj,rhd->jhd", p, size[..., None] * q.abs()).unflatten(
-        1, (hk, case.h // hk)).sum(2)
-    acc["mass"][n, :p.shape[-1]] += p.sum(1).T.unflatten(1, (hk, case.h // hk)).sum(2)
-
-
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
@@ -293,6 +260,9 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     grad_terms = {name: torch.zeros(case.b, *((case.sq, case.h) if name == "dq" else (case.skv, case.hk)),
                                     case.d_v if name == "dv" else case.d_qk, dtype=dtype, device=device)
                   for name in ("dq", "dk", "dv")} if terms else None
+    fp8_terms = {name: torch.zeros(case.b, *((case.sq, case.h) if name.startswith("dq") else (case.skv, case.hk)),
+                                   case.d_v if name.startswith("dv") else case.d_qk, dtype=dtype, device=device)
+                 for name in FP8_TERMS} if terms and case.fp8_dout is not None else None
     d_terms = {"moves": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
                "size": torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device),
                "dk": torch.zeros(case.b, case.skv, case.hk, case.d_qk, dtype=dtype, device=device),
@@ -347,11 +317,14 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 wrt = (q_c, k_c, v_c) if per_head else (q_c, k_n, v_n)
                 if terms:
                     g_q, g_k, g_v, g_s = torch.autograd.grad(o_c, (*wrt, s_c), d_c)
-                    _add_grad_terms(case, grad_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
-                                    g_s, p_c, q_c.detach(), k_c.detach(), d_c)
+                    add_grad_terms(case, grad_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
+                                   g_s, p_c, q_c.detach(), k_c.detach(), d_c)
+                    if fp8_terms is not None:
+                        add_fp8_terms(case, fp8_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
+                                      g_s, p_c, q_c.detach(), k_c.detach(), d_c)
                     if d_terms is not None:
-                        _add_d_terms(case, d_terms, n, r0, r1, p_c, q_c.detach(), k_c.detach(), o_c.detach(), d_c,
-                                     rms_c)
+                        add_d_terms(case, d_terms, n, r0, r1, p_c, q_c.detach(), k_c.detach(), o_c.detach(), d_c,
+                                    rms_c)
                 else:
                     g_q, g_k, g_v = torch.autograd.grad(o_c, wrt, d_c)
                 dq[n, r0:r1] = g_q
@@ -379,11 +352,18 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      **({} if d_terms is None else dict(
                          row_d_moves=d_terms["moves"], row_d_size=d_terms["size"], key_mass=d_terms["mass"],
                          key_d_terms=d_terms["dk"].amax(-1) if case.d_qk else None)),
-                     row_p_max=row_p_max, row_v_sum=row_v_sum))
+                     row_p_max=row_p_max, row_v_sum=row_v_sum,
+                     fp8_grad_terms=fp8_terms and {name: x.amax(-1) for name, x in fp8_terms.items()}))
 
 
 def _saturated(case: Case, t: Tensors, ref: Reference) -> Reference:
-    """An FP8 output saturates at its format's largest value (strategies/fp8.py): the reference's output clamped."""
-    if case.fp8_out is None or t.fp8 is None:
+    """An FP8 output and FP8 gradients saturate at their format's largest value (strategies/fp8.py,
+    fp8_backward.py): the reference's clamped."""
+    if t.fp8 is None or (case.fp8_out is None and case.fp8_dqkv is None):
         return ref
-    return dataclasses.replace(ref, out=saturate(case, ref.out, t.fp8))
+    out = saturate(case, ref.out, t.fp8)
+    clamped = None
+    if case.fp8_dout is not None and case.fp8_out is not None and ref.dq is not None:
+        clamped = ((out - ref.out) * t.dout.to(out)).sum(-1).abs()
+    return dataclasses.replace(ref, out=out, fp8_d_saturation=clamped,
+                               **saturate_grads(case, {"dq": ref.dq, "dk": ref.dk, "dv": ref.dv}, t.fp8))

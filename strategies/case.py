@@ -36,6 +36,7 @@ for bshd cases without a paged cache (the adapters build sbhd, thd and paged buf
 mask in its API ("" is the adapter's default): equivalent spellings must agree, so the spelling is fuzzed too.
 `fp8` (None: not FP8) and the fp8_* fields hand the kernel q, k and v as FP8 encodings and descales, maybe taking an FP8
 output and rounding P to FP8 (strategies/fp8.py states their semantics); the oracle reads the exact dequantised values.
+With grads, `fp8_dout`, `fp8_ds` and `fp8_dqkv` say how the FP8 backward is quantised (strategies/fp8_backward.py).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from attnfuzz.strategies import fp8
+from attnfuzz.strategies import fp8, fp8_backward
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 ALIGNMENTS = ("top_left", "bottom_right")
@@ -61,7 +62,7 @@ PLAIN_STORAGE = ("plain", "plain", "plain")
 # Fields added after cases were saved: left out of to_dict() at their default, so every saved case, corpus
 # signature (a hash of to_dict()), repro script and campaign log of before keeps its bytes.
 OMITTED_AT_DEFAULT = ("values", "page_size", "shared_prefix_pages", "storage", "fp8", "fp8_out", "fp8_p", "fp8_scaling",
-                      "fp8_scales")
+                      "fp8_scales", "fp8_dout", "fp8_ds", "fp8_dqkv")
 SCHEMA = 1
 
 
@@ -112,6 +113,9 @@ class Case:
     fp8_p: str | None = None
     fp8_scaling: str = "tensor"
     fp8_scales: str = "unit"
+    fp8_dout: str | None = None   # an FP8 backward: dO's format, dS's and the gradients' (strategies/fp8_backward.py)
+    fp8_ds: str | None = None
+    fp8_dqkv: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("causal", "grads"):  # JSON's "yes" or 1 is not a switch: a corpus entry must say true or false
@@ -187,6 +191,7 @@ class Case:
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**63, "seed",
                self.seed, "an int in [0, 2**63)")
         fp8.check_fields(self, _check)
+        fp8_backward.check_fields(self, _check)
 
     # -- derived views -------------------------------------------------------------------------------------------
     @property

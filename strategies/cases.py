@@ -174,7 +174,7 @@ def attention_cases(draw, space: Space = Space()) -> Case:
         qk_std = draw(_one_of((0.01, 4.0, 10.0)))
         std = (qk_std, qk_std, draw(_one_of((1.0, 0.001, 100.0))))
         mean = (0.0, draw(_one_of((0.0, 3.0))), 0.0)
-    grads = space.grads and _sometimes(draw, 4, odds)
+    grads = space.grads and _sometimes(draw, space.fp8_grads if space.fp8 else 4, odds)
     seed = draw(_ints(0, 2**32 - 1))
     # Probes one case in five: enough to meet every band, padding and GQA shape often, and few enough that the
     # random values keep testing weights and rounding. Drawn last, so every other field of a stream is as before;
@@ -197,7 +197,7 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     storage = PLAIN_STORAGE
     if len(space.storages) > 1 and layout == "bshd" and page_size is None and _sometimes(draw, STORAGE_ONE_IN, odds):
         storage = tuple(pick(draw, space.storages) for _ in range(3))   # per tensor; each shrinks toward "plain"
-    fp8 = _fp8(draw, space, page_size is not None) if space.fp8 else {}
+    fp8 = _fp8(draw, space, page_size is not None, grads) if space.fp8 else {}
     case = Case(b=b, sq=sq, skv=skv, h=h, hk=hk, d_qk=d_qk, d_v=d_v, dtype=dtype, seqlens_q=seqlens_q,
                 seqlens_kv=seqlens_kv, causal=causal, window=window, alignment=alignment, mask_density=mask_density,
                 scale=scale, softcap=softcap, alibi_slopes=alibi, softmax=softmax, layout=layout, memory=memory,
@@ -208,10 +208,12 @@ def attention_cases(draw, space: Space = Space()) -> Case:
     return case
 
 
-def _fp8(draw, space: Space, paged: bool) -> dict:
+def _fp8(draw, space: Space, paged: bool, grads: bool) -> dict:
     """The FP8 fields of a case (strategies/fp8.py), drawn last: one format for q, k and v, or one each a time in four,
     and q left in the dtype a time in four; the output's format, P's, the scale granularity (per page only on a paged case) and how the scales are drawn.
-    Shrinks toward e4m3 everywhere, an output in the dtype, P kept wide, one scale per tensor, unit scales."""
+    Shrinks toward e4m3 everywhere, an output in the dtype, P kept wide, one scale per tensor, unit scales. With
+    gradients, after those: dO's format, dS's and the gradients' (strategies/fp8_backward.py), toward the first of
+    each (dS kept wide, gradients in the dtype)."""
     formats = space.fp8_formats
     one = pick(draw, formats)
     fp8 = tuple(pick(draw, formats) for _ in range(3)) if len(formats) > 1 and coin(draw, 4) else (one,) * 3
@@ -221,8 +223,12 @@ def _fp8(draw, space: Space, paged: bool) -> dict:
     # a paged case takes per-page scales one time in two, where the space has them (a third of them were too few to
     # meet a per-page bug within 200 cases of the default Space)
     paged_scales = paged and "page" in space.fp8_scalings and coin(draw, 2)
-    return dict(fp8=fp8, fp8_out=pick(draw, space.fp8_outputs), fp8_p=pick(draw, space.fp8_ps),
-                fp8_scaling="page" if paged_scales else pick(draw, scalings), fp8_scales=pick(draw, SCALE_KINDS))
+    fields = dict(fp8=fp8, fp8_out=pick(draw, space.fp8_outputs), fp8_p=pick(draw, space.fp8_ps),
+                  fp8_scaling="page" if paged_scales else pick(draw, scalings), fp8_scales=pick(draw, SCALE_KINDS))
+    if grads:
+        fields.update(fp8_dout=pick(draw, space.fp8_douts), fp8_ds=pick(draw, space.fp8_dss),
+                      fp8_dqkv=pick(draw, space.fp8_dqkvs))
+    return fields
 
 
 def _paged(draw, space: Space, b: int, sq: int, skv: int, seqlens_q, seqlens_kv, alignment: str):

@@ -20,8 +20,8 @@ has at most 4 significant bits and a descale at most DESCALE_BITS, so their prod
 - `fp8_p`: the format P is quantised to before P V (cuDNN's and FA3's FP8 forward: e4m3), P times `p_scale` (1,
   256 or 448, drawn; 1 for unit scales) rounded to the format; None keeps P wider (FlashInfer's FP8 KV caches
   dequantise K and V and compute in the dtype).
-FP8 cases are forward-only, Gaussian values, contiguous plain buffers and a dtype of fp16, bf16 or fp32 (the output's
-where fp8_out is None).
+FP8 cases check gradients only with an FP8 backward (fp8_dout and the fields of strategies/fp8_backward.py); they
+hold Gaussian values, contiguous plain buffers and a dtype of fp16, bf16 or fp32 (the output's where fp8_out is None).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def check_fields(case, check) -> None:
         return
     check(case.fp8_scaling != "page" or case.page_size is not None, "fp8_scaling", case.fp8_scaling,
           "per-page scales need a paged KV cache (page_size)")
-    check(not case.grads, "grads", case.grads, "FP8 cases are forward-only; use grads=false or fp8=None")
+    check(not case.grads or case.fp8_dout is not None, "grads", case.grads,
+          "an FP8 case checks gradients with an FP8 backward: set fp8_dout (strategies/fp8_backward.py) or grads=false")
     check(case.dtype in DTYPES, "dtype", case.dtype, f"an FP8 case's dtype is one of {DTYPES}")
     check(case.values == "gaussian", "values", case.values, "FP8 cases draw Gaussian values (encoded exactly)")
     check(case.memory == "contiguous", "memory", case.memory, "FP8 encodings are contiguous")
@@ -75,7 +76,9 @@ class FP8Inputs:
     """What an FP8 kernel is handed, beside the band: encodings q8 [b, sq, h, d_qk], k8, v8 [b, skv, hk, d] in their
     formats; descales float32: q_descale [h]; k_descale, v_descale [hk] (per tensor: all equal), or for page scaling
     [b, skv, hk], the descale of each logical key (kv_page_descales gives them per pool page); out_descale [] or
-    None; p_scale (a float) or None. Dequantised, x = x8 * descale, what Tensors.q / k / v hold."""
+    None; p_scale (a float) or None. Dequantised, x = x8 * descale, what Tensors.q / k / v hold. With an FP8
+    backward (strategies/fp8_backward.py): dout8 [b, sq, h, d_v] and dout_descale [h] (Tensors.dout holds dO
+    dequantised), ds_scale, and the descales of FP8 gradients, dq_descale [h], dk_descale and dv_descale [hk]."""
 
     q8: torch.Tensor
     k8: torch.Tensor
@@ -85,6 +88,12 @@ class FP8Inputs:
     v_descale: torch.Tensor
     out_descale: torch.Tensor | None
     p_scale: float | None
+    dout8: torch.Tensor | None = None
+    dout_descale: torch.Tensor | None = None
+    ds_scale: float | None = None
+    dq_descale: torch.Tensor | None = None
+    dk_descale: torch.Tensor | None = None
+    dv_descale: torch.Tensor | None = None
 
     def to(self, device) -> FP8Inputs:
         moved = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in self.__dict__.items()}

@@ -45,6 +45,7 @@ import torch
 
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import FP8Inputs, quantised
+from attnfuzz.strategies.fp8_backward import quantised_backward
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                 "float64": torch.float64}
@@ -301,5 +302,7 @@ def draw(case: Case, device: str | torch.device) -> Tensors:
             dout[n, sq_n:] = 0
     if case.fp8 is not None:  # the Gaussian draw encoded in FP8; the oracle reads its exact dequantised values
         q, k, v, fp8 = quantised(case, q, k, v)
+        if case.fp8_dout is not None:   # an FP8 backward: dO encoded too, and its scales
+            dout, fp8 = quantised_backward(case, dout, v, fp8)
         return Tensors(q=q, k=k, v=v, mask=mask, sink=sink, alibi=alibi, dout=dout, fp8=fp8)
     return Tensors(q=q, k=k, v=v, mask=mask, sink=sink, alibi=alibi, dout=dout)

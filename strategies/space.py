@@ -88,6 +88,12 @@ class Space:
     fp8_outputs: tuple[str | None, ...] = (None, *F.FORMATS)   # None: the output in the case's dtype
     fp8_ps: tuple[str | None, ...] = (None, "e4m3")             # None: P kept wider than FP8
     fp8_scalings: tuple[str, ...] = F.SCALINGS
+    fp8_grads: int | None = None     # 0: FP8 cases are forward-only (the streams as before); n: an FP8 case checks
+                                     # gradients (an FP8 backward, strategies/fp8_backward.py) once in n (1: each);
+                                     # None: for the backends that run an FP8 backward (the harness decides), else 0
+    fp8_douts: tuple[str, ...] = F.FORMATS                      # dO's format
+    fp8_dss: tuple[str | None, ...] = (None, *F.FORMATS)        # dS's; None: kept wider than FP8
+    fp8_dqkvs: tuple[str | None, ...] = (None, *F.FORMATS)      # dQ, dK, dV's; None: in the case's dtype
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_len", "max_heads", "max_head_dim", "max_work", "long_one_in"):
@@ -117,6 +123,13 @@ class Space:
         _subset("fp8_outputs", self.fp8_outputs, (None, *F.FORMATS))
         _subset("fp8_ps", self.fp8_ps, (None, *F.FORMATS))
         _subset("fp8_scalings", self.fp8_scalings, F.SCALINGS)
+        _subset("fp8_douts", self.fp8_douts, F.FORMATS)
+        _subset("fp8_dss", self.fp8_dss, (None, *F.FORMATS))
+        _subset("fp8_dqkvs", self.fp8_dqkvs, (None, *F.FORMATS))
+        if self.fp8_grads is not None and (not isinstance(self.fp8_grads, int) or isinstance(self.fp8_grads, bool)
+                                           or self.fp8_grads < 0):
+            raise ValueError(f"Space: invalid fp8_grads={self.fp8_grads!r}: 0 (FP8 forward only), n >= 1 (an FP8 "
+                             f"case checks gradients once in n) or None (the harness decides)")
         if not isinstance(self.page_sizes, tuple) or not self.page_sizes or any(
                 not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in self.page_sizes):
             raise ValueError(f"Space: invalid page_sizes={self.page_sizes!r}: a non-empty tuple of ints >= 1")
@@ -192,6 +205,8 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
     listed = sorted({*HEAD_DIMS, *ODD_HEAD_DIMS} & set(space.head_dims or HEAD_DIMS + ODD_HEAD_DIMS))
     dims = tuple(d for d in listed if d <= space.max_head_dim and takes(d_qk=d, d_v=d))
     switches = {**_SWITCHES, "paged": dict(page_size=page)}
+    if space.fp8:   # an FP8 case checks gradients with dO in FP8 (strategies/fp8_backward.py)
+        switches["grads"] = dict(grads=True, fp8_dout=space.fp8_douts[0])
     if dims:
         changes["head_dims"] = dims
         wide = [d for d in dims if d >= 32] or list(dims)
@@ -219,7 +234,17 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
             changes["fp8_plain_q"] = False
         choices.update(fp8_formats=lambda v: dict(fp8=(v, v, v)), fp8_outputs=lambda v: dict(fp8_out=v),
                        fp8_ps=lambda v: dict(fp8_p=v),
-                       fp8_scalings=lambda v: dict(fp8_scaling=v, page_size=base.page_size or page))
+                       fp8_scalings=lambda v: dict(fp8_scaling=v, page_size=base.page_size or page
+                                                   if v == "page" or not space.fp8_grads else base.page_size))
+        # (a scaling other than per page is probed on an unpaged case where FP8 gradients are on: a kernel that
+        # serves no paged cache would refuse every paged probe; the forward-only streams keep their probes)
+        if space.fp8_grads:   # an FP8 backward: gradients are probed with dO in FP8 (strategies/fp8_backward.py)
+            douts = tuple(v for v in space.fp8_douts if takes(grads=True, fp8_dout=v))
+            changes["fp8_grads"] = space.fp8_grads if douts else 0
+            dout = (douts or space.fp8_douts)[0]
+            choices.update(fp8_douts=lambda v: dict(grads=True, fp8_dout=v),
+                           fp8_dss=lambda v: dict(grads=True, fp8_dout=dout, fp8_ds=v),
+                           fp8_dqkvs=lambda v: dict(grads=True, fp8_dout=dout, fp8_dqkv=v))
     for name, fields in choices.items():
         changes[name] = tuple(v for v in getattr(space, name) if takes(**fields(v))) or getattr(space, name)[:1]
     # An alignment only shows when sq != skv; a backend may take it one way round only (FA: top-left with sq >= skv).
@@ -243,9 +268,9 @@ def top_left_shift_refused(case: Case) -> bool:
 
 
 def fp8_narrowed(space: Space) -> Space:
-    """`space` without what FP8 cases never hold (strategies/fp8.py): gradients, probe and family values, drawn value
-    ranges, memory formats and buffers other than plain, float64."""
-    return space.replace(grads=False, probes=False, value_families=False, extreme_logits=False,
+    """`space` without what FP8 cases never hold (strategies/fp8.py): gradients (unless fp8_grads), probe and family
+    values, drawn value ranges, memory formats and buffers other than plain, float64."""
+    return space.replace(grads=space.grads and bool(space.fp8_grads), probes=False, value_families=False, extreme_logits=False,
                          memory=("contiguous",), storages=("plain",),
                          dtypes=tuple(d for d in space.dtypes if d in F.DTYPES) or ("bfloat16",))
 
@@ -279,5 +304,7 @@ def draws(space: Space, case: Case) -> bool:
         case.fp8 is None or (all(f in space.fp8_formats for f in case.fp8[1:]) and case.fp8_out in space.fp8_outputs
                              and (case.fp8[0] in space.fp8_formats or (case.fp8[0] is None and space.fp8_plain_q))
                              and case.fp8_p in space.fp8_ps and case.fp8_scaling in space.fp8_scalings),
+        case.fp8_dout is None or (bool(space.fp8_grads) and case.fp8_dout in space.fp8_douts
+                                  and case.fp8_ds in space.fp8_dss and case.fp8_dqkv in space.fp8_dqkvs),
     )
     return all(checks)

@@ -63,6 +63,7 @@ class Backend:
                                  # would see the same logical k / v, so paged cases are not drawn for them
     serves_fp8: bool = False     # takes FP8 inputs and descales (strategies/fp8.py), and only those: every case
                                  # drawn for it is FP8, none for the others
+    fp8_backward: bool = False   # runs an FP8 backward (strategies/fp8_backward.py): FP8 cases check gradients too
     build_errors: tuple[str, ...] = ()  # with a compile_key: the exception types of a kernel that fails to build,
                                         # which fails so for every case of its key (engine/compiled_search.py)
     library_module: str = ""     # the module load() imports; "" for a backend that needs nothing beyond torch

@@ -38,7 +38,8 @@ Contract. The function is called as fn(q, k, v, causal=..., window=..., bottom_r
   Leading pages may be shared by several sequences (a common prefix). Decode cases have a few queries, bottom-right
   aligned to the cache. Paged cases never check gradients. For an unpaged case the four are None.
 - FP8 kernels name q_descale, k_descale and v_descale and are handed FP8 encodings and descales
-  (fuzz/backends/fp8_contract.py); they are drawn FP8 cases only, and others none.
+  (fuzz/backends/fp8_contract.py); they are drawn FP8 cases only, and others none. Those that also name dout and
+  dout_descale run an FP8 backward and return (out, lse, dq, dk, dv) for FP8 cases with gradients.
 - A row with no visible key must give output 0 (and LSE -inf, or the sink logit).
 - Returns out [b, sq, h, d_v], or a tuple whose first element is out and whose second, when not None, is the LSE
   [b, h, sq] (natural log, float32); a tensor in another shape (its axes in another order) is a FAIL:SHAPE. Cases
@@ -104,6 +105,7 @@ class CustomBackend(Backend):
         self.serves_paged = all(name in self.accepts for name in PAGED_FIELDS)
         self.serves_fp8 = all(name in self.accepts for name in fp8_contract.FP8_FIELDS)
         self.fp8_takes = fp8_contract.declared(fn) if self.serves_fp8 else None
+        self.fp8_backward = self.serves_fp8 and all(name in self.accepts for name in fp8_contract.BACKWARD_FIELDS)
 
     def version(self) -> str:
         module = inspect.getmodule(self.fn)
@@ -133,7 +135,7 @@ class CustomBackend(Backend):
             (case.fp8 is not None and not self.serves_fp8,
              f"{self.name} does not accept {', '.join(fp8_contract.FP8_FIELDS)} (name them in its signature to be "
              f"given FP8 inputs)"),
-        ) or (fp8_contract.refusal(self.name, self.fp8_takes, case) if self.serves_fp8 else None)
+        ) or (fp8_contract.refusal(self.name, self.fp8_takes, case, self.fp8_backward) if self.serves_fp8 else None)
         if reason is not None:
             return reason
         supports = getattr(self.fn, "supports", None)
@@ -189,8 +191,12 @@ class CustomBackend(Backend):
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"{self.name} returned {type(out).__name__}; the contract is out [b, sq, h, d_v] or a "
                             f"tuple (out, lse, ...)")
-        return Output(out=fp8_contract.dequantised(case, tensors, out.detach()),
-                      lse=lse.detach() if isinstance(lse, torch.Tensor) else None, ran=self.name)
+        output = Output(out=fp8_contract.dequantised(case, tensors, out.detach()),
+                        lse=lse.detach() if isinstance(lse, torch.Tensor) else None, ran=self.name)
+        if case.grads:   # an FP8 backward returns (out, lse, dq, dk, dv) (fp8_contract.py)
+            grads = result[2:5] if isinstance(result, tuple) and len(result) >= 5 else (None, None, None)
+            output.dq, output.dk, output.dv = fp8_contract.dequantised_grads(case, tensors, grads)
+        return output
 
 
 def _field_values(case: Case, tensors: Tensors) -> dict:
@@ -243,7 +249,8 @@ def load_custom(spec: str, device: str = "cpu") -> CustomBackend:
     varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
     names = {p.name for p in params}
     missing = [] if takes_all else [name for name in CORE if name not in names]
-    known = {*CORE, *FIELDS, *PAGED_FIELDS, *fp8_contract.FP8_FIELDS, *fp8_contract.OPTIONAL}
+    known = {*CORE, *FIELDS, *PAGED_FIELDS, *fp8_contract.FP8_FIELDS, *fp8_contract.OPTIONAL,
+             *fp8_contract.BACKWARD_FIELDS, *fp8_contract.BACKWARD_OPTIONAL}
     stray = [p.name for p in params[3:] if p.default is inspect.Parameter.empty and p.name not in known
              and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     if (len(positional) < 3 and not varargs) or missing or stray:

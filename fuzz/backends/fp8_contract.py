@@ -16,9 +16,20 @@ A function whose signature names q_descale, k_descale and v_descale takes FP8 ca
     p_scale       float where P is quantised: P * p_scale rounded to p_dtype (divided back after), else None
 A real value is encoding * descale. Paged cases hand k_cache / v_cache as FP8 pages (garbage in every slot no sequence
 owns: K = 0, V the format's largest). The output (dequantised by the adapter where it is FP8) is graded.
-`fn.fp8 = dict(formats=..., outputs=..., ps=..., scalings=..., plain_q=...)` narrows what is drawn (each a tuple of
-the values of strategies/fp8.py it takes; None in outputs / ps: the output in the dtype / P not quantised; plain_q a
-bool: q in the dtype); absent: everything.
+A function whose signature also names dout and dout_descale runs an FP8 backward (strategies/fp8_backward.py) and is
+handed FP8 cases with gradients too (a Space with fp8_grads); for those it returns (out, lse, dq, dk, dv):
+
+    dout          dO's encoding [b, sq, h, d_v] in its FP8 dtype (case.fp8_dout); dout_descale float32 [h]
+    ds_dtype      the FP8 dtype dS = scale * P o (dP - D) is rounded to before dQ = dS K and dK = dS^T Q (case.fp8_ds;
+                  cuDNN's and TE's "dP"), else None; ds_scale: round(dS * ds_scale), divided back after
+    p_dtype       (above) P is rounded to it, times p_scale, before dV = P^T dO too, as in the forward
+    grad_dtype    the dtype of dq, dk, dv: an FP8 one (case.fp8_dqkv) or the case's dtype
+    dq_descale    float32 [h], dk_descale and dv_descale [hk] where the gradients are FP8, else None: return
+                  sat(round(dX / descale)) per head
+`fn.fp8 = dict(formats=..., outputs=..., ps=..., scalings=..., plain_q=..., douts=..., dss=..., dqkvs=...)` narrows
+what is drawn (each a tuple of the values of strategies/fp8.py and fp8_backward.py it takes; None in outputs / ps /
+dss / dqkvs: the output in the dtype / P not quantised / dS kept wide / gradients in the dtype; plain_q a bool: q in
+the dtype); absent: everything.
 """
 
 from __future__ import annotations
@@ -34,8 +45,10 @@ from attnfuzz.strategies.paged import PagedKV, paged_kv
 
 FP8_FIELDS = ("q_descale", "k_descale", "v_descale")
 OPTIONAL = ("out_dtype", "out_descale", "p_dtype", "p_scale")
+BACKWARD_FIELDS = ("dout", "dout_descale")     # named by a kernel that runs an FP8 backward
+BACKWARD_OPTIONAL = ("ds_dtype", "ds_scale", "grad_dtype", "dq_descale", "dk_descale", "dv_descale")
 DECLARED = {"formats": FORMATS, "outputs": (None, *FORMATS), "ps": (None, *FORMATS), "scalings": SCALINGS,
-            "plain_q": True}
+            "plain_q": True, "douts": FORMATS, "dss": (None, *FORMATS), "dqkvs": (None, *FORMATS)}
 
 
 def declared(fn) -> dict:
@@ -53,10 +66,18 @@ def declared(fn) -> dict:
     return {**DECLARED, **given}
 
 
-def refusal(name: str, takes: dict, case: Case) -> str | None:
-    """Why a function that takes FP8 inputs (`takes`: declared()) refuses the case, or None."""
+def refusal(name: str, takes: dict, case: Case, backward: bool = False) -> str | None:
+    """Why a function that takes FP8 inputs (`takes`: declared(); `backward`: it names BACKWARD_FIELDS) refuses the
+    case, or None."""
     if case.fp8 is None:
         return f"{name} takes FP8 inputs only (it names {', '.join(FP8_FIELDS)})"
+    if case.grads and not backward:
+        return f"{name} runs no FP8 backward (name {', '.join(BACKWARD_FIELDS)} in its signature to be given one)"
+    if case.grads:
+        for what, value, key in (("dO format", case.fp8_dout, "douts"), ("dS format", case.fp8_ds, "dss"),
+                                 ("gradient format", case.fp8_dqkv, "dqkvs")):
+            if value not in takes[key]:
+                return f"{name} does not take {what} {value!r} (its fp8[{key!r}] is {takes[key]})"
     if case.layout != "bshd":
         return "FP8 encodings reach a custom kernel as [b, s, h, d] (bshd)"
     if case.fp8[0] is None and not takes["plain_q"]:
@@ -76,6 +97,11 @@ def kernel_inputs(case: Case, t: Tensors) -> tuple[list, dict]:
               "out_dtype": TORCH_FP8[case.fp8_out] if case.fp8_out else TORCH_DTYPES[case.dtype],
               "out_descale": f.out_descale, "p_dtype": TORCH_FP8[case.fp8_p] if case.fp8_p else None,
               "p_scale": f.p_scale}
+    if case.grads:
+        kwargs.update(dout=f.dout8, dout_descale=f.dout_descale, ds_dtype=TORCH_FP8[case.fp8_ds] if case.fp8_ds else None,
+                      ds_scale=f.ds_scale,
+                      grad_dtype=TORCH_FP8[case.fp8_dqkv] if case.fp8_dqkv else TORCH_DTYPES[case.dtype],
+                      dq_descale=f.dq_descale, dk_descale=f.dk_descale, dv_descale=f.dv_descale)
     if not case.paged:
         return [f.q8, f.k8, f.v8], kwargs
     paged = fp8_pages(case, t)
@@ -109,3 +135,12 @@ def dequantised(case: Case, t: Tensors, out: torch.Tensor) -> torch.Tensor:
     if case.fp8_out is None:
         return out
     return out.float() * t.fp8.out_descale.to(out.device)
+
+
+def dequantised_grads(case: Case, t: Tensors, grads) -> list:
+    """The kernel's dq, dk, dv as real values: encoding * the descale of its head where they are FP8, else as
+    returned (a value that is not a tensor is passed on: the grader says what is wrong with it)."""
+    if case.fp8_dqkv is None:
+        return list(grads)
+    return [g.float() * d.to(g.device)[None, None, :, None] if isinstance(g, torch.Tensor) and g.dim() == 4 else g
+            for g, d in zip(grads, (t.fp8.dq_descale, t.fp8.dk_descale, t.fp8.dv_descale))]

@@ -177,11 +177,17 @@ def _check_bitwise(backend: Backend, case: Case, tensors, first: V.Output, verdi
     return verdict
 
 
+FP8_GRADS_ONE_IN = 4   # an FP8 case checks gradients as often as any case does (strategies/cases.py)
+
+
 def served_space(backend: Backend, space: Space) -> Space:
     """`space` with paged KV caches only for a backend that serves them, and FP8 cases only (every case) for one that
-    takes FP8 inputs (neither where the space turns it off)."""
+    takes FP8 inputs (neither where the space turns it off); FP8 cases check gradients (one in FP8_GRADS_ONE_IN,
+    where the space leaves it to the harness) only for a backend that runs an FP8 backward."""
+    fp8_grads = space.fp8_grads if space.fp8_grads is not None else FP8_GRADS_ONE_IN if backend.fp8_backward else 0
     return space.replace(paged=backend.serves_paged and space.paged is not False,
-                         fp8=backend.serves_fp8 and space.fp8 is not False)
+                         fp8=backend.serves_fp8 and space.fp8 is not False,
+                         fp8_grads=fp8_grads if backend.fp8_backward else 0)
 
 
 def cases_for(backend: Backend, space: Space = Space()) -> st.SearchStrategy[Case]:

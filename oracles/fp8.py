@@ -29,17 +29,21 @@ from attnfuzz.strategies.fp8 import spacing
 from attnfuzz.strategies.materialize import Tensors
 
 FINAL_ROUNDINGS = 2.0   # how many roundings of the FP8 output a row is allowed (see the module's docstring)
+# Families whose kernel rounds P at a scale of its own, whatever the case's p_scale: FA3's FP8 forward subtracts its
+# row maximum less Max_offset = 8 before the exponential (hopper/softmax.h), so e_j <= 2^8 when P is rounded.
+KERNEL_P_SCALE = {"fa3": 256.0}
 
 
-def allowance(case: Case, t: Tensors, ref) -> torch.Tensor | float:
+def allowance(case: Case, t: Tensors, ref, family: str = "default") -> torch.Tensor | float:
     """[b, sq, h] float64: what a correct FP8 kernel's rounding of P and of its output may move each output row by
-    (0 for a case without FP8 rounding)."""
+    (0 for a case without FP8 rounding); P's scale is the case's, or the family's own (KERNEL_P_SCALE)."""
     if case.fp8 is None or t.fp8 is None:
         return 0.0
     total = torch.zeros(case.b, case.sq, case.h, dtype=torch.float64, device=ref.out.device)
     if case.fp8_p is not None and ref.row_spread is not None and ref.row_p_max is not None:
         u, sub = spacing(case.fp8_p)
-        total = total + u * ref.row_spread + sub / t.fp8.p_scale * ref.row_p_max * ref.row_v_sum
+        p_scale = KERNEL_P_SCALE.get(family, t.fp8.p_scale)
+        total = total + u * ref.row_spread + sub / p_scale * ref.row_p_max * ref.row_v_sum
     if case.fp8_out is not None:
         u, sub = spacing(case.fp8_out)
         size = ref.out.abs().amax(-1)

@@ -145,7 +145,7 @@ def check_out(o: Oracle, out: torch.Tensor, ref_out: torch.Tensor, family: str, 
                  dtype=o.case.dtype, logit_size=size, spread=r.row_spread, bias_max=r.bias_max,
                  baseline=lambda: o.out_baseline, keys=o.case.skv, rms=r.row_rms,
                  dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first,
-                 quantised=fp8.allowance(o.case, o.tensors, r))
+                 quantised=fp8.allowance(o.case, o.tensors, r, family))
 
 
 def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str,

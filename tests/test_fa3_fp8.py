@@ -174,3 +174,17 @@ def test_the_repro_script_makes_the_adapters_call_and_can_fail(tmp_path, monkeyp
     script_calls = assert_standalone_and_able_to_fail(write(tmp_path, NAME, case), fake="fa3")
     assert [json.loads(comparable(c)) for c in calls] == script_calls
     assert script_calls[0]["dtype"] == "torch.float8_e4m3fn" and script_calls[0]["k_descale"][0][0] != 1.0
+
+
+def test_p_is_bounded_at_fa3s_own_scale_whatever_the_case_draws():
+    """FA3 rounds P at 2^8 (its Max_offset): a case drawn with p_scale 448 is bounded for FA3 as P rounded at 256,
+    whose subnormal steps are larger in units of P; at 256 both bounds agree."""
+    import dataclasses
+    from attnfuzz.oracles import fp8 as fp8_oracle
+    from attnfuzz.oracles.reference import reference
+    t = materialize(FP8, "cpu")
+    ref = reference(FP8, t)
+    at = {p: dataclasses.replace(t, fp8=dataclasses.replace(t.fp8, p_scale=p)) for p in (256.0, 448.0)}
+    fa3_448, default_448 = (fp8_oracle.allowance(FP8, at[448.0], ref, family) for family in ("fa3", "default"))
+    assert bool((fa3_448 > default_448).any()) and bool((fa3_448 >= default_448).all())
+    assert torch.equal(fp8_oracle.allowance(FP8, at[256.0], ref, "fa3"), fp8_oracle.allowance(FP8, at[256.0], ref))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.fp8_kernels import LARGEST, _attention
+from tests.fp8_kernels import LARGEST, _attention, _biased
 
 
 def _encoded(x: torch.Tensor, dtype, descale, bug_head: bool = False) -> torch.Tensor:
@@ -49,17 +49,7 @@ def _backward(q, k, v, out, lse, dout, *, causal, window, bottom_right, scale, q
         if softcap is not None:
             s = softcap * torch.tanh(raw / softcap)
             slope = 1 - (s / softcap).square()
-        i, j = torch.arange(sq_n)[:, None], torch.arange(skv_n)[None, :]
-        off = skv_n - sq_n if bottom_right else 0
-        if alibi_slopes is not None:
-            s = s - alibi_slopes.float()[:, None, None] * (i + off - j).abs()
-        keep = torch.ones(sq_n, skv_n, dtype=torch.bool)
-        if left is not None:
-            keep &= j >= i + off - left
-        if right is not None:
-            keep &= j <= i + off + right
-        if mask is not None:
-            keep &= mask[n, 0, :sq_n, :skv_n]
+        s, keep = _biased(s, n, left, right, bottom_right, alibi_slopes, mask)
         row_lse = lse[n, :, :sq_n, None]
         p = torch.where(keep & torch.isfinite(row_lse), torch.exp(s - torch.where(torch.isfinite(row_lse), row_lse, 0)),
                         0.0)                                                             # [h, q, k]

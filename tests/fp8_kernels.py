@@ -37,6 +37,23 @@ def _keys(x8, n, skv, block_table):
     return x8[block_table[n].long()].flatten(0, 1)[:skv]
 
 
+def _biased(s, n, left, right, bottom_right, alibi_slopes, mask):
+    """Sequence n's logits s [h, sq, skv] with ALiBi's bias, and the keys each query sees [sq, skv]."""
+    sq_n, skv_n = s.shape[-2:]
+    i, j = torch.arange(sq_n)[:, None], torch.arange(skv_n)[None, :]
+    off = skv_n - sq_n if bottom_right else 0
+    if alibi_slopes is not None:
+        s = s - alibi_slopes.float()[:, None, None] * (i + off - j).abs()
+    keep = torch.ones(sq_n, skv_n, dtype=torch.bool)
+    if left is not None:
+        keep &= j >= i + off - left
+    if right is not None:
+        keep &= j <= i + off + right
+    if mask is not None:
+        keep &= mask[n, 0, :sq_n, :skv_n]
+    return s, keep
+
+
 def _attention(q, k, v, *, causal, window, bottom_right, scale, q_descale, k_descale, v_descale, out_dtype,
                out_descale, p_dtype, p_scale, softcap, alibi_slopes, sink_logits, mask, seqlens_q, seqlens_kv,
                block_table, k_cache, v_cache, cache_seqlens, bug=None):
@@ -65,17 +82,7 @@ def _attention(q, k, v, *, causal, window, bottom_right, scale, q_descale, k_des
         s = torch.einsum("qhd,khd->hqk", qf, kf) * scale
         if softcap is not None:
             s = softcap * torch.tanh(s / softcap)
-        i, j = torch.arange(sq_n)[:, None], torch.arange(skv_n)[None, :]
-        off = skv_n - sq_n if bottom_right else 0
-        if alibi_slopes is not None:
-            s = s - alibi_slopes.float()[:, None, None] * (i + off - j).abs()
-        keep = torch.ones(sq_n, skv_n, dtype=torch.bool)
-        if left is not None:
-            keep &= j >= i + off - left
-        if right is not None:
-            keep &= j <= i + off + right
-        if mask is not None:
-            keep &= mask[n, 0, :sq_n, :skv_n]
+        s, keep = _biased(s, n, left, right, bottom_right, alibi_slopes, mask)
         s = s.masked_fill(~keep, float("-inf"))
         m = s.amax(-1, keepdim=True) if skv_n else torch.full((h, sq_n, 1), float("-inf"))
         if sink_logits is not None:   # the sink in the maximum: exp(sink - m) must not overflow on far rows

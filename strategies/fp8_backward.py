@@ -73,7 +73,8 @@ def backward_scales(case, dout: torch.Tensor, v: torch.Tensor, gen: torch.Genera
     out = {"ds_scale": None, "dq_descale": None, "dk_descale": None, "dv_descale": None}
     kind = case.fp8_scales
     if case.fp8_ds is not None:
-        bound = DS_BOUND * case.softmax_scale * float(dout.double().norm(dim=-1).max()) * float(v.double().norm(dim=-1).max())
+        largest = [float(x.double().norm(dim=-1).max()) for x in (dout, v)]
+        bound = DS_BOUND * case.softmax_scale * largest[0] * largest[1]
         cap = 2.0 ** torch.floor(torch.log2(torch.tensor(LARGEST[case.fp8_ds] / max(bound, 2.0**-60)))).item()
         drawn = 1.0 if kind == "unit" else cap if kind == "saturating" else DS_SCALES[
             int(torch.randint(len(DS_SCALES), (), generator=gen))]

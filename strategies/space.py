@@ -234,8 +234,8 @@ def narrow_to(space: Space, unsupported: Callable[[Case], str | None]) -> Space:
             changes["fp8_plain_q"] = False
         choices.update(fp8_formats=lambda v: dict(fp8=(v, v, v)), fp8_outputs=lambda v: dict(fp8_out=v),
                        fp8_ps=lambda v: dict(fp8_p=v),
-                       fp8_scalings=lambda v: dict(fp8_scaling=v, page_size=base.page_size or page
-                                                   if v == "page" or not space.fp8_grads else base.page_size))
+                       fp8_scalings=lambda v: dict(fp8_scaling=v, page_size=base.page_size or (
+                           page if v == "page" or not space.fp8_grads else None)))
         # (a scaling other than per page is probed on an unpaged case where FP8 gradients are on: a kernel that
         # serves no paged cache would refuse every paged probe; the forward-only streams keep their probes)
         if space.fp8_grads:   # an FP8 backward: gradients are probed with dO in FP8 (strategies/fp8_backward.py)
@@ -270,8 +270,8 @@ def top_left_shift_refused(case: Case) -> bool:
 def fp8_narrowed(space: Space) -> Space:
     """`space` without what FP8 cases never hold (strategies/fp8.py): gradients (unless fp8_grads), probe and family
     values, drawn value ranges, memory formats and buffers other than plain, float64."""
-    return space.replace(grads=space.grads and bool(space.fp8_grads), probes=False, value_families=False, extreme_logits=False,
-                         memory=("contiguous",), storages=("plain",),
+    return space.replace(grads=space.grads and bool(space.fp8_grads), probes=False, value_families=False,
+                         extreme_logits=False, memory=("contiguous",), storages=("plain",),
                          dtypes=tuple(d for d in space.dtypes if d in F.DTYPES) or ("bfloat16",))
 
 

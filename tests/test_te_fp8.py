@@ -1,7 +1,7 @@
 """te-fused-fp8 (TransformerEngine's FP8 attention) against the fake TE on CPU: the Float8Tensors, recipe and S / O
-scales in the call, the mask translation, the refusals naming their field, the streams (FP8 cases for te-fused-fp8,
-none for te-fused), the repro script's call, and planted FP8 bugs found by fuzzing with the correct fake as the
-negative control."""
+scales in the call, the backward's dO and scales, the mask translation, the refusals naming their field, the streams
+(FP8 cases for te-fused-fp8, none for te-fused), the repro script's call, and planted FP8 bugs, forward and backward,
+found by fuzzing with the correct fake as the negative control."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ FP8 = dict(fp8=("e4m3",) * 3, fp8_out="e4m3", fp8_p="e4m3", fp8_scales="any")
 CASE = Case(b=2, sq=6, skv=9, h=4, hk=2, d_qk=32, d_v=16, dtype="bfloat16", causal=True, seed=3, **FP8)
 SPACE = Space(max_len=48, max_heads=4, max_head_dim=64)
 BUGS = ("descale_twice", "q_scale_ignored", "p_scale_kept", "o_scale_ignored")
+GRADS = CASE.replace(grads=True, fp8_dout="e5m2", fp8_ds="e5m2", fp8_dqkv="e5m2")
 
 
 def install(monkeypatch, **knobs) -> FakeTE:
@@ -105,6 +106,14 @@ REFUSALS = [
     (CASE.replace(d_qk=512, d_v=512), "up to 256"),
     (CASE.replace(spelling="window"), "spelling='window'"),
     (CASE.replace(seqlens_q=(6, 2), seqlens_kv=(9, 4), spelling="padding"), "spelling='padding'"),
+    (GRADS.replace(fp8_dout="e4m3", fp8_ds="e4m3", fp8_dqkv="e4m3"), "fp8_dout='e4m3': TE's dO quantizer under HYBRID"),
+    (GRADS.replace(spelling="e4m3-format"), "fp8_dout='e5m2': TE's dO quantizer under E4M3"),
+    (GRADS.replace(fp8_ds=None), "fp8_ds=None"),
+    (GRADS.replace(fp8_ds="e4m3"), "fp8_ds='e4m3'"),
+    (GRADS.replace(fp8_dqkv=None), "fp8_dqkv=None"),
+    (GRADS.replace(fp8_dqkv="e4m3"), "fp8_dqkv='e4m3'"),
+    (GRADS.replace(fp8_scaling="head"), "fp8_scaling='head'"),
+    (GRADS.replace(d_qk=192, d_v=192), "FP8 backward takes multiples of 16 up to 128"),
 ]
 
 
@@ -114,13 +123,52 @@ def test_what_te_fused_fp8_refuses_names_the_field(case, reason):
     assert refused is not None and reason in refused, refused
 
 
-def test_gradients_are_refused_as_forward_only_grading():
-    """The case language forbids an FP8 case with gradients; the backend names the same reason for one made anyway."""
-    with pytest.raises(ValueError, match="forward-only"):
-        CASE.replace(grads=True)
-    forced = CASE.replace()
-    object.__setattr__(forced, "grads", True)
-    assert "forward-only" in get(NAME, "cpu").unsupported(forced)
+def test_gradients_are_taken_in_the_recipes_one_backward_format():
+    """FP8 gradients run TE's FP8 backward: dO, dS and dQ / dK / dV in e5m2 under HYBRID (every spelling but
+    e4m3-format), in e4m3 under the e4m3-format spelling only."""
+    backend = get(NAME, "cpu")
+    e4m3 = GRADS.replace(fp8_dout="e4m3", fp8_ds="e4m3", fp8_dqkv="e4m3")
+    assert backend.spellings(GRADS) == tuple(s for s in te_fp8.SPELLINGS if s != "e4m3-format")
+    assert backend.spellings(e4m3) == ("e4m3-format",)
+    assert backend.unsupported(GRADS) is None and backend.unsupported(e4m3.replace(spelling="e4m3-format")) is None
+    assert backend.fp8_backward and backend.repro_source(GRADS) is None   # the repro script is the forward's
+
+
+def spy_backward(monkeypatch) -> list:
+    """Each fake backward's dO and the fwd / bwd scales as it reads them."""
+    seen, real = [], fake_fp8.backward
+
+    def spy(dpa, spec, lengths, q, k, v, o8, dout):
+        seen.append(dict(dout=dout, fwd=dpa.fp8_meta["scaling_fwd"].scale.clone(),
+                         bwd=dpa.fp8_meta["scaling_bwd"].scale.clone()))
+        return real(dpa, spec, lengths, q, k, v, o8, dout)
+    monkeypatch.setattr(fake_fp8, "backward", spy)
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+@pytest.mark.parametrize("spelling", te_fp8.SPELLINGS)
+def test_the_backward_gets_the_do_encodings_and_the_cases_scales(monkeypatch, spelling, layout):
+    install(monkeypatch)
+    seen = spy_backward(monkeypatch)
+    fmt = "e4m3" if spelling == "e4m3-format" else "e5m2"
+    case = GRADS.replace(spelling=spelling, layout=layout, fp8_dout=fmt, fp8_ds=fmt, fp8_dqkv=fmt)
+    backend, t = get(NAME, "cpu"), materialize(case)
+    out = backend.run(case, t)
+    descales = [getattr(t.fp8, f"d{x}_descale")[0].item() for x in "qkv"]
+    assert len(set(descales)) > 1 and len(seen) == len(set(descales)), "one run per distinct dQKV descale"
+    dout8 = t.fp8.dout8.transpose(0, 1) if layout == "sbhd" else t.fp8.dout8
+    for run, d in zip(seen, dict.fromkeys(descales)):
+        dout = run["dout"]
+        assert isinstance(dout, fake_fp8.Float8Tensor)
+        assert dout._fp8_dtype == (fake_fp8.DType.kFloat8E4M3 if fmt == "e4m3" else fake_fp8.DType.kFloat8E5M2)
+        assert torch.equal(dout._data.reshape(dout8.shape), dout8.contiguous().view(torch.uint8))
+        assert dout._scale_inv.item() == t.fp8.dout_descale[0].item() != 1.0
+        assert run["bwd"][fake_fp8.META_DP].item() == t.fp8.ds_scale
+        assert run["bwd"][fake_fp8.META_DQKV].item() == pytest.approx(1 / d, rel=1e-7)
+        assert run["fwd"][fake_fp8.META_S].item() == t.fp8.p_scale, "the backward reads the forward's scale_s"
+    assert all(g is not None for g in (out.dq, out.dk, out.dv))
+    assert grade(case, t, out, family=backend.family).status == V.PASS
 
 
 def test_sm100_lifts_the_hopper_rules():
@@ -191,3 +239,23 @@ def test_the_repro_script_makes_the_adapters_call_and_can_fail(tmp_path, monkeyp
     script_calls = assert_standalone_and_able_to_fail(write(tmp_path, NAME, case), fake="te")
     assert [json.loads(comparable(c)) for c in fake.forwards] == script_calls["forwards"]
     assert script_calls["selected"] == ["use_fused_attention"]
+
+
+GRAD_SPACE = SPACE.replace(fp8_grads=1)
+
+
+def test_fuzzing_gradients_through_a_correct_fake_finds_nothing(monkeypatch):
+    """Negative control of the planted backward bugs below: every FP8 case of the stream checks gradients."""
+    install(monkeypatch)
+    seen = spy_backward(monkeypatch)
+    tally, findings = fuzz(get(NAME, "cpu"), space=GRAD_SPACE, settings=profile("ci", max_examples=80))
+    assert not findings, [f"{f.verdict.label} {f.verdict.message[:200]} {f.case!r}" for f in findings]
+    assert tally.labels["PASS"] >= 30 and len(seen) >= 30, (tally.to_dict(), len(seen))
+
+
+@pytest.mark.parametrize("bug", fake_fp8.BACKWARD_BUGS)
+def test_a_planted_fp8_backward_bug_is_found(monkeypatch, bug):
+    install(monkeypatch, fp8_bug=bug)
+    _, findings = fuzz(get(NAME, "cpu"), space=GRAD_SPACE, settings=profile("ci", max_examples=80))
+    assert findings, f"{bug} went unseen"
+    assert findings[0].case.grads and findings[0].verdict.failed

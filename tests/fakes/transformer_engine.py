@@ -243,10 +243,11 @@ class _FakeDPA(torch.nn.Module):
                     sink=self.softmax_offset if self.softmax_type != "vanilla" else None,
                     cross=self.attention_type == "cross")
         if fp8:
-            nominal = q.dtype
             spec["attend"] = te_fp8.p_quantised_attend(self)
-            out = getattr(self, SUBMODULE[ran])(spec, *te_fp8.dequantised(self, q, k, v))
-            return te_fp8.output(self, out, nominal, rest.get("fp8_output", False))
+            bshd = [_to_bshd(fmt, x) for x in (q, k)]
+            lengths = _lengths(spec, bshd[0].shape[0], bshd[0].shape[1], bshd[1].shape[1])
+            return te_fp8.attention(self, getattr(self, SUBMODULE[ran]), spec, lengths, q, k, v,
+                                    rest.get("fp8_output", False))
         if isinstance(q, te_fp8.Float8Tensor):   # FP8 inputs without FP8 attention: dequantised, as TE does
             q, k, v = (x.dequantize() for x in (q, k, v))
         return getattr(self, SUBMODULE[ran])(spec, q, k, v)

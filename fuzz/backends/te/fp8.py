@@ -13,7 +13,8 @@ te-* streams keep theirs. What TE 2.20.2 takes (docs/backends.md cites each plac
   scale[META_O], set to 1 / out_descale. TE returns O dequantised into the dtype, or with fp8_output=True as a
   Float8Tensor whose encodings the adapter dequantises with the case's out_descale.
 - On sm90: inference head dims up to 256 in multiples of 16 (128 with the backward); mask types no_mask / causal /
-  padding / padding_causal (top-left; no bottom-right causal); no sliding window and no sink softmax (sm100+ with cuDNN 9.21); bshd / sbhd.
+  padding / padding_causal (top-left; no bottom-right causal); no sliding window and no sink softmax (sm100+ with
+  cuDNN 9.21); bshd / sbhd.
 - The backward (FusedAttnFunc.backward, NVTE_FP8_DPA_BWD on by default): a Float8Tensor dO is taken as it is (its
   scale_inv is cuDNN's descale_dO); P is rounded with the forward's scale_s; dS with the dP quantizer's scale
   (scaling_bwd.scale[META_DP], the case's ds_scale); dQ, dK, dV with the one dQKV quantizer's (scale[META_DQKV]) and

@@ -248,14 +248,14 @@ def test_the_efficient_kernels_own_mask_dtype_check_is_a_refusal_known_before_th
     whose own check then raises: the spelling is refused up front (not drawn as a crash), for that kernel only, and
     the error, should it come anyway, is an Unsupported naming the check."""
     from attnfuzz.backends.base import Unsupported
-    from attnfuzz.backends.sdpa import adapter
+    from attnfuzz.backends.sdpa import kernel_checks
     from attnfuzz.backends.sdpa.spelling import Spelling
     f32 = Spelling("float32_mask", "")
-    assert "invalid dtype for bias" in adapter._kernel_refusal("EFFICIENT_ATTENTION", f32, torch.float16)
-    assert adapter._kernel_refusal("EFFICIENT_ATTENTION", f32, torch.float32) is None
-    assert adapter._kernel_refusal("CUDNN_ATTENTION", f32, torch.float16) is None  # it takes it (and misreads it)
-    assert adapter._kernel_refusal("EFFICIENT_ATTENTION", Spelling("float_mask", ""), torch.float16) is None
+    assert "invalid dtype for bias" in kernel_checks.kernel_refusal("EFFICIENT_ATTENTION", f32, torch.float16)
+    assert kernel_checks.kernel_refusal("EFFICIENT_ATTENTION", f32, torch.float32) is None
+    assert kernel_checks.kernel_refusal("CUDNN_ATTENTION", f32, torch.float16) is None  # it takes it (and misreads it)
+    assert kernel_checks.kernel_refusal("EFFICIENT_ATTENTION", Spelling("float_mask", ""), torch.float16) is None
     with pytest.raises(Unsupported, match="own check of the mask's dtype"):
-        adapter._refuse_kernel_check("EFFICIENT_ATTENTION",
-                                     RuntimeError("invalid dtype for bias - should match query's dtype"))
-    adapter._refuse_kernel_check("EFFICIENT_ATTENTION", RuntimeError("CUDA error: misaligned address"))  # passes
+        kernel_checks.refuse_kernel_check("EFFICIENT_ATTENTION",
+                                          RuntimeError("invalid dtype for bias - should match query's dtype"))
+    kernel_checks.refuse_kernel_check("EFFICIENT_ATTENTION", RuntimeError("CUDA error: misaligned address"))  # passes

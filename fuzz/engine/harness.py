@@ -138,8 +138,8 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
     except Hang as e:
         return V.Verdict(V.HANG, type(e).__name__, str(e))
     except Exception as e:  # the backend crashed on a case it said it supports: a finding
-        if memshare.refusal(e) is not None:  # more than a lane's share of a GPU that lanes share: not a finding
-            return V.Verdict(V.UNSUPPORTED, None, memshare.refusal(e))
+        if (over_share := memshare.refusal(e)) is not None:  # more than a lane's share of a shared GPU: no finding
+            return V.Verdict(V.UNSUPPORTED, None, over_share)
         where = traceback.extract_tb(e.__traceback__)[-1]
         return V.Verdict(V.CRASH, crash_diagnosis(e),
                          f"{type(e).__name__}: {str(e)[:500]} (at {Path(where.filename).name}:{where.lineno})")
@@ -148,9 +148,9 @@ def _graded(backend: Backend, case: Case, device: str) -> V.Verdict:
         oracle = Oracle.of(case, oracle_tensors, device=oracle_device, family=backend.family)
         verdict = grade(case, oracle_tensors, output, family=backend.family, oracle=oracle)
     except Exception as e:  # the oracle past a lane's share of the GPU is a refusal too; any other error is ours
-        if memshare.refusal(e) is None:
+        if (over_share := memshare.refusal(e)) is None:
             raise
-        return V.Verdict(V.UNSUPPORTED, None, memshare.refusal(e))
+        return V.Verdict(V.UNSUPPORTED, None, over_share)
     if backend.deterministic:
         verdict = _check_bitwise(backend, case, tensors, output, verdict)
     if batch.checked(case):  # on a share of the batched cases: bits alone vs in the batch (claimed, or observed)

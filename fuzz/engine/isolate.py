@@ -151,7 +151,7 @@ class Worker:
         self.confirm_factor = confirm_factor
         self.hang_floor_s, self.hang_factor = hang_floor_s, hang_factor
         self.hangs, self.slowest_s = 0, 0.0
-        self.env = {**({memshare.ENV: os.environ[memshare.ENV]} if os.environ.get(memshare.ENV) else {}), **(env or {})}
+        self.env = {**memshare.inherited(), **(env or {})}   # a fork server started earlier lacks the share
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
         self._process = None

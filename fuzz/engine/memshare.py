@@ -28,6 +28,11 @@ def share_bytes(environ=os.environ) -> int | None:
     return int(value)
 
 
+def inherited(environ=os.environ) -> dict[str, str]:
+    """The share's variable as a child process must be handed it ({} without a share)."""
+    return {ENV: environ[ENV]} if environ.get(ENV) else {}
+
+
 def apply(device: str) -> None:
     """Cap torch's allocator on `device` at the share, if there is one and the device is a GPU."""
     share = share_bytes()

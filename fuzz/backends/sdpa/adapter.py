@@ -14,7 +14,6 @@ own code hands SDPA, with its GEMMs and the kernel stubbed: fuzz/backends/sdpa/m
 
 from __future__ import annotations
 
-import re
 import warnings
 import weakref
 
@@ -22,6 +21,7 @@ import torch
 
 from attnfuzz.backends.base import Backend, Unsupported, first_reason
 from attnfuzz.backends.sdpa import modules
+from attnfuzz.backends.sdpa.kernel_checks import kernel_refusal, refuse_kernel_check, torch_reason
 from attnfuzz.backends.sdpa.spelling import (Spelling, additive_mask, aligned_bias, all_spellings, dense_mask,
                                              form_source, formed, logical_grad, parse, public_mask, same_per_head,
                                              same_per_sequence, sdpa_inputs, skeleton, spelling_names)
@@ -48,39 +48,6 @@ LSE_OPS = {
                                   ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p",
                                    "is_causal", "return_debug_mask", "scale")),
 }
-
-
-# Checks a kernel makes of its own, after torch's dispatcher chose it: each is a refusal (Unsupported), not a crash.
-KERNEL_CHECKS = {
-    "is not correctly aligned": "a tensor's pointer; torch's dispatcher does not check alignment",
-    "invalid dtype for bias": "the mask's dtype; torch's input check accepts a float32 mask on a half query",
-}
-
-
-def _refuse_kernel_check(kernel: str, error: RuntimeError) -> None:
-    """A kernel's own check (KERNEL_CHECKS: the memory-efficient kernel's "p.query_ptr is not correctly aligned",
-    "invalid dtype for bias") raises Unsupported naming it. Other errors pass."""
-    for needle, what in KERNEL_CHECKS.items():
-        if needle in str(error):
-            raise Unsupported(f"{kernel} refused at call time: {str(error).splitlines()[0]} (the kernel's own check "
-                              f"of {what})") from None
-
-
-def _kernel_refusal(kernel: str, spelling: Spelling, query_dtype) -> str | None:
-    """What a kernel refuses by its own check that the dispatcher cannot see, known before the call: the
-    memory-efficient kernel takes an additive mask only in the query's dtype."""
-    if kernel == "EFFICIENT_ATTENTION" and spelling.mask == "float32_mask" and query_dtype != torch.float32:
-        what = KERNEL_CHECKS["invalid dtype for bias"]
-        return (f"{kernel} refuses spelling {spelling.name!r}: its own check of {what} raises 'invalid dtype for "
-                f"bias - should match query's dtype'")
-    return None
-
-
-def _torch_reason(caught, error: Exception) -> str:
-    """torch's own reasons for a refusal: the warnings it emitted, without the 'Triggered internally' tails."""
-    lines = [re.sub(r"\s*\(Triggered internally at .*\)\s*$", "", str(w.message)).strip() for w in caught]
-    lines = [ln for ln in lines if ln and "kernel not used because" not in ln]
-    return "; ".join(dict.fromkeys(lines)) or str(error).strip()
 
 
 class SdpaBackend(Backend):
@@ -189,7 +156,7 @@ class SdpaBackend(Backend):
                 if spelling.heads not in views:
                     views[spelling.heads] = sdpa_inputs(case, q, k, v, spelling, grads=case.grads)[1]
                 qh, kh, vh = views[spelling.heads]
-                refused = _kernel_refusal(self.kernel, spelling, qh.dtype)
+                refused = kernel_refusal(self.kernel, spelling, qh.dtype)
                 if refused is not None:
                     answers.append(refused)
                     continue
@@ -213,7 +180,7 @@ class SdpaBackend(Backend):
                     chosen = choose(q, k, v, mask, 0.0, is_causal, scale=self._scale(case, spelling),
                                     enable_gqa=spelling.heads == "enable_gqa")
                 except RuntimeError as e:
-                    reasons.append(_torch_reason(caught, e))
+                    reasons.append(torch_reason(caught, e))
                     continue
             if chosen == int(self._sdp()):
                 return None
@@ -281,8 +248,8 @@ class SdpaBackend(Backend):
                                                          enable_gqa=spelling.heads == "enable_gqa")
             except RuntimeError as e:
                 if "No available kernel" in str(e) or "No viable backend" in str(e):
-                    raise Unsupported(f"{self.kernel} refused at call time: {_torch_reason(caught, e)}") from None
-                _refuse_kernel_check(self.kernel, e)
+                    raise Unsupported(f"{self.kernel} refused at call time: {torch_reason(caught, e)}") from None
+                refuse_kernel_check(self.kernel, e)
                 raise
         out = modules.unembedded(case, out) if spelling.module else out.transpose(1, 2)  # logical [b, sq, h, d]
         result = Output(out=out.detach(), ran=self.kernel)
@@ -291,7 +258,7 @@ class SdpaBackend(Backend):
             try:
                 grads = torch.autograd.grad(out, leaves, dout)
             except RuntimeError as e:
-                _refuse_kernel_check(self.kernel, e)
+                refuse_kernel_check(self.kernel, e)
                 raise
             lengths = (case.sq, case.skv, case.skv)
             result.dq, result.dk, result.dv = (logical_grad(case, g, s) for g, s in zip(grads, lengths))

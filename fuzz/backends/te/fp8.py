@@ -228,7 +228,7 @@ class TEFusedFP8(TransformerEngineAttention):
         if not (case.grads and case.fp8_dout):
             return case
         spelling = "e4m3-format" if case.fp8_dout == "e4m3" else case.spelling
-        return case.replace(fp8_ds=case.fp8_dout, fp8_dqkv=case.fp8_dout, spelling=spelling)
+        return TEFusedFP8.one_backward_format(case).replace(spelling=spelling)
 
     @staticmethod
     def one_backward_format(case: Case) -> Case:

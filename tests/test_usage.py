@@ -30,6 +30,7 @@ BAD_OPTIONS = [
     (["shrink", "x.json", "--max-runs", "0"], "--max-runs"),
     (["campaign", "--hours", "-1"], "--hours"),
     (["campaign", "--round-examples", "0"], "--round-examples"),
+    (["campaign", "--climb-every", "-1"], "--climb-every"),
     (["snapshot", "x", "--out", "y", "--max-cases", "0"], "--max-cases"),
 ]
 

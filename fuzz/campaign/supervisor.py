@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from attnfuzz.campaign import lanes as lanes_mod
+from attnfuzz.campaign.lane import CLIMB_EVERY
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import paths
 from attnfuzz.store.parallel_replay import shared_cache_env
@@ -49,6 +50,9 @@ def add_parser(sub) -> None:
                    "as many as the host's cores and the GPU's and host's memory allow, fuzz/campaign/lanes.py)")
     p.add_argument("--db", help="example database: a directory (default db, inside --dir) or a redis:// URL")
     p.add_argument("--round-examples", type=options.count, help="examples per backend per round (default 200)")
+    p.add_argument("--climb-every", type=options.whole, help="Hypothesis's target phase (hill-climbing the case "
+                   f"with the worst error / bound) in one round in N per backend (default {CLIMB_EVERY}; 1 every "
+                   "round, 0 never): a climb takes half its round, on one case")
     p.add_argument("--round-seconds", type=options.positive, help="seconds per backend per round, shrinking included "
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "
@@ -113,7 +117,8 @@ def new_config(args) -> dict:
             "gpu_share": sizing.share_bytes if sizing and sizing.per_gpu > 1 else None,
             "hours": 1.0 if args.hours is None else args.hours,
             "db": args.db or "db", "round_examples": args.round_examples or 200,
-            "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
+            "round_seconds": args.round_seconds or 900.0,
+            "climb_every": CLIMB_EVERY if args.climb_every is None else args.climb_every, "isolate": not args.no_isolate,
             "case_timeout": args.case_timeout or 120.0, "max_len": args.max_len, "replay_only": args.replay_only,
             "poison_memory": args.poison_memory,
             "known": str(corpus_io.findings_dir(args.known).resolve()), "versions": versions,
@@ -141,6 +146,7 @@ def resumed_config(args, stored: dict) -> dict:
     """The stored campaign, with --hours raised if given; any other option that differs is an error."""
     given = {"backends": args.backends and [b for b in args.backends.split(",") if b], "device": args.device,
              "db": args.db, "round_examples": args.round_examples, "round_seconds": args.round_seconds,
+             "climb_every": args.climb_every,
              "case_timeout": args.case_timeout, "max_len": args.max_len}
     for key, value in given.items():
         if value is not None and value != stored[key] and not (key == "backends" and

@@ -31,6 +31,17 @@ def count(text: str) -> int:
     return value
 
 
+def whole(text: str) -> int:
+    """A whole number of 0 or more (0: never)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 0 or more") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 0 or more")
+    return value
+
+
 def positive(text: str) -> float:
     """A finite number above 0 (seconds, hours)."""
     try:

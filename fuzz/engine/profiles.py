@@ -6,7 +6,7 @@ compiles a kernel (flex, FA4) takes seconds, and a deadline would report that as
 quick and ci leave out Hypothesis's target phase: from half the budget on, it hill-climbs the case with the worst
 error / bound for as long as that keeps improving, so the second half of a run mutates one case (measured with
 bench/distribution.py: 40 % of the cases in one sq bucket instead of 18 %). Their cases then follow the strategy's
-own weights. campaign keeps it, for its budget is large enough to afford the climb.
+own weights. campaign keeps it, and a campaign's lanes turn it off in three rounds of four (campaign/lane.py).
 """
 
 from __future__ import annotations

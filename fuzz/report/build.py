@@ -299,8 +299,8 @@ def distribution_tables(c: Campaign) -> list[Table]:
 
 def _header(c: Campaign) -> list[tuple[str, str]]:
     items = [("source", str(c.source))]
-    for key in ("backends", "skipped", "device", "lanes", "hours", "seed", "db", "round_examples", "max_len",
-                "isolate", "known", "started"):
+    for key in ("backends", "skipped", "device", "lanes", "hours", "seed", "db", "round_examples", "climb_every",
+                "max_len", "isolate", "known", "started"):
         value = c.meta.get(key)
         if value is not None and value != {}:
             items.append((key, ", ".join(map(str, value)) if isinstance(value, list) else

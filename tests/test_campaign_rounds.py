@@ -1,0 +1,59 @@
+"""A campaign's rounds. One round in `climb_every` climbs toward the worst error / bound (Hypothesis's target phase),
+not every round: a climb spends half its round on one case, and the Pareto front it leaves in the example database is
+where the next climb starts again."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from hypothesis import Phase
+
+from attnfuzz.campaign import lane as lane_mod
+from attnfuzz.campaign.lane import CLIMB_EVERY, Lane, Resumable, round_phases
+from attnfuzz.engine.harness import Tally
+
+
+def test_the_target_phase_comes_in_one_round_in_climb_every():
+    climbs = [r for r in range(12) if Phase.target in round_phases(r, 4)]
+    assert climbs == [3, 7, 11]
+    assert all(Phase.target in round_phases(r, 1) for r in range(5)), "1 climbs every round"
+    assert not any(Phase.target in round_phases(r, 0) for r in range(50)), "0 never climbs"
+    assert all(set(round_phases(r, 4)) >= {Phase.reuse, Phase.generate, Phase.shrink} for r in range(8))
+    assert CLIMB_EVERY > 1
+
+
+def rounds_phases(tmp_path, monkeypatch, config: dict, rounds: int) -> list[tuple]:
+    """The phases Lane._round hands Hypothesis in rounds 0..rounds-1 (the search itself stubbed out)."""
+    (tmp_path / "campaign.json").write_text(json.dumps({"device": "cpu", "hours": 1.0, "max_len": None,
+                                                       "round_examples": 20, "round_seconds": 60, **config}))
+    (tmp_path / "state").mkdir()
+    seen = []
+
+    def fake_fuzz(backend, *, settings, **_):
+        seen.append(tuple(settings.phases))
+        return Tally(examples=0), []
+
+    monkeypatch.setattr(lane_mod, "fuzz", fake_fuzz)
+    lane = Lane(tmp_path, 0)
+    backend = lane_mod.get("sdpa-math", "cpu")
+    runner = Resumable(backend.name, None, None, tmp_path / ".inflight", {}, time.perf_counter() + 60, 0)
+    for r in range(rounds):
+        lane._round(backend, r, runner, None, lane.space())
+    return seen
+
+
+def test_a_lanes_rounds_follow_the_campaigns_climb_every(tmp_path, monkeypatch):
+    seen = rounds_phases(tmp_path, monkeypatch, {"climb_every": 2}, 4)
+    assert [Phase.target in phases for phases in seen] == [False, True, False, True]
+
+
+def test_a_campaign_saved_before_climb_every_existed_climbs_at_the_default(tmp_path, monkeypatch):
+    seen = rounds_phases(tmp_path, monkeypatch, {}, CLIMB_EVERY)
+    assert [Phase.target in phases for phases in seen] == [False] * (CLIMB_EVERY - 1) + [True]
+
+
+def test_replay_only_stays_reuse_and_shrink(tmp_path, monkeypatch):
+    seen = rounds_phases(tmp_path, monkeypatch, {"climb_every": 1, "replay_only": True}, 2)
+    assert seen == [(Phase.reuse, Phase.shrink)] * 2
+

@@ -1,16 +1,18 @@
 """A campaign's rounds. One round in `climb_every` climbs toward the worst error / bound (Hypothesis's target phase),
 not every round: a climb spends half its round on one case, and the Pareto front it leaves in the example database is
-where the next climb starts again."""
+where the next climb starts again. A round cut by time leaves nothing in the example database."""
 
 from __future__ import annotations
 
 import json
 import time
 
-from hypothesis import Phase
+import pytest
+from hypothesis import Phase, given, settings, strategies as st
+from hypothesis.database import InMemoryExampleDatabase
 
 from attnfuzz.campaign import lane as lane_mod
-from attnfuzz.campaign.lane import CLIMB_EVERY, Lane, Resumable, round_phases
+from attnfuzz.campaign.lane import CLIMB_EVERY, KeepFailures, Lane, Resumable, TimeUp, round_phases
 from attnfuzz.engine.harness import Tally
 
 
@@ -57,3 +59,41 @@ def test_replay_only_stays_reuse_and_shrink(tmp_path, monkeypatch):
     seen = rounds_phases(tmp_path, monkeypatch, {"climb_every": 1, "replay_only": True}, 2)
     assert seen == [(Phase.reuse, Phase.shrink)] * 2
 
+
+def saved_after_time_up(database) -> list:
+    """Run a search that raises TimeUp on its fifth example (as Resumable does once the round's time is up) and
+    return what the database holds then."""
+    calls = []
+
+    @settings(database=database, max_examples=50, phases=[Phase.generate])
+    @given(st.integers())
+    def search(n):
+        calls.append(n)
+        if len(calls) == 5:
+            if isinstance(database, KeepFailures):
+                database.deadline = time.perf_counter() - 1
+            raise TimeUp()
+
+    with pytest.raises(TimeUp):
+        search()
+    inner = database.inner if isinstance(database, KeepFailures) else database
+    return [v for values in inner.data.values() for v in values]
+
+
+def test_a_round_cut_by_time_saves_no_example_to_replay():
+    assert saved_after_time_up(InMemoryExampleDatabase()), "control: Hypothesis saves the example TimeUp escaped"
+    assert saved_after_time_up(KeepFailures(InMemoryExampleDatabase())) == []
+
+
+def test_a_failure_within_the_round_is_still_saved():
+    database = KeepFailures(InMemoryExampleDatabase())
+    database.deadline = time.perf_counter() + 60
+
+    @settings(database=database, max_examples=50, phases=[Phase.generate, Phase.shrink])
+    @given(st.integers())
+    def search(n):
+        assert n < 10
+
+    with pytest.raises(AssertionError):
+        search()
+    assert database.inner.data, "the failure is in the database for the next round and the other lanes"

@@ -58,14 +58,19 @@ class TimeUp(BaseException):
 
 class KeepFailures(ExampleDatabase):
     """The campaign's example database, minus deletion: a lane that has already saved a failure (so no longer raises
-    it) must not erase it before other lanes and machines have replayed it."""
+    it) must not erase it before other lanes and machines have replayed it. It saves nothing after `deadline`
+    (perf_counter; the lane sets it to each round's): Hypothesis saves the example a BaseException escapes from as a
+    failure to replay, and TimeUp is one, so each round cut by time would leave a passing case for every later round
+    and every other lane to replay first, forever."""
 
     def __init__(self, inner: ExampleDatabase):
         super().__init__()
         self.inner = inner
+        self.deadline = float("inf")
 
     def save(self, key: bytes, value: bytes) -> None:
-        self.inner.save(key, value)
+        if time.perf_counter() <= self.deadline:
+            self.inner.save(key, value)
 
     def fetch(self, key: bytes):
         return self.inner.fetch(key)
@@ -254,6 +259,8 @@ class Lane:
         first, so one slow or hanging backend cannot starve the others."""
         cfg = self.config
         runner.deadline = min(self.deadline, time.perf_counter() + cfg["round_seconds"])
+        if isinstance(database, KeepFailures):
+            database.deadline = runner.deadline
         settings = for_backend(profile("campaign", max_examples=cfg["round_examples"], database=database,
                                        print_blob=False), backend.cost, None)
         phases = round_phases(r, cfg.get("climb_every", CLIMB_EVERY))

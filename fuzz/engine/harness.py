@@ -36,7 +36,7 @@ from attnfuzz.strategies.cases import attention_cases
 from attnfuzz.strategies.choices import pick
 from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage
 from attnfuzz.strategies.space import Space, narrow_to
-from attnfuzz.strategies.streams import seed_only_streams
+from attnfuzz.strategies.streams import seed_only_streams, stream_seed
 
 if sys.version_info < (3, 11):  # Python 3.10: the backport Hypothesis depends on there
     from exceptiongroup import BaseExceptionGroup
@@ -226,9 +226,11 @@ KnownBugs = Callable[[str, Case, V.Verdict], "dict | None"]
 
 def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, inflight: Path | None,
                   on_case: Callable[[Case, V.Verdict, Tally], None] | None = None, known: KnownBugs | None = None,
-                  worker=None):
-    """The Hypothesis test for one backend: grade each drawn case, climb toward the bound, raise on failure. A
-    failure that `known` recognises as a known bug is tallied as KNOWN and the search goes on past it."""
+                  worker=None, scores: bool = True):
+    """The Hypothesis test for one backend: grade each drawn case, raise on failure. A failure that `known`
+    recognises as a known bug is tallied as KNOWN and the search goes on past it. With `scores`, each passing case's
+    error / bound goes to Hypothesis (hypothesis.target): its target phase climbs on it, and its generate phase keeps
+    a mutation of a case only where that does not lower it."""
 
     @hypothesis.given(case=cases_for(backend, space))
     def fuzz_backend(case: Case) -> None:
@@ -241,7 +243,7 @@ def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, 
         tally.add(verdict)
         if on_case is not None:
             on_case(case, verdict, tally)
-        if verdict.status == V.PASS:
+        if verdict.status == V.PASS and scores:
             hypothesis.target(min(verdict.ratio, 1e9), label="error / bound")
         if verdict.failed:
             raise finding_type(verdict.label)(backend.name, case, verdict)
@@ -311,10 +313,15 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     builds = None   # a shrink step of a kernel that failed to build is answered without building it again
     if configs is not None and backend.build_errors:
         builds = BuildFailures(worker.run if worker is not None else run, backend, configs)
+    active = settings if settings is not None else hypothesis.settings.default
+    # Scores, except where the settings keep an example database and no target phase: there they would feed only the
+    # Pareto front Hypothesis keeps beside the database, which cost a small case as much as the case itself.
+    scores = hypothesis.Phase.target in active.phases or active.database is None
     prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=seen,
-                         known=known, worker=builds or worker)
+                         known=known, worker=builds or worker, scores=scores)
     if settings is not None:
         prop = settings(prop)
+    seed = stream_seed(seed, active.derandomize)
     if seed is not None:
         prop = hypothesis.seed(seed)(prop)
     if database_key is not None:

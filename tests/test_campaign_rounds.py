@@ -1,12 +1,15 @@
 """A campaign's rounds. One round in `climb_every` climbs toward the worst error / bound (Hypothesis's target phase),
 not every round: a climb spends half its round on one case, and the Pareto front it leaves in the example database is
-where the next climb starts again. A round cut by time leaves nothing in the example database."""
+where the next climb starts again. A round cut by time leaves nothing in the example database, and the Pareto front
+keeps only what it holds."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
+import hypothesis
 import pytest
 from hypothesis import Phase, given, settings, strategies as st
 from hypothesis.database import InMemoryExampleDatabase
@@ -97,3 +100,43 @@ def test_a_failure_within_the_round_is_still_saved():
     with pytest.raises(AssertionError):
         search()
     assert database.inner.data, "the failure is in the database for the next round and the other lanes"
+
+
+def climbing_search(database, examples: int = 200) -> None:
+    """A search that climbs a target score, with `database` under the key b"k" (so its Pareto front is kept there)."""
+    @settings(database=database, max_examples=examples, phases=tuple(Phase))
+    @given(st.lists(st.integers(0, 1000), max_size=8))
+    def search(xs):
+        hypothesis.target(float(sum(xs)), label="sum")
+
+    search._hypothesis_internal_database_key = b"k"
+    search()
+
+
+class Counted(InMemoryExampleDatabase):
+    """An in-memory database that counts what it is asked to save and delete, per key."""
+
+    def __init__(self):
+        super().__init__()
+        self.saved, self.deleted = Counter(), Counter()
+
+    def save(self, key, value):
+        self.saved[key] += 1
+        super().save(key, value)
+
+    def delete(self, key, value):
+        self.deleted[key] += 1
+        super().delete(key, value)
+
+
+def test_the_pareto_front_evicts_its_own_entries_but_no_failure_is_deleted():
+    kept = KeepFailures(Counted())
+    kept.save(b"k", b"a failure")
+    kept.delete(b"k", b"a failure")
+    kept.delete(b"k.secondary", b"x")
+    assert list(kept.fetch(b"k")) == [b"a failure"], "a failure stays for the other lanes"
+    climbing_search(kept)
+    inner = kept.inner
+    front = len(list(kept.fetch(b"k.pareto")))
+    assert inner.deleted[b"k.pareto"] > 0, "the front evicted entries, and they left the database"
+    assert 0 < front < inner.saved[b"k.pareto"]

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,7 +33,8 @@ from attnfuzz.report.build import build_report
 
 RESTARTS = 3  # a lane that dies is restarted this many times (it resumes from its log)
 LANE_STOP_S = 60  # how long an interrupted campaign waits for a lane to stop before it kills it
-WARM_S = 600      # the most a JIT backend's warm-up (attnfuzz.engine.warm) may take before the lanes start
+WARM_S = 600      # the most the JIT backends' warm-ups (attnfuzz.engine.warm), run at once, take before the lanes start
+WARM_MIN_S = 60   # ... and at least this, whatever a short campaign's tenth
 
 
 class CampaignError(ValueError):
@@ -216,28 +218,50 @@ class Watch:
         return f"{self.examples} cases, {rate:.1f}/s; {self.coverage.summary()}; not passing: {found}"
 
 
+def warm_command(name: str, device: str) -> list[str]:
+    return [sys.executable, "-m", "attnfuzz.engine.warm", name, device]
+
+
+def warm_limit_s(hours: float) -> float:
+    """How long the warm-ups may take together: WARM_S, or a tenth of a shorter campaign (at least WARM_MIN_S)."""
+    return min(WARM_S, max(WARM_MIN_S, hours * 3600 / 10))
+
+
 def warm_jit_backends(config: dict) -> None:
-    """Compile the plainest kernel configurations of each JIT backend once, in a process of its own on the first
-    GPU, before the lanes start (attnfuzz.engine.warm): the lanes then load them from the backends' disk caches
-    instead of each compiling them at the same moment. A warm-up that fails or overruns is reported and skipped."""
+    """Compile the plainest kernel configurations of each JIT backend once, each in a process of its own on the
+    first GPU, all at once, before the lanes start (attnfuzz.engine.warm): the lanes then load them from the
+    backends' disk caches instead of each compiling them at the same moment. A warm-up that fails is reported; one
+    still running at warm_limit_s is stopped and reported (the lanes compile what it did not)."""
     from attnfuzz.backends import get
     from attnfuzz.engine.compiled_search import declares_compile_key
     env = dict(os.environ)
     if config["device"] == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    names = []
     for name in config["backends"]:
         try:
             backend = get(name, config["device"])
         except Exception:  # a custom spec that does not build here: the lanes report it
             continue
-        if not declares_compile_key(backend) or not backend.compiles_to_disk:  # nothing a lane could load
-            continue
-        try:
-            done = subprocess.run([sys.executable, "-m", "attnfuzz.engine.warm", name, config["device"]], env=env,
-                                  timeout=WARM_S, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            print(done.stdout.strip()[-300:] or f"[{name}] warm-up exited with {done.returncode}", file=sys.stderr)
-        except subprocess.TimeoutExpired:
-            print(f"[{name}] warm-up passed {WARM_S} s; the lanes compile what it did not", file=sys.stderr)
+        if declares_compile_key(backend) and backend.compiles_to_disk:  # else nothing a lane could load
+            names.append(name)
+    limit = warm_limit_s(config.get("hours", 1.0))
+    with tempfile.TemporaryDirectory(prefix="attnfuzz-warm-") as logs:
+        started = {}
+        for name in names:
+            with open(Path(logs) / f"{len(started)}.log", "w") as log:   # a file, not a pipe: nothing blocks on it
+                started[name] = (subprocess.Popen(warm_command(name, config["device"]), env=env, stdout=log,
+                                                  stderr=subprocess.STDOUT), Path(log.name))
+        deadline = time.perf_counter() + limit
+        for name, (proc, log_path) in started.items():
+            try:
+                code = proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+                said = log_path.read_text(errors="replace").strip()
+                print(said[-300:] or f"[{name}] warm-up exited with {code}", file=sys.stderr)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                print(f"[{name}] warm-up passed {limit:.0f} s; the lanes compile what it did not", file=sys.stderr)
 
 
 def run_campaign(args) -> int:

@@ -32,3 +32,14 @@ def test_a_derandomized_search_runs_with_the_pinned_seed():
     assert stream_seed(None, derandomize=True) == DERANDOMIZED_SEED
     assert stream_seed(7, derandomize=True) == 7
     assert stream_seed(None, derandomize=False) is None
+
+
+def test_a_seeded_search_keeps_its_scores_and_its_stream():
+    """A seeded run keeps no example database (hypothesis.seed), so its scores cost nothing and still steer which
+    mutations it keeps: the same seed draws the same cases with a database named or not."""
+    def stream(database):
+        cases = []
+        fuzz(get("sdpa-math", "cpu"), space=SMALL, seed=3, on_case=lambda c, v, t: cases.append(c),
+             settings=settings(profile("quick"), database=database, max_examples=150))
+        return cases
+    assert stream(InMemoryExampleDatabase()) == stream(None)

@@ -314,14 +314,15 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     if configs is not None and backend.build_errors:
         builds = BuildFailures(worker.run if worker is not None else run, backend, configs)
     active = settings if settings is not None else hypothesis.settings.default
-    # Scores, except where the settings keep an example database and no target phase: there they would feed only the
-    # Pareto front Hypothesis keeps beside the database, which cost a small case as much as the case itself.
-    scores = hypothesis.Phase.target in active.phases or active.database is None
+    seed = stream_seed(seed, active.derandomize)
+    # Scores, except where Hypothesis keeps an example database (a seeded run keeps none) and runs no target phase:
+    # there they would feed only the Pareto front it keeps beside the database, which cost a small case as much as
+    # the case itself.
+    scores = hypothesis.Phase.target in active.phases or active.database is None or seed is not None
     prop = fuzz_property(backend, device=device, space=space, tally=tally, inflight=inflight, on_case=seen,
                          known=known, worker=builds or worker, scores=scores)
     if settings is not None:
         prop = settings(prop)
-    seed = stream_seed(seed, active.derandomize)
     if seed is not None:
         prop = hypothesis.seed(seed)(prop)
     if database_key is not None:

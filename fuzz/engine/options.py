@@ -20,26 +20,24 @@ from attnfuzz.engine.profiles import PROFILES
 PLUGIN_PREFIX = "attnfuzz-"
 
 
-def count(text: str) -> int:
-    """A whole number of 1 or more (examples, threads, lengths, runs)."""
+def _at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give {least} or more") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give {least} or more")
     return value
+
+
+def count(text: str) -> int:
+    """A whole number of 1 or more (examples, threads, lengths, runs)."""
+    return _at_least(text, 1)
 
 
 def whole(text: str) -> int:
     """A whole number of 0 or more (0: never)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 0 or more") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 0 or more")
-    return value
+    return _at_least(text, 0)
 
 
 def positive(text: str) -> float:

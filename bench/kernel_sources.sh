@@ -2,8 +2,8 @@
 # The FA2 and FA3 sources the GPU builds start from, made again byte for byte where they were lost (they are kept
 # outside the repository, under .whl/), and checked against the sha256 docs/backends.md records.
 #
-#   bash bench/kernel_sources.sh fa2 [OUTDIR]                      flash_attn-2.8.3.post2.tar.gz from PyPI (default .whl/fa2)
-#   bash bench/kernel_sources.sh fa3 FA_GIT CUTLASS_GIT [OUTDIR]   flash-attention-e2743ab5-hopper-src.tar.gz (default .whl/fa3)
+#   bash bench/kernel_sources.sh fa2 [OUTDIR]                      the sdist from PyPI (default OUTDIR .whl/fa2)
+#   bash bench/kernel_sources.sh fa3 FA_GIT CUTLASS_GIT [OUTDIR]   the hopper/ tarball (default OUTDIR .whl/fa3)
 #
 # fa2 takes the sdist from the package index's file list (PyPI's simple API): `pip download --no-binary :all:` runs
 # its setup.py, which fails on a machine without CUDA. fa3 cuts the tarball from two git repositories that hold the
@@ -30,8 +30,9 @@ case "${1:-}" in
     out=${2:-.whl/fa2}
     mkdir -p "$out"
     file=flash_attn-2.8.3.post2.tar.gz
+    pick="import json, sys; print(next(f['url'] for f in json.load(sys.stdin)['files'] if f['filename'] == '$file'))"
     url=$(curl -fsS -H "Accept: application/vnd.pypi.simple.v1+json" https://pypi.org/simple/flash-attn/ |
-          python3 -c "import json, sys; print(next(f['url'] for f in json.load(sys.stdin)['files'] if f['filename'] == '$file'))") ||
+          python3 -c "$pick") ||
       die "PyPI's file list of flash-attn has no $file, or PyPI cannot be reached"
     curl -fsS -o "$out/$file" "$url"
     check "$out/$file" "$FA2_SHA256"
@@ -39,8 +40,10 @@ case "${1:-}" in
   fa3)
     fa=${2:-}; cutlass=${3:-}; out=${4:-.whl/fa3}
     [ -n "$fa" ] && [ -n "$cutlass" ] || die "$usage"
-    git -C "$fa" cat-file -e "$FA3_COMMIT^{commit}" 2>/dev/null || die "$fa holds no commit $FA3_COMMIT (a clone of Dao-AILab/flash-attention)"
-    git -C "$cutlass" cat-file -e "$CUTLASS_COMMIT^{commit}" 2>/dev/null || die "$cutlass holds no commit $CUTLASS_COMMIT (a clone of NVIDIA/cutlass)"
+    git -C "$fa" cat-file -e "$FA3_COMMIT^{commit}" 2>/dev/null ||
+      die "$fa holds no commit $FA3_COMMIT (a clone of Dao-AILab/flash-attention)"
+    git -C "$cutlass" cat-file -e "$CUTLASS_COMMIT^{commit}" 2>/dev/null ||
+      die "$cutlass holds no commit $CUTLASS_COMMIT (a clone of NVIDIA/cutlass)"
     mkdir -p "$out"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import contextlib
 
-DERANDOMIZED_SEED = int("f165823b2db9873af9b76bf5db9ce0a75c748139757bb022d8d59cc42579e0f0aad1657d5ef5eafd16d551f9a82a7918",
-                        16)
+DERANDOMIZED_SEED = int("f165823b2db9873af9b76bf5db9ce0a75c748139757bb022"
+                        "d8d59cc42579e0f0aad1657d5ef5eafd16d551f9a82a7918", 16)
 
 
 def stream_seed(seed: int | None, derandomize: bool) -> int | None:

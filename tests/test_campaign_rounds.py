@@ -140,3 +140,14 @@ def test_the_pareto_front_evicts_its_own_entries_but_no_failure_is_deleted():
     front = len(list(kept.fetch(b"k.pareto")))
     assert inner.deleted[b"k.pareto"] > 0, "the front evicted entries, and they left the database"
     assert 0 < front < inner.saved[b"k.pareto"]
+
+
+def test_a_resumed_campaign_takes_a_new_climb_every_and_an_old_one_gets_it():
+    from types import SimpleNamespace
+    from attnfuzz.campaign.supervisor import resumed_config
+    stored = {"backends": ["sdpa-math"], "skipped": {}, "device": "cpu", "db": "db", "round_examples": 200,
+              "round_seconds": 900.0, "case_timeout": 120.0, "max_len": None, "hours": 1.0, "replay_only": False}
+    args = SimpleNamespace(backends=None, device=None, db=None, round_examples=None, round_seconds=None,
+                           case_timeout=None, max_len=None, hours=None, replay_only=False, climb_every=0)
+    assert resumed_config(args, dict(stored))["climb_every"] == 0
+    assert "climb_every" not in resumed_config(SimpleNamespace(**{**vars(args), "climb_every": None}), dict(stored))

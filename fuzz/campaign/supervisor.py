@@ -119,8 +119,8 @@ def new_config(args) -> dict:
             "gpu_share": sizing.share_bytes if sizing and sizing.per_gpu > 1 else None,
             "hours": 1.0 if args.hours is None else args.hours,
             "db": args.db or "db", "round_examples": args.round_examples or 200,
-            "round_seconds": args.round_seconds or 900.0,
-            "climb_every": CLIMB_EVERY if args.climb_every is None else args.climb_every, "isolate": not args.no_isolate,
+            "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
+            "climb_every": CLIMB_EVERY if args.climb_every is None else args.climb_every,
             "case_timeout": args.case_timeout or 120.0, "max_len": args.max_len, "replay_only": args.replay_only,
             "poison_memory": args.poison_memory,
             "known": str(corpus_io.findings_dir(args.known).resolve()), "versions": versions,
@@ -145,10 +145,10 @@ def _positive(option: str, value: str) -> int:
 
 
 def resumed_config(args, stored: dict) -> dict:
-    """The stored campaign, with --hours raised if given; any other option that differs is an error."""
+    """The stored campaign, with --hours and --climb-every changed if given; any other option that differs is an
+    error."""
     given = {"backends": args.backends and [b for b in args.backends.split(",") if b], "device": args.device,
              "db": args.db, "round_examples": args.round_examples, "round_seconds": args.round_seconds,
-             "climb_every": args.climb_every,
              "case_timeout": args.case_timeout, "max_len": args.max_len}
     for key, value in given.items():
         if value is not None and value != stored[key] and not (key == "backends" and
@@ -157,6 +157,8 @@ def resumed_config(args, stored: dict) -> dict:
                                 f"{stored[key]!r}; resume it without the option, or give a new --dir")
     if args.hours is not None:
         stored["hours"] = args.hours
+    if args.climb_every is not None:   # how often it climbs from here on; a campaign saved before had every round
+        stored["climb_every"] = args.climb_every
     if args.replay_only != stored["replay_only"]:
         stored["replay_only"] = args.replay_only
     return stored

@@ -151,3 +151,16 @@ def test_a_resumed_campaign_takes_a_new_climb_every_and_an_old_one_gets_it():
                            case_timeout=None, max_len=None, hours=None, replay_only=False, climb_every=0)
     assert resumed_config(args, dict(stored))["climb_every"] == 0
     assert "climb_every" not in resumed_config(SimpleNamespace(**{**vars(args), "climb_every": None}), dict(stored))
+
+
+def test_a_campaign_in_a_ci_environment_is_not_derandomized():
+    """Hypothesis's CI detection makes its derandomized profile the parent of every profile registered after it: a
+    campaign there drew the same cases every round, without its example database."""
+    import os
+    import subprocess
+    import sys
+    code = ("from attnfuzz.engine.profiles import profile; s = profile('campaign'); "
+            "print(s.derandomize, profile('ci').derandomize)")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CI": "true"}, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr

@@ -25,7 +25,8 @@ from pathlib import Path
 
 
 def campaign(site: Path, directory: Path, args) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1",
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))  # a GPU stack may be on it
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONNOUSERSITE": "1",
            "ATTNFUZZ_CORPUS": str(directory / "findings")}
     command = [sys.executable, "-m", "attnfuzz", "campaign", "--dir", str(directory / "camp"), "--backends",
                args.backends, "--device", args.device, "--hours", str(args.seconds / 3600)]

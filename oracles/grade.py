@@ -166,14 +166,17 @@ def diagnose(o: Oracle, out: torch.Tensor, failed: Check, family: str,
 
 def _matching(o: Oracle, out: torch.Tensor, family: str, rows: torch.Tensor | None = None) -> list[tuple[str, str]]:
     """(diagnosis, description) of each alternative the output matches, every row (of `rows`, the valid rows unless
-    given) within its own bound, in the order alternatives() gives them, one per diagnosis."""
+    given) within its own bound, in the order alternatives() gives them, one per diagnosis. An alternative the
+    oracle's own output matches as well names nothing: within its bound it cannot be told from the right answer (a
+    row that sees one key reads the same at any scale, and scale 1 on far logits widens the bound to match anything)."""
     matched: list[tuple[str, str]] = []
     for diagnosis, description, overrides in alternatives(o.case):
         if any(diagnosis == d for d, _ in matched):
             continue  # one match per diagnosis is enough
         alt_case = overrides.pop("case", o.case)
         alt = reference(alt_case, o.tensors, device=o.ref.out.device, grads=False, **overrides)
-        if check_out(o, out, alt.out, family, where=rows, bounds=alt).ok:  # each row within its bound of the alternative
+        if (check_out(o, out, alt.out, family, where=rows, bounds=alt).ok  # each row within its bound of the alternative
+                and not check_out(o, o.ref.out, alt.out, family, where=rows, bounds=alt).ok):
             matched.append((diagnosis, description))
     for diagnosis, description, tensors in fp8.alternatives(o.case, o.tensors):  # FP8 descales twice or missing
         if any(diagnosis == d for d, _ in matched):

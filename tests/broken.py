@@ -209,6 +209,25 @@ BROKEN = {cls.name: cls for cls in (Correct, ZeroWhenCausal, SwappedAlignment, W
                                    WindowOffByOneAndDroppedWhenLonger, HeadMajor)}
 
 
+class LeaksOneKey(Correct):
+    """The last query row of each sequence counts one key it must not see: the first hidden key past its last
+    visible one, else the last before its first (a band edge, or a hole of the explicit mask). One bug with several
+    names: MASK_LEAK on probe values, TOLERANCE on Gaussian ones."""
+
+    name = "broken-leak-key"
+
+    def run(self, case, t):
+        mask = visibility_mask(case, t, t.q.device).clone()
+        for b, (nq, nk) in enumerate(zip(case.lens_q, case.lens_kv)):
+            for h in range(mask.shape[1] if nq else 0):
+                seen = mask[b, h, nq - 1, :nk]
+                hidden = (~seen).nonzero().flatten()
+                if bool(seen.any()) and hidden.numel():
+                    after = hidden[hidden > seen.nonzero().flatten()[-1]]
+                    mask[b, h, nq - 1, after[0] if after.numel() else hidden[-1]] = True
+        return Output(self.attend(case, t, mask=mask))
+
+
 def _without_last_key(case, t):
     """The case's visibility with key skv - 1 hidden from every query (a kernel that loses a tile's last key)."""
     mask = visibility_mask(case, t, t.q.device).clone()

@@ -15,7 +15,7 @@ from attnfuzz.oracles.tolerance import check
 from attnfuzz.oracles.verdict import Output
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
-from tests.broken import BROKEN, Correct
+from tests.broken import BROKEN, Correct, LeaksOneKey
 
 BASE = Case(b=2, sq=40, skv=64, h=4, hk=2, d_qk=32, d_v=16, dtype="bfloat16", causal=True, seed=7)
 
@@ -285,3 +285,12 @@ def test_a_backward_that_recomputes_dominated_logits_in_another_order_passes_and
     wrong[1, 3] *= 1.02
     verdict = grade(case, t, Output(**exact, dv=wrong), family="sdpa")
     assert (verdict.status, verdict.diagnosis) == (V.FAIL, V.GRADIENT), verdict.message
+
+
+def test_an_alternative_the_right_answer_matches_too_names_nothing():
+    """A row that sees one key reads the same at any scale, and scale 1 on anti-aligned logits widens the
+    alternative's bound until it matches the output of a kernel that leaks one key: that read as FAIL:SCALE."""
+    case = Case(sq=4, skv=4, d_qk=8, d_v=8, dtype="float16", causal=True, window=(0, None), alignment="top_left",
+                scale=0.01, values="anti_aligned")
+    verdict = run_case(LeaksOneKey(), case)
+    assert verdict.status == V.FAIL and verdict.diagnosis == V.TOLERANCE, verdict

@@ -31,7 +31,7 @@ from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import mark_known
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
-from attnfuzz.engine.rootcause import Evidence, merge_root_causes
+from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_name
 from attnfuzz.engine.isolate import isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
@@ -158,7 +158,7 @@ def seen_in(directory: Path):
     searches past a bug it has saved instead of shrinking it again every round; and failures whose output an entry's
     diagnosis explains as well (its label among the verdict's `also`: a dropped mask that reads as WINDOW_OFF_BY_ONE
     on a small case, once MASK_IGNORED is saved), which are that entry's root cause again."""
-    seen = {(e.backend, e.verdict.label) for _, e in corpus_io.load_all(directory)[0]} if directory.exists() else set()
+    seen = saved_labels(directory)
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
         if explained(seen, backend, verdict):
@@ -166,6 +166,12 @@ def seen_in(directory: Path):
         return None
 
     return known
+
+
+def saved_labels(directory: Path) -> set[tuple[str, str]]:
+    """(backend, label) of every entry in `directory`, and of every label attached to one as the same root cause."""
+    entries = corpus_io.load_all(directory)[0] if directory.exists() else []
+    return {(e.backend, v.label) for _, e in entries for v in (e.verdict, *(v for _, v in e.attached))}
 
 
 def explained(seen: set[tuple[str, str]], backend: str, verdict: V.Verdict) -> bool:
@@ -198,6 +204,7 @@ class Lane:
         self.corpus = campaign / "corpus"
         self.known_dir = corpus_io.findings_dir(self.config.get("known"))  # known bugs beside the shipped ones
         self.last_record = interrupt.Record(None, "")  # the crash record the last lane left, read in run()
+        self.twins: dict[str, str | None] = {}  # saved entry's file name -> the mask error its probe twin names
         self.started = time.perf_counter()
         self.deadline = self.started + self.config["hours"] * 3600 - self.state["elapsed"]
 
@@ -282,7 +289,7 @@ class Lane:
                 raise
             tally, findings = Tally(examples=0), []  # the round's time is up; what it found is in the log
             self._save_unsaved([backend], runner.done)
-        for f in findings:
+        for f in self._join_saved(backend, findings, runner.rerun):
             path = self.save_finding(backend, f.case, f.verdict, f.attached)
             print(f"[lane {self.index}] {backend.name}: {f.verdict.label} saved as {path}", file=sys.stderr)
         entry = self.state["backends"].setdefault(backend.name, {"rounds": 0, "cases": 0, "examples": 0,
@@ -293,6 +300,27 @@ class Lane:
         entry["examples"] += tally.examples
         entry["seconds"] = round(entry["seconds"] + tally.seconds, 3)
         self.save_state()
+
+    def _join_saved(self, backend, findings: list, probe) -> list:
+        """The findings left after attaching to an entry this campaign saved for the backend (an earlier round's,
+        another lane's) each whose probe twin fails with that entry's mask error (engine/rootcause.py twin_name):
+        one root cause, one entry, across rounds as within one."""
+        entries = {}
+        for path, e in corpus_io.load_all(self.corpus)[0]:
+            if e.backend == backend.name and path.name not in self.twins:
+                self.twins[path.name] = twin_name(e.case, e.verdict, probe)
+            if e.backend == backend.name and self.twins[path.name] is not None:
+                entries.setdefault(self.twins[path.name], path)
+        kept = []
+        for f in findings:
+            path = entries.get(twin_name(f.case, f.verdict, probe)) if entries else None
+            if path is None:
+                kept.append(f)
+                continue
+            corpus_io.attach(path, [(f.case, f.verdict), *f.attached])
+            print(f"[lane {self.index}] {backend.name}: {f.verdict.label} attached to {path.name}, the same root cause "
+                  f"(their cases with probe values count the same wrong keys)", file=sys.stderr)
+        return kept
 
     def _recover_inflight(self, backends, runners: dict[str, Resumable]) -> None:
         """The case that was running when the lane ended runs first. With isolation it is simply re-run (the worker
@@ -321,7 +349,7 @@ class Lane:
         """Failures in the log whose backend and label have no corpus entry yet, nor one whose diagnosis explains
         them (time ran out mid-shrink): the smallest one per label is saved as found, merged by root cause as a
         round's findings are, so nothing the campaign saw is lost."""
-        saved = {(e.backend, e.verdict.label) for _, e in corpus_io.load_all(self.corpus)[0]}
+        saved = saved_labels(self.corpus)
         by_name = {b.name: b for b in backends}
         smallest, evidence = {}, {name: Evidence() for name in by_name}
         for key, verdict in done.items():

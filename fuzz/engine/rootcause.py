@@ -1,15 +1,25 @@
 """One finding per root cause: Hypothesis shrinks each verdict label on its own, so one bug can come back under
-several labels; the labels an alternative reference explains are attached to the finding it names.
+several labels; the labels an alternative reference explains are attached to the finding it names, and so are the
+findings whose probe twins name the same mask error (twin_name).
 
 A finding here is anything with `case`, `verdict` and an `attached` list (attnfuzz.engine.harness.Finding).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
+from attnfuzz.oracles import probe as probe_values
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
+
+# What a probe twin's failure names exactly, whatever the rounding: which keys a row counted, or which rows saw none.
+TWIN_NAMES = (V.EMPTY_ROWS, V.MASK_ALIGNMENT, V.MASK_IGNORED, V.WINDOW_OFF_BY_ONE, V.MASK_LEAK, V.MASK_DROP,
+              V.GQA_MAPPING)
+# The failures a twin may attach to a mask error: those named by it, and those whose grade names no cause of its own.
+# A SCALE, an ALL_ZERO or a crash names another cause, and stays a finding even where its case also has the mask error.
+TWIN_TAKES = TWIN_NAMES + (V.TOLERANCE, V.LSE, V.GRADIENT, V.NONFINITE)
 
 
 class Evidence:
@@ -67,6 +77,80 @@ def merge_root_causes(findings: list, evidence: Evidence, probe: Callable[[Case]
             continue
         root = max(by, key=lambda a: V.ALTERNATIVE.index(a.verdict.diagnosis))
         root.attached.append((f.case, f.verdict))
+    return merge_twins(merged, probe) if probe is not None else merged
+
+
+def probe_twin(case: Case) -> Case | None:
+    """The case with probe values (q = 0, v of 0 / 1: oracles/probe.py grades it exactly), where it can have them;
+    the case itself when it has them already."""
+    if case.values == "probe":
+        return case
+    if case.fp8 is not None or case.alibi_slopes is not None:
+        return None
+    try:
+        twin = case.replace(values="probe")
+    except ValueError:   # a rule of the case language that probe values break
+        return None
+    return twin if probe_values.applies(twin) else None
+
+
+def twin_name(case: Case, verdict: V.Verdict, probe: Callable[[Case], V.Verdict]) -> str | None:
+    """The mask error (TWIN_NAMES) a FAIL's probe twin fails with, run through `probe`; None when the twin passes,
+    fails otherwise or cannot be drawn, and for a failure whose grade names another cause (not in TWIN_TAKES). A
+    failure of a probe case is its own twin. A twin names which keys the rows counted, exactly: a leaked key reads
+    MASK_LEAK on a probe case and TOLERANCE or LSE on Gaussian values of the same shape and mask; a wrong softmax
+    scale or a rounding error leaves the twin passing (q = 0 makes every logit 0). Where the twin matches an
+    alternative (one leaked key on sq = 2 reads as a bound moved by one), the twin grown by 3 and 8 queries and keys
+    names it MASK_LEAK or MASK_DROP if it reads so."""
+    if verdict.status != V.FAIL or verdict.diagnosis not in TWIN_TAKES:
+        return None
+    twin = probe_twin(case)
+    if twin is None:
+        return None
+    name = _named_by(verdict if twin is case else probe(twin))
+    if name in V.ALTERNATIVE:   # a small twin can read as a moved bound where a larger one says a key too many
+        for grown in _grown(twin):
+            effect = _named_by(probe(grown))
+            if effect in (V.MASK_LEAK, V.MASK_DROP):
+                return effect
+    return name
+
+
+def _named_by(said: V.Verdict) -> str | None:
+    if said.status != V.FAIL:
+        return None
+    return said.diagnosis if said.diagnosis in TWIN_NAMES else _lse_counts_keys(said)
+
+
+def _lse_counts_keys(verdict: V.Verdict) -> str | None:
+    """MASK_LEAK / MASK_DROP for a probe case's LSE that counted whole keys too many / too few (with q = 0, exp(lse)
+    is the row's key count, plus exp(sink): a twin whose v is one channel reads the same share whatever keys it
+    counts, its LSE does not)."""
+    w = verdict.worst
+    if verdict.diagnosis != V.LSE or w is None or not w.tensor.startswith("lse") or max(w.got, w.expected) > 700:
+        return None
+    moved = math.exp(w.got) - math.exp(w.expected)
+    if abs(moved - round(moved)) > probe_values.WHOLE_KEY or round(moved) == 0:
+        return None
+    return V.MASK_LEAK if moved > 0 else V.MASK_DROP
+
+
+def merge_twins(findings: list, probe: Callable[[Case], V.Verdict]) -> list:
+    """Findings whose probe twins fail with the same mask error are one root cause: each is attached (with what it
+    carries) to the one whose own diagnosis is that error, else to the first. A finding whose twin passes stays a
+    finding of its own: a precision error beside a leaked key is another bug."""
+    names = [twin_name(f.case, f.verdict, probe) for f in findings]
+    roots: dict[str, object] = {}
+    for f, name in zip(findings, names):
+        if name is not None and (name not in roots or f.verdict.diagnosis == name != roots[name].verdict.diagnosis):
+            roots[name] = f
+    merged = []
+    for f, name in zip(findings, names):
+        root = roots.get(name) if name is not None else None
+        if root is None or root is f:
+            merged.append(f)
+        else:
+            root.attached += [(f.case, f.verdict), *f.attached]
     return merged
 
 

@@ -163,8 +163,7 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
         try:  # the same bug again: keep the first case (its repro script stays valid), count the sighting
             first = Entry.from_dict(json.loads(path.read_text()), str(path))
             first.seen, first.last_seen = first.seen + 1, stamp
-            labels = {v.label for _, v in first.attached}  # and keep a label it came with that the entry lacks
-            first.attached += [(c, v) for c, v in entry.attached if v.label not in labels]
+            _attach(first, entry.attached)  # and keep a label it came with that the entry lacks
             if entry.unconfirmed is None:  # a confirmed sighting confirms the entry; an unconfirmed one adds nothing
                 first.unconfirmed = None
             entry.unconfirmed = first.unconfirmed  # what the caller tells of it is what the file holds
@@ -182,6 +181,22 @@ def save(directory: Path, entry: Entry, *, repro: bool = True) -> Path:
         from attnfuzz.store.repro import write_repro
         write_repro(entry, path.with_suffix(".py"))
     return path
+
+
+def _attach(entry: Entry, pairs) -> None:
+    """Add to the entry's `attached` each (case, verdict) of a label it has neither as its own nor attached."""
+    labels = {entry.verdict.label, *(v.label for _, v in entry.attached)}
+    for case, verdict in pairs:
+        if verdict.label not in labels:
+            entry.attached.append((case, verdict))
+            labels.add(verdict.label)
+
+
+def attach(path: Path, pairs) -> None:
+    """Attach (case, verdict) pairs of the same root cause to the saved entry at `path` (store.corpus._attach)."""
+    entry = load(path)
+    _attach(entry, pairs)
+    path.write_text(json.dumps(entry.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 def _import_folder(entry: Entry) -> str | None:
@@ -252,8 +267,9 @@ def describe_saved(entry: Entry, path: Path, *, new: bool = True, shrunk: bool =
     if not shrunk:
         lines.append(f"    shrink: attnfuzz shrink {path} --isolate   (no shrink of this case ran to its end)")
     for case, verdict in entry.attached:
-        lines.append(f"    also {verdict.label}, the same root cause (every such output of the run matched "
-                     f"{entry.verdict.diagnosis} too): {case!r}")
+        why = (f"every such output of the run matched {entry.verdict.diagnosis} too" if entry.verdict.diagnosis in
+               verdict.also else "its case and this one, with probe values, count the same wrong keys")
+        lines.append(f"    also {verdict.label}, the same root cause ({why}): {case!r}")
     return "\n".join(lines)
 
 

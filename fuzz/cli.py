@@ -25,6 +25,7 @@ from attnfuzz.store.known import TRAITS, known_bugs_of, predates, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.rootcause import by_twin
 from attnfuzz.engine.isolate import Workers, isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
@@ -314,8 +315,9 @@ def cmd_known(args) -> int:
     if bad:
         raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
     entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
-    # the labels the run attached to this finding are the same root cause: the record takes them too
-    labels = set(args.label) | {verdict.label for _, verdict in entry.attached}
+    # the labels the run attached to this finding are the same root cause: the record takes them too, but for those
+    # its probe twin joined (TOLERANCE, say): a run takes them by their twins (rootcause.twin_known), not by label
+    labels = set(args.label) | {v.label for _, v in entry.attached if not by_twin(entry.verdict, v)}
     if labels - {entry.verdict.label}:
         entry.known_bug["labels"] = sorted(labels - {entry.verdict.label})
     missed = unanswered(args.entry, entry)
@@ -330,10 +332,10 @@ def cmd_known(args) -> int:
 
 
 def unanswered(path: Path, entry: corpus_io.Entry) -> list[str]:
-    """The failures of a finding (its own, then each attached one) that its known_bug record would not take: a
-    `when` or `match` narrower than the bug the run found."""
+    """The failures of a finding (its own, then each attached one but those its probe twin joined, which a run takes
+    by their twins) that its known_bug record would not take: a `when` or `match` narrower than the bug found."""
     known = known_bugs_of([(path, entry)])
-    failures = [(entry.case, entry.verdict), *entry.attached]
+    failures = [(entry.case, entry.verdict), *((c, v) for c, v in entry.attached if not by_twin(entry.verdict, v))]
     return [f"{v.label} on {c!r}" for c, v in failures if known(entry.backend, c, v) is None]
 
 

@@ -13,7 +13,7 @@ from attnfuzz.campaign import lane as lane_mod
 from attnfuzz.campaign.lane import Lane, Resumable
 from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
 from attnfuzz.engine.profiles import profile
-from attnfuzz.engine.rootcause import merge_twins, probe_twin, twin_name
+from attnfuzz.engine.rootcause import merge_twins, probe_twin, twin_known, twin_name
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.strategies.case import Case
@@ -90,3 +90,21 @@ def test_a_campaign_attaches_a_later_rounds_label_of_a_saved_leak_to_its_entry(t
     lane._round(LEAK, 2, runner, None, lane.space())   # the control: a TOLERANCE whose twin passes is news
     assert len(corpus_io.load_all(tmp_path / "corpus")[0]) == 2
 
+
+
+def test_a_leak_marked_known_stays_known_under_the_labels_its_twin_joined(tmp_path):
+    from attnfuzz.cli import main
+    space, search = Space(max_len=80, max_head_dim=128), profile("ci", max_examples=300)
+    [finding] = fuzz(LEAK, space=space, settings=search)[1]
+    path = corpus_io.save(tmp_path, corpus_io.Entry(LEAK.name, finding.case, finding.verdict,
+                                                    attached=finding.attached), repro=False)
+    assert main(["known", str(path), "--link", "https://example.org/leak"]) == 0
+    record = corpus_io.load(path).known_bug
+    assert not {"FAIL:TOLERANCE", "FAIL:LSE"} & set(record.get("labels", ())), "no label that names no cause"
+    known = corpus_io.known_bugs(tmp_path)
+    tally, findings = fuzz(LEAK, space=space, settings=search, known=known)
+    assert findings == [], [(f.verdict.label, f.case) for f in findings]
+    assert any(label.startswith("KNOWN") for label, _ in tally.known), tally.known
+    other = Finding(LEAK.name, UNMASKED, V.Verdict(V.FAIL, V.TOLERANCE, "a precision bug"))
+    assert twin_known(LEAK.name, other, leak, known) is None, "a TOLERANCE whose twin passes is news"
+    assert known(LEAK.name, MASKED, V.Verdict(V.FAIL, V.TOLERANCE)) is None, "the record alone takes no TOLERANCE"

@@ -26,7 +26,7 @@ from attnfuzz.engine import batch, hooks, interrupt, memshare, poison
 from attnfuzz.engine.cuda_errors import crash_diagnosis
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
-from attnfuzz.engine.rootcause import Evidence, merge_root_causes
+from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_known
 from attnfuzz.engine.tally import CountedKnown, Tally
 from attnfuzz.backends.base import Backend, Hang, Unsupported
 from attnfuzz.oracles import verdict as V
@@ -293,6 +293,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     otherwise, which is the same for every backend). A failure `known` takes is KNOWN: counted in the tally under
     the entry that took it, and named so (Verdict.known_entry) in the verdict `on_case` sees."""
     tally = Tally()
+    twin_known_by = known if known is not None else getattr(worker, "known", None)  # a campaign's runner holds it
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
     evidence = Evidence()
@@ -338,7 +339,16 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         if reruns > 0:
             findings = [confirm(f, run, reruns) for f in findings]
         findings = merge_root_causes(findings, evidence, probe=run)
+        findings = [f for f in findings if not _known_by_twin(backend.name, f, run, twin_known_by, tally)]
     return tally, findings
+
+
+def _known_by_twin(backend: str, finding: Finding, run, known, tally: Tally) -> bool:
+    """Whether a known bug takes the finding's probe twin (rootcause.twin_known): counted as KNOWN in the tally."""
+    hit = twin_known(backend, finding, run, known)
+    if hit is not None:
+        tally.add_known(V.as_known(finding.verdict, hit.get("link", ""), None).label, hit)
+    return hit is not None
 
 
 def _search(prop, tally: Tally) -> list[Finding]:

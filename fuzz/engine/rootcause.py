@@ -135,6 +135,25 @@ def _lse_counts_keys(verdict: V.Verdict) -> str | None:
     return V.MASK_LEAK if moved > 0 else V.MASK_DROP
 
 
+def twin_known(backend: str, finding, probe: Callable[[Case], V.Verdict], known) -> dict | None:
+    """The known bug (`known`'s record) that a finding's probe twin fails as, where the twin names a mask error: a
+    dropped mask marked known stays known when it comes back as TOLERANCE on Gaussian values. None otherwise."""
+    if known is None or finding.verdict.diagnosis not in TWIN_TAKES or finding.verdict.status != V.FAIL:
+        return None
+    twin = probe_twin(finding.case)
+    if twin is None or twin is finding.case:
+        return None
+    said = probe(twin)
+    return known(backend, twin, said) if _named_by(said) is not None else None
+
+
+def by_twin(root: V.Verdict, attached: V.Verdict) -> bool:
+    """Whether an attached failure joined its root by their probe twins (a label that names no cause, which the
+    root's alternative does not explain), rather than because its output matched the root's alternative too."""
+    generic = attached.diagnosis in TWIN_TAKES and attached.diagnosis not in TWIN_NAMES
+    return generic and root.diagnosis not in attached.also
+
+
 def merge_twins(findings: list, probe: Callable[[Case], V.Verdict]) -> list:
     """Findings whose probe twins fail with the same mask error are one root cause: each is attached (with what it
     carries) to the one whose own diagnosis is that error, else to the first. A finding whose twin passes stays a

@@ -3,6 +3,7 @@
 #
 #   bash bench/build_fa2.sh SDIST OUTDIR [ARCH]      e.g. flash_attn-2.8.3.post2.tar.gz /tmp/fa2-wheel 90
 #   BACKGROUND=1 bash bench/build_fa2.sh ...          detached; poll OUTDIR/build.status, read OUTDIR/build.log
+#   WORK=DIR bash bench/build_fa2.sh ...               build in DIR and keep it: run again to resume from its objects
 #
 # A build outlasts a 10-minute command: BACKGROUND=1 starts it in a session of its own (setsid), so it survives the
 # end of the command that started it (a runner that ends a command's process group ends everything else in it), and
@@ -30,8 +31,9 @@ if [ "${BACKGROUND:-0}" = 1 ]; then
   echo "build_fa2: started in the background (pid $!); poll $out/build.status, log in $out/build.log"
   exit 0
 fi
-work=$(mktemp -d)
-tar xzf "$sdist" -C "$work"
+work=${WORK:-$(mktemp -d)}   # WORK=DIR keeps the build tree there: a build stopped midway resumes from its objects
+mkdir -p "$work"
+ls -d "$work"/flash_attn-*/ > /dev/null 2>&1 || tar xzf "$sdist" -C "$work"
 src=$(echo "$work"/flash_attn-*)
 sed -i 's|^    # "-DFLASHATTENTION_DISABLE_DROPOUT",|    "-DFLASHATTENTION_DISABLE_DROPOUT",|' "$src/setup.py"
 grep -q '^    "-DFLASHATTENTION_DISABLE_DROPOUT",' "$src/setup.py" || {

@@ -139,7 +139,8 @@ def test_a_planted_paged_bug_is_found_and_shrunk(kernel, needs):
     tally, findings = fuzz(get(f"tests.paged_kernels:{kernel}"), space=SPACE, settings=RUNS)
     fails = [f for f in findings if f.verdict.status == "FAIL"]
     assert fails, f"{kernel}: nothing found in {tally.to_dict()}"
-    case = min(fails, key=lambda f: (f.case.b, f.case.sq + f.case.skv, f.case.page_size)).case  # one per label
+    cases = [c for f in fails for c in (f.case, *(c for c, v in f.attached if v.status == "FAIL"))]  # one per label
+    case = min(cases, key=lambda c: (c.b, c.sq + c.skv, c.page_size))   # attached labels of one root cause included
     assert case.paged and case.b == 1 and case.h == 1 and needs(case), f"{kernel}: not shrunk far enough: {case!r}"
 
 

@@ -307,9 +307,11 @@ class Lane:
         one root cause, one entry, across rounds as within one."""
         entries = {}
         for path, e in corpus_io.load_all(self.corpus)[0]:
-            if e.backend == backend.name and path.name not in self.twins:
+            if e.backend != backend.name:
+                continue
+            if path.name not in self.twins:
                 self.twins[path.name] = twin_name(e.case, e.verdict, probe)
-            if e.backend == backend.name and self.twins[path.name] is not None:
+            if self.twins[path.name] is not None:
                 entries.setdefault(self.twins[path.name], path)
         kept = []
         for f in findings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import sys
@@ -338,8 +339,9 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
             findings = [finish_shrinking(f, run, backend, plain_known) for f in findings]
         if reruns > 0:
             findings = [confirm(f, run, reruns) for f in findings]
-        findings = merge_root_causes(findings, evidence, probe=run)
-        findings = [f for f in findings if not _known_by_twin(backend.name, f, run, twin_known_by, tally)]
+        probe = functools.lru_cache(maxsize=None)(run)   # a twin the merge ran is not run again for known bugs
+        findings = merge_root_causes(findings, evidence, probe=probe)
+        findings = [f for f in findings if not _known_by_twin(backend.name, f, probe, twin_known_by, tally)]
     return tally, findings
 
 

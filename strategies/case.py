@@ -226,6 +226,12 @@ class Case:
         return self.seqlens_q is not None or self.seqlens_kv is not None
 
     @property
+    def size(self) -> tuple[int, int, int]:
+        """How large the case is, for choosing the smallest of several that show one bug: the score elements, then
+        the head dims, then the page size."""
+        return self.b * self.h * self.sq * self.skv, self.d_qk + self.d_v, self.page_size or 0
+
+    @property
     def mask_kind(self) -> str:
         """none / causal / padding / padding_causal / arbitrary / window: a coverage label, not a field."""
         if self.mask_density is not None:

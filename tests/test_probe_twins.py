@@ -64,6 +64,15 @@ def test_merge_twins_attaches_to_the_finding_named_by_the_error_and_keeps_the_re
     assert [v.label for _, v in named.attached] == ["FAIL:TOLERANCE"] and not other.attached
 
 
+def test_merge_twins_roots_at_the_smallest_case_of_the_named_ones():
+    large = CAUSAL_PROBE.replace(sq=9, skv=11)
+    larger, smaller = Finding(LEAK.name, large, leak(large)), Finding(LEAK.name, CAUSAL_PROBE, leak(CAUSAL_PROBE))
+    tolerance = Finding(LEAK.name, MASKED, leak(MASKED))   # the smallest case, but its label names no cause
+    assert larger.verdict.label == smaller.verdict.label == "FAIL:MASK_LEAK"
+    assert merge_twins([larger, smaller, tolerance], leak) == [smaller]
+    assert [c for c, _ in smaller.attached] == [large, tolerance.case]
+
+
 def test_a_run_reports_a_leaked_key_once():
     tally, findings = fuzz(LEAK, space=Space(max_len=80, max_head_dim=128), settings=profile("ci", max_examples=300))
     fails = {label for label in tally.labels if label.startswith("FAIL")}

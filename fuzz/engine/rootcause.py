@@ -156,11 +156,11 @@ def by_twin(root: V.Verdict, attached: V.Verdict) -> bool:
 
 def merge_twins(findings: list, probe: Callable[[Case], V.Verdict]) -> list:
     """Findings whose probe twins fail with the same mask error are one root cause: each is attached (with what it
-    carries) to the one whose own diagnosis is that error, else to the first. A finding whose twin passes stays a
-    finding of its own: a precision error beside a leaked key is another bug."""
+    carries) to the smallest of those whose own diagnosis is that error, else to the smallest. A finding whose twin
+    passes stays a finding of its own: a precision error beside a leaked key is another bug."""
     names = [twin_name(f.case, f.verdict, probe) for f in findings]
     roots: dict[str, object] = {}
-    for f, name in zip(findings, names):
+    for f, name in sorted(zip(findings, names), key=lambda fn: fn[0].case.size):
         if name is not None and (name not in roots or f.verdict.diagnosis == name != roots[name].verdict.diagnosis):
             roots[name] = f
     merged = []

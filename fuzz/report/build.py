@@ -237,8 +237,7 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
         groups.setdefault((entry.backend, entry.verdict.label), []).append((path, entry))
     rows = []
     for (backend, label), items in sorted(groups.items()):
-        path, entry = min(items, key=lambda pe: (pe[1].case.b * pe[1].case.sq * pe[1].case.skv * pe[1].case.h,
-                                                 pe[1].case.d_qk + pe[1].case.d_v, pe[0].name))
+        path, entry = min(items, key=lambda pe: (pe[1].case.size, pe[0].name))
         links = sorted({e.known_bug["link"] for _, e in items if e.known_bug})
         repro = path.with_suffix(".py")
         rows.append([backend, label, str(len(items)), str(sum(e.seen for _, e in items)), _shape(entry.case),

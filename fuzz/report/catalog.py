@@ -32,11 +32,6 @@ Made by `attnfuzz catalog {directory}` from the entries themselves.
 """
 
 
-def _size(entry: corpus_io.Entry) -> tuple:
-    c = entry.case
-    return c.b * c.sq * c.skv * c.h, c.d_qk + c.d_v
-
-
 def smallest_case(entry: corpus_io.Entry) -> str:
     c = entry.case
     parts = [f"b={c.b}", f"sq={c.sq}", f"skv={c.skv}", f"h={c.h}/{c.hk}", f"d={c.d_qk}/{c.d_v}", c.dtype]
@@ -65,7 +60,7 @@ def rows(directory: Path) -> list[list[str]]:
         groups.setdefault(key, []).append((path, e))
     out = []
     for (backend, link, what), items in sorted(groups.items()):
-        smallest = min(items, key=lambda pe: (_size(pe[1]), pe[0].name))[1]
+        smallest = min(items, key=lambda pe: (pe[1].case.size, pe[0].name))[1]
         labels = ", ".join(sorted({e.verdict.label for _, e in items}))
         names = ", ".join(f"`{p.stem}`" for p, _ in sorted(items))
         shown = f"[{_short_link(link)}]({link})" if link else "not yet reported"

@@ -20,7 +20,7 @@ from tests.fakes import flashinfer as fake
 from tests.test_backend_flashinfer import F16, PAGED
 
 PLANTED = ("wide_window_empty", "packed_bitorder", "cap_zero_is_cap", "kv_tensor_swapped", "tensor_cores_gqa",
-           "default_scale")
+           "default_scale", "decode_lse_squeezed")
 
 
 class Knobs(fake.Knobs):
@@ -133,6 +133,18 @@ def test_a_fake_mishandling_one_form_is_caught_under_that_spelling_only(calls, k
     assert verdict_of(name, case).status == V.PASS
     if spelling == "packed_custom_mask":
         assert verdict_of(name, case.replace(spelling="custom_mask")).status == V.PASS
+
+
+def test_a_one_head_decode_lse_squeezed_to_0d_is_a_shape_failure_not_a_crash(calls):
+    """FlashInfer 0.7.2.post1's single decode with use_tensor_cores squeezes its [h] LSE: 0-d for one head. The
+    adapter hands that on for the grader to name (SHAPE), rather than failing in its own reshaping (an IndexError)."""
+    one_head = Case(sq=1, skv=9, h=1, hk=1, spelling="return_lse+tensor_cores", **F16)
+    assert verdict_of("flashinfer-single-decode", one_head).status == V.PASS
+    Knobs.decode_lse_squeezed = True
+    said = verdict_of("flashinfer-single-decode", one_head)
+    assert said.label == "FAIL:SHAPE" and "lse has shape ()" in said.message, said
+    assert verdict_of("flashinfer-single-decode", one_head.replace(h=2, hk=2)).status == V.PASS, "[h] squeezes to [h]"
+    assert verdict_of("flashinfer-single-decode", one_head.replace(spelling="return_lse")).status == V.PASS
 
 
 REPRO_CASES = [

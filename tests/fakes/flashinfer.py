@@ -17,6 +17,8 @@ caps nothing. Knobs, each planting one wrong convention:
   kv_tensor_swapped the one-tensor pool unbound with k and v swapped
   tensor_cores_gqa  use_tensor_cores: query head i reads KV head i % hk instead of i // (h / hk)
   default_scale     what sm_scale=None stands for (None: 1/sqrt(head_dim))
+  decode_lse_squeezed  single_decode_with_kv_cache(use_tensor_cores=True, return_lse=True) squeezes dim 0 of its
+                    [h] LSE, as FlashInfer 0.7.2.post1's decode.py does: a 0-d LSE for one head
 The paged wrappers take an FP8 KV cache as FlashInfer 0.7.2.post1 does: plan(q_data_type=, kv_data_type=) names
 the dtypes and run() refuses q or k_cache in another (ValueError); the FP8 pages are read as values, sm_scale is
 multiplied by run(k_scale=) before the kernel and the output (in q's dtype) by v_scale after it. FP8 knobs:
@@ -45,6 +47,7 @@ class Knobs:
     kv_tensor_swapped = False
     tensor_cores_gqa = False
     default_scale = None
+    decode_lse_squeezed = False
     v_scale_ignored = False
     k_scale_twice = False
     e5m2_as_e4m3 = False
@@ -154,7 +157,8 @@ def make_flashinfer(calls: list, knobs=Knobs) -> dict:
                       "use_tensor_cores": use_tensor_cores, "return_lse": return_lse})
         out, lse = _one(q[None], _nhd(k, kv_layout), _nhd(v, kv_layout), sm_scale=sm_scale, window_left=window_left,
                         logits_soft_cap=logits_soft_cap, cores=use_tensor_cores, knobs=knobs)
-        return (out[0], lse[0]) if return_lse else out[0]
+        lse = lse[0].squeeze(0) if knobs.decode_lse_squeezed and use_tensor_cores else lse[0]
+        return (out[0], lse) if return_lse else out[0]
 
     def paged_sequences(indptr, indices, last, cache, kv_layout, page_size):
         k_cache, v_cache = _pool(cache, kv_layout, knobs)

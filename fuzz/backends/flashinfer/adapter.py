@@ -223,7 +223,9 @@ class SingleDecode(FlashInferBackend):
         out, lse = _returned(fi.single_decode_with_kv_cache(
             t.q[0, 0], _single_kv(spelling, case, t.k), _single_kv(spelling, case, t.v),
             kv_layout=spelling.kv_layout, **extra, **self.kwargs(case)), lse)
-        return out[None], None if lse is None else lse[None]
+        # the contract's LSE is [h]; with use_tensor_cores and one head FlashInfer 0.7.2 squeezes it to a 0-d
+        # tensor (decode.py: lse.squeeze(0) on an [h] tensor), which the grader reports as SHAPE
+        return out[None], None if lse is None else (lse[None] if lse.dim() == 1 else lse)
 
 
 class _Wrapped(FlashInferBackend):

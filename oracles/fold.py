@@ -52,7 +52,8 @@ def unfold(ref, case: Case):
     return dataclasses.replace(
         ref, out=rows_heads(ref.out), lse=heads_rows(ref.lse), dq=rows_heads(ref.dq), dk=rows_heads(ref.dk),
         dv=rows_heads(ref.dv), empty=None if ref.empty is None else ref.empty.expand(b, -1).contiguous(),
-        row_logit_size=heads_rows(ref.row_logit_size), row_dv_terms=rows_heads(ref.row_dv_terms),
+        row_logit_size=heads_rows(ref.row_logit_size), row_rest_rms=heads_rows(ref.row_rest_rms),
+        row_rest_mass=heads_rows(ref.row_rest_mass), row_dv_terms=rows_heads(ref.row_dv_terms),
         row_spread=rows_heads(ref.row_spread), row_rms=rows_heads(ref.row_rms), row_grad_rms=grad_rms,
         row_d_moves=rows_heads(ref.row_d_moves), row_d_size=rows_heads(ref.row_d_size),
         key_mass=rows_heads(ref.key_mass), key_d_terms=rows_heads(ref.key_d_terms),

@@ -24,7 +24,7 @@ from attnfuzz.oracles.alternatives import alternatives, fail, valid_rows, wrong_
 from attnfuzz.oracles import fp8
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
-from attnfuzz.oracles.tolerance import ROWSUM_OF_ROUNDED_P, Check, check, dominated_dot
+from attnfuzz.oracles.tolerance import ROWSUM_OF_ROUNDED_P, Check, check, dominated_dot, rounded_rowsum_lse
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
@@ -272,9 +272,11 @@ def lse_check(o: Oracle, lse: torch.Tensor, family: str, floor_first: bool = Fal
     ref = o.ref.lse
     rows = valid_rows(o.case, ref.device)[:, None, :].expand_as(ref)
     size = o.ref.row_logit_size if o.ref.row_logit_size is not None else o.ref.logit_size
+    rounded_p = rounded_rowsum_lse(family, o.case.dtype, o.ref.row_rest_rms, o.ref.row_rest_mass)
     return check("lse", lse, ref, lambda: o.lse_baseline_of(family), rows & torch.isfinite(ref), family=family,
                  quantity="lse", dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
-                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first)
+                 dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first,
+                 quantised=rounded_p)
 
 
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:

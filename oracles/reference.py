@@ -46,6 +46,8 @@ class Reference:
     row_rms: torch.Tensor | None = None         # [b, sq, h]: max over channels of sqrt(sum_j (P_ij V_j)^2)
     row_spread: torch.Tensor | None = None      # [b, sq, h]: max over channels of sum_j P_ij |V_j|, the terms a
     #                                             row's output sums (a weight's relative error moves it by that much)
+    row_rest_rms: torch.Tensor | None = None    # [b, h, sq]: sqrt(sum_j P_ij^2) over the keys but the row's largest
+    row_rest_mass: torch.Tensor | None = None   # [b, h, sq]: sum_j P_ij over the keys but the row's largest
     row_grad_rms: dict | None = None            # "dq" [b, sq, h], "dk" / "dv" [b, skv, hk]: max over channels of
     #                                             sqrt(sum of the squared terms that a fused backward rounds): dS_ij
     #                                             scale K_j (dq), dS_ij scale Q_i (dk), P_ij dO_i (dv)
@@ -201,7 +203,11 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     if rounding is not None:
         p = _RoundedWeights.apply(p, rounding)
     lse = lse.to(s.dtype)
-    spread = rms = fp8_terms = None
+    spread = rms = fp8_terms = rest = None
+    if terms:   # the weights other than the row's largest: what a row sum of P rounded to the dtype carries (tolerance)
+        pd = p.detach()
+        top = pd.amax(-1) if pd.shape[-1] else pd.new_zeros(pd.shape[:2])
+        rest = (((pd * pd).sum(-1) - top * top).clamp(min=0).sqrt(), (pd.sum(-1) - top).clamp(min=0))
     if terms and v.shape[-1]:
         pd, vd = p.detach(), v.detach()
         spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
@@ -214,7 +220,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
     dv_terms = _transposed_weights(p.detach(), dout_abs, v.shape[1], head_map) if dout_abs is not None else None
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms, (scores, p.detach()), dv_terms, fp8_terms)
+            spread, rms, (scores, p.detach()), dv_terms, fp8_terms, rest)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -253,6 +259,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     row_logit_size = torch.zeros(case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
     row_spread = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     row_rms = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
+    row_rest = torch.zeros(2, case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
     fp8_rows = logit_terms and case.fp8_p is not None
     row_p_max = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
     row_v_sum = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
@@ -294,13 +301,15 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
                 d_c = t.dout[n, r0:r1].to(device, dtype) if grads else None
-                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c = attend(
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c, rest_c = attend(
                     case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
                     bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding, rowsum=rowsum,
                     dout_abs=d_c.abs() if terms else None)
             # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:
                 row_logit_size[n, :, r0:r1] = size_c
+            if rest_c is not None:
+                row_rest[:, n, :, r0:r1] = torch.stack(rest_c)
             if spread_c is not None:
                 row_spread[n, r0:r1], row_rms[n, r0:r1] = spread_c, rms_c
             if fp8_c is not None:
@@ -347,7 +356,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      dv_terms=float(dv_terms.abs().max()) if terms and dv_terms.numel() else 0.0,
                      row_dv_terms=dv_terms.abs().amax(-1) if terms and dv_terms.numel() else None,
                      d_rounding=d_rounding, row_logit_size=row_logit_size, row_spread=row_spread,
-                     row_rms=row_rms,
+                     row_rms=row_rms, row_rest_rms=None if row_rest is None else row_rest[0],
+                     row_rest_mass=None if row_rest is None else row_rest[1],
                      row_grad_rms={name: x.sqrt().amax(-1) for name, x in grad_terms.items()} if terms else None,
                      **({} if d_terms is None else dict(
                          row_d_moves=d_terms["moves"], row_d_size=d_terms["size"], key_mass=d_terms["mass"],

@@ -261,3 +261,18 @@ def test_a_gradient_failure_names_the_alternatives_its_gradient_matches():
     scaled = run_case(get("tests.misbehaving:drops_causal", "cpu"), case.replace(causal=False, grads=True,
                                                                                    scale=0.3), device="cpu")
     assert not scaled.failed, scaled
+
+
+def test_cudnns_float32_mask_record_takes_the_hidden_keys_it_shows_and_only_through_that_mask():
+    """cuDNN reads a float32 mask on a half-precision query as halves: a row's first halves are the zero low halves of
+    its 0 / -inf floats, so hidden keys show. On an H100 that read as MASK_ALIGNMENT (sq 1, skv 2) and MASK_LEAK (sq 1,
+    skv 4); the same labels through any other mask spelling are another bug, NEW."""
+    causal = Case(sq=1, skv=2, d_qk=8, d_v=8, dtype="float16", causal=True)
+    alignment = V.Verdict(V.FAIL, "MASK_ALIGNMENT", "matches alignment='bottom_right'")
+    leak = V.Verdict(V.FAIL, "MASK_LEAK", "probe: a key the row must not see was counted")
+    record = "sdpa-cudnn-FAIL-TOLERANCE-d74692bfb3b5"
+    assert _taken("sdpa-cudnn", causal.replace(spelling="float32_mask+mask_expanded"), alignment) == record
+    assert _taken("sdpa-cudnn", causal.replace(skv=4, dtype="bfloat16", spelling="float32_mask+mask_1_1"),
+                  leak) == record
+    assert not _taken("sdpa-cudnn", causal.replace(spelling="bool_mask+mask_expanded"), alignment)
+    assert not _taken("sdpa-cudnn", causal.replace(skv=4, spelling="float_mask"), leak)

@@ -276,3 +276,15 @@ def test_cudnns_float32_mask_record_takes_the_hidden_keys_it_shows_and_only_thro
                   leak) == record
     assert not _taken("sdpa-cudnn", causal.replace(spelling="bool_mask+mask_expanded"), alignment)
     assert not _taken("sdpa-cudnn", causal.replace(skv=4, spelling="float_mask"), leak)
+
+
+def test_flexs_prescale_record_takes_the_prescale_knob_only():
+    """compiled flex's PRESCALE_QK rounds log2(e) to the input dtype: the record takes an LSE failure with that knob
+    among the spelling's parts, not one of another knob or of the default spelling."""
+    lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 1 rows")
+    one_key = Case(sq=1, skv=1, d_qk=16, d_v=16, dtype="float16")
+    record = "flex-compiled-FAIL-LSE-42095620e990"
+    assert _taken("flex-compiled", one_key.replace(spelling="prescale"), lse) == record
+    assert _taken("flex-compiled", one_key.replace(spelling="prescale+rows_safe"), lse) == record
+    assert not _taken("flex-compiled", one_key.replace(spelling="triton"), lse)
+    assert not _taken("flex-compiled", one_key, lse)

@@ -288,3 +288,20 @@ def test_flexs_prescale_record_takes_the_prescale_knob_only():
     assert _taken("flex-compiled", one_key.replace(spelling="prescale+rows_safe"), lse) == record
     assert not _taken("flex-compiled", one_key.replace(spelling="triton"), lse)
     assert not _taken("flex-compiled", one_key, lse)
+
+
+def test_flashinfer_paged_prefills_empty_row_record_and_te_unfuseds_fp16_overflow_record_stay_narrow():
+    """The paged prefill's bottom-right band over fewer keys (flashinfer-ai/flashinfer#4452) takes its TOLERANCE and
+    MASK_ALIGNMENT faces where rows see no key, not a band without empty rows; te-unfused's fp16 logit overflow takes
+    NaN of fp16 outlier-channel cases, not bf16 ones (whose range holds the logit) nor other values."""
+    tolerance = V.Verdict(V.FAIL, "TOLERANCE", "out: worst of 2 rows")
+    paged = Case(sq=4, skv=2, d_qk=8, d_v=8, dtype="float16", causal=True, alignment="bottom_right", page_size=1)
+    record = "flashinfer-paged-prefill-FAIL-MASK_ALIGNMENT-e3b4a27dc3ac"
+    assert _taken("flashinfer-paged-prefill", paged, tolerance) == record
+    assert not _taken("flashinfer-paged-prefill", paged.replace(sq=2), tolerance), "no empty row: another bug"
+    assert not _taken("flashinfer-ragged", paged.replace(page_size=None, sq=2), tolerance)
+    nan = V.Verdict(V.FAIL, "NONFINITE", "non-finite output, first at [0, 0, 0, 0]: nan")
+    outlier = Case(sq=1, skv=1, d_qk=1, d_v=1, dtype="float16", values="outlier_channel")
+    assert _taken("te-unfused", outlier, nan) == "te-unfused-FAIL-NONFINITE-48b7e9aec4c2"
+    assert not _taken("te-unfused", outlier.replace(dtype="bfloat16"), nan)
+    assert not _taken("te-unfused", outlier.replace(values="gaussian"), nan)

@@ -305,3 +305,12 @@ def test_flashinfer_paged_prefills_empty_row_record_and_te_unfuseds_fp16_overflo
     assert _taken("te-unfused", outlier, nan) == "te-unfused-FAIL-NONFINITE-48b7e9aec4c2"
     assert not _taken("te-unfused", outlier.replace(dtype="bfloat16"), nan)
     assert not _taken("te-unfused", outlier.replace(values="gaussian"), nan)
+
+
+def test_fa4s_tensor_max_seqlen_record_takes_that_form_only():
+    """FA4 4.0.0b36 drops a tensor max_seqlen only on SM100; on sm90 the varlen call raises ValueError. The record
+    takes that crash where the form is spelled, not a ValueError of an int max_seqlen."""
+    crash = V.Verdict(V.CRASH, "ValueError", "ValueError: Expected IntTuple, whose leaves are integers, but got 1")
+    varlen = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", seqlens_q=(1,), seqlens_kv=(1,))
+    assert _taken("fa4", varlen.replace(spelling="max_seqlen_tensor"), crash) == "fa4-CRASH-ValueError-d690f8f46078"
+    assert not _taken("fa4", varlen.replace(spelling="no_max_seqlen"), crash)

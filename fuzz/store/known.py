@@ -86,6 +86,8 @@ TRAITS = {
     "softmax_sink": lambda c: c.softmax != "vanilla",  # off_by_one or learnable: a sink term in the denominator
     # flex_attention's kernel option BACKEND="FLASH" in the spelling (fuzz/backends/flex/knobs.py)
     "flex_flash_backend": lambda c: "flash" in c.spelling.split("+"),
+    # FA4's varlen max_seqlen_q / max_seqlen_k handed as tensors (fuzz/backends/flash/fa4_forms.py)
+    "max_seqlen_tensor": lambda c: "max_seqlen_tensor" in c.spelling.split("+"),
     # flex_attention's kernel option PRESCALE_QK in the spelling (fuzz/backends/flex/knobs.py)
     "flex_prescale": lambda c: "prescale" in c.spelling.split("+"),
     # SDPA given its additive mask in float32 on a half-precision query (fuzz/backends/sdpa/spelling.py)

@@ -87,7 +87,7 @@ if [ "${BACKGROUND:-0}" = 1 ]; then
   exit 0
 fi
 mkdir -p "$work" "$out"
-src=$(tar -tzf "$tarball" | head -n 1 | cut -d/ -f1)
+src=$(tar -tzf "$tarball" | sed -n '1s|/.*||p')   # sed reads the whole listing: head would stop tar with SIGPIPE
 [ -f "$work/$src/hopper/setup.py" ] || tar -xzf "$tarball" -C "$work"
 cd "$work/$src/hopper"
 # offline: the submodule update and the -lineinfo flag are the only lines changed in setup.py

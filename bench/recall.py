@@ -11,7 +11,8 @@ entry's record matches: the two records answer for one failure at least, and the
 (Links are no test: a link names a folder or a PR that several unrelated bugs share.) A failure that a held-out
 record matches is never marked KNOWN, whatever other record matches it too.
 
-Each seed is a fresh process that fuzzes the backend, isolated (--isolate: a crash or a hang costs one case), with
+Each seed is a fresh process (under the ISA a CPU entry was recorded on, ATEN_CPU_CAPABILITY, where it names one)
+that fuzzes the backend, isolated (--isolate: a crash or a hang costs one case), with
 the profile's settings, not derandomized and without an example database, one Hypothesis run after another with
 new seeds (as a user re-runs `attnfuzz run` after a finding) until a failing verdict that a held-out record matches
 (found: the cases drawn and the seconds since the process started, imports and compiles included) or the budget
@@ -91,7 +92,9 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
             mine = known_bugs_of([(path, entry)])
             group = [p.name for p, e in bugs if p == path or e.backend == entry.backend and (
                 mine(e.backend, e.case, e.verdict) or known_bugs_of([(p, e)])(e.backend, entry.case, entry.verdict))]
-            run[path.name] = {"backend": entry.backend, "held_out": group}
+            # a CPU entry recorded under a chosen ISA (an AVX2-only bug) is searched for under it (store/isa.py)
+            isa = (entry.environment or {}).get("ATEN_CPU_CAPABILITY") if kind == "cpu" else None
+            run[path.name] = {"backend": entry.backend, "held_out": group, **({"isa": isa} if isa else {})}
     return {"run": run, "not_run": not_run}
 
 
@@ -147,11 +150,14 @@ def search(corpus: str, entry_name: str, held_out: list[str], device: str, profi
     return {**result, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
 
 
-def child(site: Path | None, task: str, *args, timeout: float | None = None) -> dict:
+def child(site: Path | None, task: str, *args, timeout: float | None = None, isa: str | None = None) -> dict:
     """Run `task` (plan or search) in a fresh process from an empty folder, importing attnfuzz from `site` alone
-    where given; its result, or {"error": ...} with the process's last words. Killed after `timeout` seconds."""
+    where given, with torch's CPU kernels held to `isa` where given; its result, or {"error": ...} with the
+    process's last words. Killed after `timeout` seconds."""
     env = {**os.environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(site)} if site else dict(os.environ)
-    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "
+    hold = (f"import os; from attnfuzz.store.isa import emulating; os.environ.update(emulating({isa!r}, "
+            f"dict(os.environ))); " if isa else "")   # before torch is imported: the child's own attnfuzz says how
+    code = (f"{hold}import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "
             f"print(recall.MARK + json.dumps(recall.{task}(*json.loads(sys.argv[1]))), flush=True)")
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=cwd, env=env, text=True,
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 name, site = builds[(i + turn) % len(builds)]
                 row = child(site, "search", str(args.corpus.resolve()), entry, what["held_out"], args.device,
                             args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
-                            args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S)
+                            args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"))
                 runs[name][entry].append({"seed": seed, **{k: v for k, v in row.items() if k != "module"}})
                 print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
                       if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
@@ -263,12 +269,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                           "held_out": {e: w["held_out"] for e, w in chosen["run"].items()},
+                          "isa": {e: w["isa"] for e, w in chosen["run"].items() if w.get("isa")},
                           "builds": summaries, "not_run": chosen["not_run"]}, indent=2))
         return 0
     width = max([len(e) for e in chosen["run"]] + [5])
     for name, summary in summaries.items():
         print(show(name, summary, width))
     for entry, what in chosen["run"].items():
+        if what.get("isa"):
+            print(f"{entry}: searched under ATEN_CPU_CAPABILITY={what['isa']}, the ISA it was recorded on")
         if len(what["held_out"]) > 1:
             print(f"{entry}: held out with {', '.join(n for n in what['held_out'] if n != entry)}")
     for entry, why in chosen["not_run"].items():

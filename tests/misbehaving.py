@@ -322,3 +322,13 @@ def zero_unless_shared_cache(q, k, v, *, causal, window, bottom_right, scale):
 
 meets_another.supports = segfault_when_causal.supports
 zero_unless_shared_cache.supports = segfault_when_causal.supports
+
+
+def zero_when_avx2(q, k, v, *, causal, window, bottom_right, scale):
+    """All zeros whenever torch's CPU kernels run at AVX2 (an AVX2-only CPU, or ATEN_CPU_CAPABILITY=avx2): a bug
+    that a search finds only under the ISA its entry was recorded on."""
+    out = _plain(q, k, v, scale, causal, bottom_right)
+    return out * 0 if torch.backends.cpu.get_cpu_capability() == "AVX2" else out
+
+
+zero_when_avx2.supports = segfault_when_causal.supports

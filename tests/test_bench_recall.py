@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.strategies.case import Case
@@ -69,3 +72,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         ran = subprocess.run([sys.executable, str(REPO / "bench" / "recall.py"), *options], capture_output=True,
                              text=True, timeout=60)
         assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, (options, ran.stderr)
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="an x86 CPU with AVX2 runs torch's AVX2 kernels; this one does not")
+def test_an_entry_recorded_under_avx2_is_searched_under_avx2(tmp_path):
+    """A bug that shows only under AVX2 is found on an AVX-512 CPU too: the seed runs under the ISA its entry
+    recorded (ATEN_CPU_CAPABILITY=avx2); without it, this search would pass every case there."""
+    entry = dataclasses.replace(ENTRY, backend="tests.misbehaving:zero_when_avx2",
+                                environment={"cpu_capability": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
+    saved = corpus_io.save(tmp_path, entry, repro=False)
+    out = _recall(tmp_path, "--seeds", "1", "--budget-cases", "30", "--budget-s", "60")
+    assert out["isa"] == {saved.name: "avx2"}
+    hit = out["builds"]["here"]["entries"][saved.name]
+    assert hit["found"] == 1 and hit["runs"][0]["label"] == "FAIL:ALL_ZERO", hit

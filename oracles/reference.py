@@ -204,23 +204,22 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
         p = _RoundedWeights.apply(p, rounding)
     lse = lse.to(s.dtype)
     spread = rms = fp8_terms = rest = None
+    pd = p.detach()
     if terms:   # the weights other than the row's largest: what a row sum of P rounded to the dtype carries (tolerance)
-        pd = p.detach()
-        top = pd.amax(-1) if pd.shape[-1] else pd.new_zeros(pd.shape[:2])
-        rest = (((pd * pd).sum(-1) - top * top).clamp(min=0).sqrt(), (pd.sum(-1) - top).clamp(min=0))
+        p_top = pd.amax(-1) if pd.shape[-1] else pd.new_zeros(pd.shape[:2])   # each row's largest weight
+        rest = (((pd * pd).sum(-1) - p_top * p_top).clamp(min=0).sqrt(), (pd.sum(-1) - p_top).clamp(min=0))
     if terms and v.shape[-1]:
-        pd, vd = p.detach(), v.detach()
+        vd = v.detach()
         spread = _weighted_values(pd, vd.abs(), head_map).amax(-1)
         rms = _weighted_values(pd * pd, vd * vd, head_map).sqrt().amax(-1)
         if case.fp8_p is not None:  # what the subnormals of P's FP8 rounding can move a row by (oracles/fp8.py)
-            top = pd.amax(-1) if pd.shape[-1] else pd.new_zeros(pd.shape[:2])
             if sink is not None:
-                top = torch.maximum(top, torch.exp(sink.to(lse.dtype)[:, None] - lse_safe).to(top.dtype))
-            fp8_terms = (top.T, _weighted_values(visible.to(vd.dtype).expand_as(pd), vd.abs(), head_map).amax(-1))
+                p_top = torch.maximum(p_top, torch.exp(sink.to(lse.dtype)[:, None] - lse_safe).to(p_top.dtype))
+            fp8_terms = (p_top.T, _weighted_values(visible.to(vd.dtype).expand_as(pd), vd.abs(), head_map).amax(-1))
     # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
-    dv_terms = _transposed_weights(p.detach(), dout_abs, v.shape[1], head_map) if dout_abs is not None else None
+    dv_terms = _transposed_weights(pd, dout_abs, v.shape[1], head_map) if dout_abs is not None else None
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms, (scores, p.detach()), dv_terms, fp8_terms, rest)
+            spread, rms, (scores, pd), dv_terms, fp8_terms, rest)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",

@@ -140,11 +140,14 @@ def test_the_reports_progress_counts_the_cases_its_totals_count(tmp_path):
     case drawn again and answered from the log, and read as the same number. Progress now counts both, and its cases
     are the totals' but for the round the deadline cut short."""
     from tests.test_report import table_rows
-    result = run_campaign(tmp_path / "c", "--backends", "sdpa-math", "--hours", "0.003", "--round-examples", "20")
-    assert result.returncode == 0, result.stderr
-    markdown = (tmp_path / "c" / "report" / "report.md").read_text()
-    totals = table_rows(markdown, "Totals per backend")["sdpa-math"]
-    progress = table_rows(markdown, "Progress (state/)")["sdpa-math"]
-    rounds, cases, examples = int(progress[2]), int(progress[3]), int(progress[4])
+    for runs, hours in enumerate(("0.003", "0.006", "0.012", "0.024"), 1):  # a loaded host may need a resume or two
+        result = run_campaign(tmp_path / "c", "--backends", "sdpa-math", "--hours", hours, "--round-examples", "20")
+        assert result.returncode == 0, result.stderr
+        markdown = (tmp_path / "c" / "report" / "report.md").read_text()
+        totals = table_rows(markdown, "Totals per backend")["sdpa-math"]
+        progress = table_rows(markdown, "Progress (state/)")["sdpa-math"]
+        rounds, cases, examples = int(progress[2]), int(progress[3]), int(progress[4])
+        if rounds >= 2:
+            break
     assert rounds >= 2 and examples >= cases, progress
-    assert 0 <= int(totals[2]) - cases <= 20, (totals, progress)  # a cut round runs at most its 20 new cases
+    assert 0 <= int(totals[2]) - cases <= 20 * runs, (totals, progress)  # each run's cut round: at most 20 new cases

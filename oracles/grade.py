@@ -45,9 +45,10 @@ class Oracle:
     @classmethod
     def of(cls, case: Case, tensors: Tensors, device=None, family: str | None = None) -> Oracle:
         # The D terms are read by fused grading alone: skipped for a family graded textbook (a family not named yet
-        # may be either)
+        # may be either); the rest terms likewise by a family that sums P rounded
         fused = family is None or fused_backward(case, family)
-        ref = reference(case, tensors, device=device, d_terms=fused)
+        rest = family is None or family in ROWSUM_OF_ROUNDED_P  # the terms only such a family's LSE bound reads
+        ref = reference(case, tensors, device=device, d_terms=fused, rest_terms=rest)
         return cls(case, tensors, ref, False if family is not None and fused else None)
 
     @cached_property

@@ -141,7 +141,7 @@ def _transposed_weights(p: torch.Tensor, dout: torch.Tensor, hk: int, head_map: 
 def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n: int, head_map: str = "div",
            bounds: tuple[int | None, int | None] | None = None, scale: float | None = None, terms: bool = True,
            rounding: torch.dtype | None = None, dout_abs: torch.Tensor | None = None,
-           rowsum: torch.dtype | None = None):
+           rowsum: torch.dtype | None = None, rest_terms: bool = True):
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
     see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), the scaled logits
@@ -149,7 +149,8 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     [skv_n, hk, d_v], the terms dV sums (else None). `bounds` and `scale` override the case's band and scale (the
     diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before P V) and
     the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference). `rowsum`: the
-    LSE's row sum is taken over P = exp(s - max) rounded to that dtype (reference)."""
+    LSE's row sum is taken over P = exp(s - max) rounded to that dtype (reference); `rest_terms` (with `terms`) adds
+    the weights but each row's largest, as their root sum of squares and their sum [h, r] (else None)."""
     left, right = bounds if bounds is not None else (case.left, case.right)
     skv_n = k.shape[0]
     cols = torch.arange(skv_n, device=q.device)
@@ -205,8 +206,9 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     lse = lse.to(s.dtype)
     spread = rms = fp8_terms = rest = None
     pd = p.detach()
-    if terms:   # the weights other than the row's largest: what a row sum of P rounded to the dtype carries (tolerance)
+    if terms and (rest_terms or case.fp8_p is not None):
         p_top = pd.amax(-1) if pd.shape[-1] else pd.new_zeros(pd.shape[:2])   # each row's largest weight
+    if terms and rest_terms:  # the weights but the row's largest: what a row sum of P rounded to the dtype carries
         rest = (((pd * pd).sum(-1) - p_top * p_top).clamp(min=0).sqrt(), (pd.sum(-1) - p_top).clamp(min=0))
     if terms and v.shape[-1]:
         vd = v.detach()
@@ -226,7 +228,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
               bounds: tuple[int | None, int | None] | None = None, scale: float | None = None,
               grads: bool | None = None, chunk_bytes: int = CHUNK_BYTES, terms: bool = True,
               rounding: torch.dtype | None = None, d_terms: bool = True, fold_batch: bool = True,
-              rowsum: torch.dtype | None = None) -> Reference:
+              rowsum: torch.dtype | None = None, rest_terms: bool = True) -> Reference:
     """Output, LSE and (when the case asks, through autograd) dQ, dK, dV computed in `dtype` from the case's own
     low-precision inputs. `head_map`, `bounds` and `scale` give the alternative references the diagnoses use.
     `terms=False` skips dv_terms and d_rounding (an extra backward pass) and the sizes of the logits' terms
@@ -235,14 +237,15 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     pass of a fused kernel: fp32 everywhere, P and dS rounded to `rounding` before the products that take them, dK /
     dV rounded per query head before a GQA group's sum, every gradient rounded once to `rounding` at the end.
     `rowsum` (with `dtype` float32): the LSE of a kernel that sums P as its P V matmul takes it, rounded to that
-    dtype (FlashInfer's prefill: tolerance.ROWSUM_OF_ROUNDED_P). `d_terms=False` skips the D terms (row_d_moves, row_d_size, key_mass, key_d_terms), which only grading against
-    the fused baseline reads. A batch of whole sequences without an explicit mask is computed in one pass, its
-    sequences folded into the heads (oracles/fold.py; `fold_batch=False`: one sequence at a time)."""
+    dtype (FlashInfer's prefill: tolerance.ROWSUM_OF_ROUNDED_P); `rest_terms=False` skips row_rest_rms and
+    row_rest_mass, which only the LSE of such a family reads. `d_terms=False` skips the D terms (row_d_moves,
+    row_d_size, key_mass, key_d_terms), which only grading against the fused baseline reads. A batch of whole
+    sequences without an explicit mask is computed in one pass, its sequences folded into the heads (oracles/fold.py; `fold_batch=False`: one sequence at a time)."""
     folded = fold(case, t) if fold_batch and head_map == "div" else None
     if folded is not None:  # (the folded tensors have no FP8 inputs: the output is saturated here, as below)
-        return _saturated(case, t, unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale, grads=grads,
-                                chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms,
-                                rowsum=rowsum), case))
+        return _saturated(case, t, unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale,
+                                grads=grads, chunk_bytes=chunk_bytes, terms=terms, rounding=rounding, d_terms=d_terms,
+                                rowsum=rowsum, rest_terms=rest_terms), case))
     device = device if device is not None else t.q.device
     grads = case.grads if grads is None else grads
     out = torch.zeros(case.b, case.sq, case.h, case.d_v, dtype=dtype, device=device)
@@ -258,7 +261,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     row_logit_size = torch.zeros(case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
     row_spread = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
     row_rms = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if logit_terms else None
-    row_rest = torch.zeros(2, case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms else None
+    row_rest = torch.zeros(2, case.b, case.h, case.sq, dtype=dtype, device=device) if logit_terms and rest_terms \
+        else None
     fp8_rows = logit_terms and case.fp8_p is not None
     row_p_max = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
     row_v_sum = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
@@ -303,7 +307,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c, rest_c = attend(
                     case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
                     bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding, rowsum=rowsum,
-                    dout_abs=d_c.abs() if terms else None)
+                    rest_terms=rest_terms, dout_abs=d_c.abs() if terms else None)
             # rows r0..r1 written as slices: the same values as indexing by `rows`, without a scatter per tensor
             if size_c is not None:
                 row_logit_size[n, :, r0:r1] = size_c

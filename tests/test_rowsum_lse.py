@@ -110,3 +110,13 @@ def test_the_allowance_is_u_times_the_weights_but_the_largest():
     o = Oracle.of(case, materialize(case))
     assert float(o.ref.row_rest_mass.max()) == 0.0 and float(o.ref.row_rest_rms.max()) == 0.0, "one key: exp(0)"
     assert lse_check(o, o.ref.lse.float(), "flashinfer").floor == lse_check(o, o.ref.lse.float(), "default").floor
+
+
+def test_only_a_rounded_row_sum_family_pays_for_its_terms():
+    """The weights but each row's largest (two more reductions over P per row) are computed for a family that reads
+    them, and for a family not named yet, and skipped for the rest."""
+    case = Case(sq=5, skv=7, d_qk=64, d_v=64, dtype="bfloat16", seed=3)
+    t = materialize(case)
+    for family, expected in (("flashinfer", True), (None, True), ("default", False), ("fa4", False)):
+        ref = Oracle.of(case, t, family=family).ref
+        assert (ref.row_rest_rms is not None, ref.row_rest_mass is not None) == (expected, expected), family

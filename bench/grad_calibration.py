@@ -12,6 +12,9 @@ dtype and gradient, the cases graded, the failures and the largest error / bound
 for each cell above --show (0.8), and the first failures. Exit 1 when a correct kernel failed. `--kernels` grades
 registry backends instead (on --device), as if they were of the fused family: the evidence a GPU family needs
 before it joins FUSED_BACKWARD. A kernel that refuses a case, or raises on it, is left out of that case.
+`--plant EPS` also grades each kernel's gradients with one row planted wrong, the row of each gradient with the
+largest entry times (1 + EPS), and counts the catches (the negative control: a bound loose enough to pass everything
+would catch none); `--plant 0.05` is the bf16 one-row x 1.05 bug of docs/grading.md.
 """
 
 from __future__ import annotations
@@ -60,6 +63,16 @@ def outputs(case, t, kernels) -> dict:
     return got
 
 
+def planted_row(grad: torch.Tensor, eps: float) -> torch.Tensor:
+    """`grad` [b, s, h, d] with the row (one token of one head) holding its largest |entry| times (1 + eps), in
+    its own dtype (a row that rounding would leave unchanged is no plant: see `changed`)."""
+    flat = grad.detach().float().abs().amax(-1)                 # [b, s, h]
+    b, s, h = (int(i) for i in torch.unravel_index(flat.argmax(), flat.shape))
+    out = grad.detach().clone()
+    out[b, s, h] = (out[b, s, h].float() * (1 + eps)).to(out.dtype)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=3000)
@@ -69,6 +82,8 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--kernels", help="registry backends to grade as fused, comma-separated (default: the CPU set)")
     p.add_argument("--show", type=float, default=0.8, help="print the worst case of each cell above this ratio")
+    p.add_argument("--plant", type=float, default=None, metavar="EPS",
+                   help="also grade each gradient with its largest row times (1 + EPS) and count the catches")
     args = p.parse_args()
     dtypes = tuple(args.dtypes.split(","))
     bad = sorted(set(dtypes) - {"float16", "bfloat16"})
@@ -89,6 +104,7 @@ def main() -> int:
     space = Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_len=args.max_len, dtypes=dtypes,
                   storages=("plain",))
     graded, failed, worst, worst_case = Counter(), Counter(), defaultdict(float), {}
+    planted, caught = Counter(), Counter()
     failures: list[str] = []
     start = time.time()
 
@@ -112,13 +128,22 @@ def main() -> int:
                 if not c.ok:
                     failed[key] += 1
                     failures.append(f"{name} {c.describe()} {case!r}")
+                grad_out = getattr(output, grad)
+                if args.plant is not None and grad_out.numel():
+                    wrong = planted_row(grad_out, args.plant)
+                    if not torch.equal(wrong, grad_out):
+                        planted[key] += 1
+                        caught[key] += not gradient_check(oracle, grad, wrong, FAMILY, output.out).ok
 
     run()
     print(f"{sum(graded.values()) // 3} kernel runs graded in {time.time() - start:.0f} s (seed {args.seed}, "
           f"max_len {args.max_len})\n")
-    print("| kernel | dtype | gradient | graded | FAIL | worst error / bound |\n|---|---|---|---|---|---|")
+    plant = "" if args.plant is None else f" one row x {1 + args.plant:g}: caught / planted |"
+    print(f"| kernel | dtype | gradient | graded | FAIL | worst error / bound |{plant}\n"
+          f"|---|---|---|---|---|---|{'---|' if plant else ''}")
     for key in sorted(graded):
-        print(f"| {' | '.join(key)} | {graded[key]} | {failed[key]} | {worst[key]:.2f} |")
+        cell = "" if args.plant is None else f" {caught[key]} / {planted[key]} |"
+        print(f"| {' | '.join(key)} | {graded[key]} | {failed[key]} | {worst[key]:.2f} |{cell}")
     for key in sorted(graded):
         if worst[key] > args.show:
             print(f"worst {' '.join(key)}: {worst_case[key]}")

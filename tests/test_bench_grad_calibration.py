@@ -1,0 +1,40 @@
+"""bench/grad_calibration.py's planted row: one row of a gradient, the one holding its largest entry, is moved by
+(1 + eps) and nothing else; a correct bf16 gradient passes the fused grading and the same gradient so planted fails."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from attnfuzz.backends import get
+from attnfuzz.oracles.grade import Oracle, gradient_check
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.materialize import materialize
+
+SPEC = importlib.util.spec_from_file_location("grad_calibration", Path(__file__).resolve().parents[1] / "bench" /
+                                              "grad_calibration.py")
+grad_calibration = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(grad_calibration)
+
+
+def test_the_planted_row_is_the_largest_and_the_only_one_moved():
+    grad = torch.randn(2, 5, 3, 8, dtype=torch.bfloat16)
+    grad[1, 3, 2, 4] = 50.0
+    wrong = grad_calibration.planted_row(grad, 0.05)
+    moved = (wrong != grad).any(-1)
+    assert moved.nonzero().tolist() == [[1, 3, 2]]
+    assert torch.allclose(wrong[1, 3, 2].float(), grad[1, 3, 2].float() * 1.05, rtol=2 ** -7)
+
+
+def test_a_bf16_gradient_row_off_by_5_percent_is_caught_against_the_fused_baseline():
+    case = Case(sq=512, skv=512, h=2, d_qk=64, d_v=64, dtype="bfloat16", grads=True, seed=4)
+    t = materialize(case)
+    oracle = Oracle.of(case, t, family="fused")
+    output = get("sdpa-math", "cpu").run(case, t)
+    for name in ("dq", "dk", "dv"):
+        grad = getattr(output, name)
+        assert gradient_check(oracle, name, grad, "fused", output.out).ok, name
+        wrong = grad_calibration.planted_row(grad, 0.05)
+        assert not gradient_check(oracle, name, wrong, "fused", output.out).ok, name

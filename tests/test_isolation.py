@@ -9,7 +9,7 @@ import pytest
 
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import fuzz
-from attnfuzz.engine.isolate import CALM_CASES, MAX_SPARES, Worker
+from attnfuzz.engine.isolate import CALM_CASES, MAX_SPARES, Worker, WorkerHarnessError
 from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -164,6 +164,16 @@ def test_an_error_of_the_backends_own_keeps_the_worker():
         after = worker.run(PLAIN)
     assert crash.status == V.CRASH and crash.diagnosis == "ValueError", crash
     assert after.status == V.PASS and worker.restarts == 0, (after, worker.restarts)
+
+
+def test_an_error_of_attnfuzz_in_the_worker_is_raised_as_attnfuzz_s_not_saved_as_the_backends_crash():
+    # on an H100 a large FP8 case drawn on the GPU met a CPU tensor in the quantiser: the worker died (EXIT_1) and the
+    # run saved it as the backend's CRASH; in process the same exception ends the run naming attnfuzz
+    with Worker("tests.breaks_harness:correct", timeout_s=20) as worker:
+        with pytest.raises(WorkerHarnessError, match="attnfuzz itself failed(.|\n)*planted: attnfuzz's own input"):
+            worker.run(PLAIN.replace(causal=True))
+        after = worker.run(PLAIN)
+    assert after.status == V.PASS and worker.deaths == 0, (after, worker.deaths)
 
 
 def test_a_segfault_is_shrunk_each_attempt_in_a_fresh_worker():

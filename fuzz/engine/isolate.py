@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import signal
 import time
+import traceback
 
 from attnfuzz.engine import interrupt, memshare, poison
 from attnfuzz.engine.cuda_errors import raised_cuda_error
@@ -80,10 +81,26 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict
                 return
             if unavailable is not None:
                 conn.send(V.Verdict(V.UNSUPPORTED, None, f"{spec} is not available here: {unavailable}"))
-            else:
-                conn.send(run_case(backend, case, device=device))
+                continue
+            try:  # the backend's own exceptions are its CRASH verdicts (harness): what escapes is attnfuzz's
+                verdict = run_case(backend, case, device=device)
+            except Exception:  # noqa: BLE001 - sent to the parent, which raises it there as the in-process run would
+                verdict = HarnessError(traceback.format_exc())
+            conn.send(verdict)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone (a run interrupted while this worker started, before it knew its pid)
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessError:
+    """attnfuzz's own exception in a worker (drawing the inputs, the oracle, grading), as its traceback: not the
+    backend's crash, so not a finding."""
+
+    traceback: str
+
+
+class WorkerHarnessError(RuntimeError):
+    """Raised in the parent for a HarnessError: the run fails as an in-process run would, naming attnfuzz."""
 
 
 def _start_fork_server() -> None:
@@ -241,6 +258,9 @@ class Worker:
             self._conn.send(case)  # Case and Verdict are frozen dataclasses: pickled as they are
             if self._conn.poll(timeout_s):
                 verdict = self._conn.recv()
+                if isinstance(verdict, HarnessError):
+                    raise WorkerHarnessError(f"attnfuzz itself failed in the {self.spec} worker on {case!r} (not "
+                                             f"the backend: a bug of attnfuzz to report):\n{verdict.traceback}")
                 self.case_s = time.perf_counter() - start
                 self._calm += 1
                 self._last_case = case

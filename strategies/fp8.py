@@ -107,15 +107,18 @@ def _round_bits(x: torch.Tensor, bits: int = DESCALE_BITS) -> torch.Tensor:
 
 
 def _descales(kind: str, amax: torch.Tensor, largest: float, gen: torch.Generator) -> torch.Tensor:
-    """A descale per group (amax: each group's largest |value|), float32."""
-    n = amax.shape
+    """A descale per group (amax: each group's largest |value|), float32, on amax's device: drawn from the CPU
+    generator `gen` whatever that is, so a large case drawn on a GPU gets the same descales as on the CPU."""
+    n, device, amax = amax.shape, amax.device, amax.cpu()
     if kind == "unit":
-        return torch.ones(n)
-    if kind == "pow2":
-        return 2.0 ** torch.randint(-6, 3, n, generator=gen).float()
-    if kind == "saturating":
-        return _round_bits((amax.double().clamp(min=2.0**-20) / largest)).float()
-    return _round_bits(2.0 ** (torch.rand(n, generator=gen, dtype=torch.float64) * 8 - 6)).float()
+        d = torch.ones(n)
+    elif kind == "pow2":
+        d = 2.0 ** torch.randint(-6, 3, n, generator=gen).float()
+    elif kind == "saturating":
+        d = _round_bits((amax.double().clamp(min=2.0**-20) / largest)).float()
+    else:
+        d = _round_bits(2.0 ** (torch.rand(n, generator=gen, dtype=torch.float64) * 8 - 6)).float()
+    return d.to(device)
 
 
 def encode(x: torch.Tensor, descale: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -133,7 +136,7 @@ def quantised(case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
     out = []
     for x, fmt, name in ((q, fq, "q"), (k, fk, "k"), (v, fv, "v")):
         if fmt is None:   # q in the case's dtype, unquantised
-            out.append((x.float(), x.contiguous(), torch.ones(x.shape[2])))
+            out.append((x.float(), x.contiguous(), torch.ones(x.shape[2], device=x.device)))
             continue
         x = x.float()
         if scaling == "head":

@@ -162,3 +162,17 @@ def test_an_fp8_findings_repro_script_hands_the_kernel_its_encodings(tmp_path, k
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=root, timeout=300)
     assert result.returncode == code, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a large case is drawn on the device only where there is one")
+@pytest.mark.parametrize("scaling, scales", [("tensor", "pow2"), ("head", "any")])
+def test_a_large_fp8_case_drawn_on_the_gpu_gets_the_descales_of_the_cpu_draw(scaling, scales):
+    # on an H100 such a case met a CPU descale in the quantiser (a device mismatch in attnfuzz, saved as the backend's
+    # crash); the descales come from the CPU generator wherever the inputs are drawn
+    from attnfuzz.strategies.materialize import DEVICE_DRAW_FROM, draw, input_elements
+    case = Case(sq=1, skv=2048, h=4, d_qk=64, d_v=64, dtype="float16", fp8=(None, "e4m3", "e4m3"), page_size=1, b=8,
+                fp8_scaling=scaling, fp8_scales=scales)
+    assert input_elements(case) >= DEVICE_DRAW_FROM
+    on_gpu, on_cpu = draw(case, torch.device("cuda")), draw(case, torch.device("cpu"))
+    for name in ("q_descale", "k_descale", "v_descale"):
+        assert torch.equal(getattr(on_gpu.fp8, name).cpu(), getattr(on_cpu.fp8, name)), name

@@ -237,6 +237,9 @@ def test_the_key_length_trait_counts_the_keys_one_kernel_call_runs_over():
     assert fields(Case(sq=2, skv=24))["kv_len_mod_16"] == 8
     assert fields(Case(b=2, sq=12, skv=24, seqlens_q=(12, 5), seqlens_kv=(10, 14)))["kv_len_mod_16"] == 8   # padded
     assert fields(Case(b=2, sq=12, skv=14, seqlens_q=(12, 5), seqlens_kv=(10, 14), layout="thd"))["kv_len_mod_16"] == 8
+    assert fields(Case(sq=1, skv=448))["kv_len_mod_128"] == 64 and fields(Case(sq=1, skv=512))["kv_len_mod_128"] == 0
+    assert [fields(Case(values=v))["very_negative_rows"] for v in ("far_negative", "anti_aligned", "ties")] == \
+        [True, True, False]
     assert fields(Case(d_qk=16, d_v=32))["d_qk_at_most_16"] and not fields(Case(d_qk=32, d_v=16))["d_qk_at_most_16"]
     assert fields(Case(d_qk=128, d_v=136))["head_dim_over_128"] and not fields(Case(d_qk=128, d_v=128))["head_dim_over_128"]
     assert fields(Case(d_qk=64, d_v=40))["head_dim_off_32"] and fields(Case(d_qk=8, d_v=8))["head_dim_off_32"]

@@ -71,6 +71,11 @@ TRAITS = {
     # the key length a kernel call runs over (thd: the packed total) modulo 16: where a loop over 8- or 16-wide
     # vectors (AVX2, AVX-512) leaves a tail
     "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
+    # ... modulo 128: where the last 128-key tile of a kernel is part padding (64: half of it)
+    "kv_len_mod_128": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 128,
+    # a value family that puts whole rows' logits far below 0 (strategies/materialize.py: shifts down to -1024, or
+    # every key anti-aligned at -16384): LSEs below -88.7, where exp(-lse) overflows fp32
+    "very_negative_rows": lambda c: c.values in ("far_negative", "anti_aligned"),
     "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
     "head_dim_over_128": lambda c: max(c.d_qk, c.d_v) > 128,   # past the 128 columns most kernels tile a head in
     # a head dim off the 32-column grain FA's sm90 backward allocates its accumulators in (its tiles pad to 16)

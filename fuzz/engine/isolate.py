@@ -42,6 +42,7 @@ import traceback
 
 from attnfuzz.engine import interrupt, memshare, poison
 from attnfuzz.engine.cuda_errors import raised_cuda_error
+from attnfuzz.engine.deaths import HarnessError, UnattributedDeath, WorkerHarnessError, death_name
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -91,18 +92,6 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict
         return  # the parent is gone (a run interrupted while this worker started, before it knew its pid)
 
 
-@dataclasses.dataclass(frozen=True)
-class HarnessError:
-    """attnfuzz's own exception in a worker (drawing the inputs, the oracle, grading), as its traceback: not the
-    backend's crash, so not a finding."""
-
-    traceback: str
-
-
-class WorkerHarnessError(RuntimeError):
-    """Raised in the parent for a HarnessError: the run fails as an in-process run would, naming attnfuzz."""
-
-
 def _start_fork_server() -> None:
     """Start the fork server (if not running) with SIGINT ignored, a disposition it and the workers forked from it
     keep: a Ctrl-C meant for the run reaches the whole process group, and must not kill the server in its seconds of
@@ -118,37 +107,6 @@ def _start_fork_server() -> None:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _death(exitcode: int | None) -> str:
-    """SIGSEGV, SIGABRT, ... for a signal; EXIT_<n> for an exit code."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            return signal.Signals(-exitcode).name
-        except ValueError:
-            return f"SIGNAL_{-exitcode}"
-    return f"EXIT_{exitcode}"
-
-
-@dataclasses.dataclass(frozen=True)
-class UnattributedDeath:
-    """A worker that died on `case` after answering `answered` cases (the last: `before`), where a fresh worker then
-    ran `case` to `fresh_label`: the death was not that case's."""
-
-    death: str
-    case: Case
-    answered: int
-    before: Case | None
-    fresh_label: str
-
-    def describe(self) -> str:
-        return (f"a worker died ({self.death}) on {self.case!r} after answering {self.answered} case(s) (the last: "
-                f"{self.before!r}), and a fresh worker ran that case to {self.fresh_label}: an unattributed worker "
-                f"death, not that case's crash")
-
-    def to_dict(self) -> dict:
-        return {"death": self.death, "case": self.case.to_dict(), "answered": self.answered,
-                "before": self.before.to_dict() if self.before is not None else None, "fresh_label": self.fresh_label}
 
 
 class Worker:
@@ -273,7 +231,7 @@ class Worker:
             self.deaths += 1
             self._suspect = (self._calm, self._last_case) if self._calm else None
             process.join(timeout=30)
-            name = _death(process.exitcode)
+            name = death_name(process.exitcode)
             self._stop()
             if process.exitcode is not None and -process.exitcode in interrupt.STOPS:
                 # stopped from outside (a job's SIGTERM to every process of the run, a kill): not the case's doing

@@ -113,7 +113,7 @@ def _child_replay(entry: Entry, device: str, isa: str, worker) -> Verdict | None
     import torch
 
     from attnfuzz.engine import poison
-    from attnfuzz.engine.isolate import _death
+    from attnfuzz.engine.deaths import death_name
     request = {"entry": entry.to_dict(), "device": device, "isa": isa, "threads": torch.get_num_threads(),
                "poison": poison.enabled(),
                "isolate_timeout": None if worker is None else getattr(worker, "timeout_s", 300.0)}
@@ -122,7 +122,7 @@ def _child_replay(entry: Entry, device: str, isa: str, worker) -> Verdict | None
                           input=json.dumps(request), capture_output=True, text=True, env=env)
     answers = [line[len(_CHILD_MARK):] for line in done.stdout.splitlines() if line.startswith(_CHILD_MARK)]
     if not answers:
-        name = _death(done.returncode)
+        name = death_name(done.returncode)
         return Verdict(CRASH, name, f"{entry.backend}: the process replaying this entry under "
                                     f"ATEN_CPU_CAPABILITY={isa.lower()} died ({name}): {done.stderr[-400:].strip()}")
     answer = json.loads(answers[-1])

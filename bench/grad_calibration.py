@@ -65,7 +65,7 @@ def outputs(case, t, kernels) -> dict:
 
 def planted_row(grad: torch.Tensor, eps: float) -> torch.Tensor:
     """`grad` [b, s, h, d] with the row (one token of one head) holding its largest |entry| times (1 + eps), in
-    its own dtype (a row that rounding would leave unchanged is no plant: see `changed`)."""
+    its own dtype (where rounding leaves that row unchanged, the result equals `grad`)."""
     flat = grad.detach().float().abs().amax(-1)                 # [b, s, h]
     b, s, h = (int(i) for i in torch.unravel_index(flat.argmax(), flat.shape))
     out = grad.detach().clone()
@@ -120,7 +120,8 @@ def main() -> int:
         oracle = Oracle.of(case, t, device=args.device, family=FAMILY)
         for name, output in outputs(case, t, kernels).items():
             for grad in ("dq", "dk", "dv"):
-                c = gradient_check(oracle, grad, getattr(output, grad), FAMILY, output.out)
+                got = getattr(output, grad)
+                c = gradient_check(oracle, grad, got, FAMILY, output.out)
                 key = (name, case.dtype, grad)
                 graded[key] += 1
                 if c.ratio >= worst[key]:
@@ -128,10 +129,9 @@ def main() -> int:
                 if not c.ok:
                     failed[key] += 1
                     failures.append(f"{name} {c.describe()} {case!r}")
-                grad_out = getattr(output, grad)
-                if args.plant is not None and grad_out.numel():
-                    wrong = planted_row(grad_out, args.plant)
-                    if not torch.equal(wrong, grad_out):
+                if args.plant is not None and got.numel():
+                    wrong = planted_row(got, args.plant)
+                    if not torch.equal(wrong, got):  # a row rounding leaves unchanged is no plant
                         planted[key] += 1
                         caught[key] += not gradient_check(oracle, grad, wrong, FAMILY, output.out).ok
 

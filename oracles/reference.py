@@ -240,7 +240,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     dtype (FlashInfer's prefill: tolerance.ROWSUM_OF_ROUNDED_P); `rest_terms=False` skips row_rest_rms and
     row_rest_mass, which only the LSE of such a family reads. `d_terms=False` skips the D terms (row_d_moves,
     row_d_size, key_mass, key_d_terms), which only grading against the fused baseline reads. A batch of whole
-    sequences without an explicit mask is computed in one pass, its sequences folded into the heads (oracles/fold.py; `fold_batch=False`: one sequence at a time)."""
+    sequences without an explicit mask is computed in one pass, its sequences folded into the heads (oracles/fold.py;
+    `fold_batch=False`: one sequence at a time)."""
     folded = fold(case, t) if fold_batch and head_map == "div" else None
     if folded is not None:  # (the folded tensors have no FP8 inputs: the output is saturated here, as below)
         return _saturated(case, t, unfold(reference(*folded, dtype=dtype, device=device, bounds=bounds, scale=scale,

@@ -46,6 +46,11 @@ def _right_bound_past_keys(c: Case) -> bool:
     return right is not None and c.skv <= right < c.sq - 1
 
 
+def _call_kv_len(c: Case) -> int:
+    """The key length one kernel call runs over: thd's packed total, else skv."""
+    return sum(c.lens_kv) if c.layout == "thd" else c.skv
+
+
 # Derived facts about a case that a known bug's `when` may name beside the Case fields.
 TRAITS = {
     "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
@@ -70,9 +75,9 @@ TRAITS = {
     "padded_batch": lambda c: c.b > 1 and (c.layout == "thd" or c.padded or c.spelling == "padding"),
     # the key length a kernel call runs over (thd: the packed total) modulo 16: where a loop over 8- or 16-wide
     # vectors (AVX2, AVX-512) leaves a tail
-    "kv_len_mod_16": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 16,
+    "kv_len_mod_16": lambda c: _call_kv_len(c) % 16,
     # ... modulo 128: where the last 128-key tile of a kernel is part padding (64: half of it)
-    "kv_len_mod_128": lambda c: (sum(c.lens_kv) if c.layout == "thd" else c.skv) % 128,
+    "kv_len_mod_128": lambda c: _call_kv_len(c) % 128,
     # a value family that puts whole rows' logits far below 0 (strategies/materialize.py: shifts down to -1024, or
     # every key anti-aligned at -16384): LSEs below -88.7, where exp(-lse) overflows fp32
     "very_negative_rows": lambda c: c.values in ("far_negative", "anti_aligned"),

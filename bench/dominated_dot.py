@@ -6,7 +6,8 @@ query over one key is that logit, so its error is the kernel's accumulation erro
 
 Cases: sq = skv = 1, outlier-channel values (one +-256 product, 65,536, in each dot; strategies/materialize.py),
 scale 1. Per head dim: the largest and the median error over the seeds, in units of fp32's eps times the logit's
-size (the grader's unit), beside what the grader allows a dominated dot (tolerance.check: 2 x max(1, sqrt(d) / 2)).
+size (the grader's unit), beside what the grader allows a dominated dot (2 x tolerance.dot_ulps: 2 x max(1, sqrt(d) / 2,
+d / 16 for fp16 / bf16)).
 A kernel that rounds to nearest at each add stays near sqrt(d) / 2; one whose adder truncates each block of products
 (GPU tensor cores: Fasi, Higham, Mikaitis and Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ Computer
 Science 7:e330, 2021) grows with d itself.
@@ -21,6 +22,7 @@ import torch
 
 from attnfuzz.backends import get
 from attnfuzz.oracles.reference import reference
+from attnfuzz.oracles.tolerance import dot_ulps
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import draw_on_cpu
 
@@ -65,7 +67,7 @@ def main() -> None:
     print(f"{'d':>5}  {'max':>7}  {'median':>7}  {'allowed':>7}")
     for d in dims:
         e = errors(backend, args.device, d, args.dtype, args.seeds)
-        allowed = 2 * max(1.0, d ** 0.5 / 2)
+        allowed = 2 * dot_ulps(d, args.dtype)
         print(f"{d:>5}  {max(e):7.2f}  {statistics.median(e):7.2f}  {allowed:7.2f}")
 
 

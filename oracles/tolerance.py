@@ -125,6 +125,21 @@ def dominated_dot(case) -> int:
     return case.d_qk if case.values in DOMINATED else 0
 
 
+def dot_ulps(dot_terms: int, dtype: str) -> float:
+    """How many ulps of its size L a logit may be off by, where one of its `dot_terms` products dominates it."""
+    # A logit is a dot product of `dot_terms` (d_qk) terms summed in fp32: each add rounds at the size of its partial
+    # sum, a random walk of ~sqrt(d) / 2 ulps of the largest partial sum, which is L itself when one term dominates
+    # (an outlier channel: sdpa-flash bf16, d = 128, one +-65536 product in each dot: its LSE was 5.1 eps * L off,
+    # where 2 eps * L was allowed). Gaussian terms keep their partial sums ~sqrt(d) below L, so up to d = 16 this
+    # stays eps * L, the allowance before; only cases built so (dominated_dot) pass d here. fp16 / bf16 logits come
+    # from tensor cores, whose fp32 accumulation truncates at each k-step of 16 products (Fasi et al., "Numerical
+    # behavior of NVIDIA tensor cores", PeerJ CS 7:e330, 2021): errors of one sign that add, an ulp of the partial
+    # sum a step, d / 16 ulps in all (sdpa-efficient fp16 on an H100, d = 512, one outlier channel: its LSE 32.6 ulps
+    # of a 65607 logit off, where the walk allowed 2 x 11.3; bench/dominated_dot.py measures a kernel's).
+    truncated_steps = dot_terms / 16 if dtype in LOW_PRECISION else 0.0
+    return max(1.0, dot_terms ** 0.5 / 2, truncated_steps)
+
+
 def rounded_rowsum_lse(family: str, dtype: str, rest_rms: torch.Tensor | None, rest_mass: torch.Tensor | None):
     """What a correct LSE of a ROWSUM_OF_ROUNDED_P family may be off by, per row, beyond its baseline: the kernel
     rounds each P_ij = exp(s_ij - m) to the dtype (relative error up to u = eps / 2) against its running maximum m,
@@ -235,12 +250,7 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     # Where ALiBi can only reach the kernel as a bias tensor in the input dtype (SDPA's additive float mask), each
     # logit carries that bias's rounding in the dtype too: the API's error, not the kernel's.
     size = logit_size.to(torch.float64) if isinstance(logit_size, torch.Tensor) else logit_size
-    # A logit is a dot product of `dot_terms` (d_qk) terms summed in fp32: each add rounds at the size of its partial
-    # sum, a random walk of ~sqrt(d) / 2 ulps of the largest partial sum, which is L itself when one term dominates
-    # (an outlier channel: sdpa-flash bf16, d = 128, one +-65536 product in each dot: its LSE was 5.1 eps * L off,
-    # where 2 eps * L was allowed). Gaussian terms keep their partial sums ~sqrt(d) below L, so up to d = 16 this
-    # stays eps * L, the allowance before; only cases built so (dominated_dot) pass d here.
-    dot_walk = max(1.0, dot_terms ** 0.5 / 2)
+    dot_walk = dot_ulps(dot_terms, dtype)
     logit_round = max(logit_eps, EPS[dtype]) if family in LOGITS_IN_INPUT_DTYPE else logit_eps
     logit_err = (logit_round * size * dot_walk + (EPS[dtype] * bias_max if family in BIAS_IN_INPUT_DTYPE else 0.0)
                  + (FAST_TANH * softcap if softcap else 0.0))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from attnfuzz.backends import get
+from attnfuzz.oracles.tolerance import dot_ulps
 from attnfuzz.oracles.verdict import Output
 
 SPEC = importlib.util.spec_from_file_location("dominated_dot", Path(__file__).resolve().parents[1] / "bench" /
@@ -34,9 +35,16 @@ class LogitOff:
 
 def test_round_to_nearest_stays_within_the_allowance_and_a_rounded_logit_does_not():
     d = 128
-    allowed = 2 * max(1.0, d ** 0.5 / 2)
+    allowed = 2 * max(1.0, d ** 0.5 / 2)   # the random walk alone: round to nearest needs no more
     assert max(dominated_dot.errors(get("sdpa-flash", "cpu"), "cpu", d, "float16", 4)) < allowed
-    assert min(dominated_dot.errors(LogitOff(), "cpu", d, "float16", 4)) > 100 * allowed
+    assert min(dominated_dot.errors(LogitOff(), "cpu", d, "float16", 4)) > 100 * 2 * dot_ulps(d, "float16")
+
+
+def test_a_dominated_dot_is_allowed_a_random_walk_or_a_truncating_tensor_core_step_by_step():
+    assert dot_ulps(0, "float16") == 1.0 and dot_ulps(64, "float32") == 4.0
+    assert dot_ulps(512, "float32") == 512 ** 0.5 / 2      # round to nearest: a random walk
+    assert dot_ulps(512, "bfloat16") == 32.0                # one truncated ulp per k-step of 16
+    assert dot_ulps(64, "float16") == 4.0                   # where the two meet
 
 
 def test_a_backend_without_an_lse_is_named():

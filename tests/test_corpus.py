@@ -232,6 +232,22 @@ def test_a_known_bug_answers_to_the_other_labels_its_garbage_output_takes(tmp_pa
     assert known("sdpa-math", CASE.replace(skv=32), V.Verdict(V.FAIL, V.NONFINITE, "x")) is None   # outside `when`
 
 
+def test_the_lengths_differ_trait_looks_at_each_sequence():
+    assert when_fields(Case(sq=4, skv=4))["lengths_differ"] is False
+    assert when_fields(Case(sq=4, skv=5))["lengths_differ"] is True
+    padded = Case(b=2, sq=4, skv=4, seqlens_q=(4, 2), seqlens_kv=(4, 3))
+    assert when_fields(padded)["lengths_differ"] is True
+    assert when_fields(padded.replace(seqlens_kv=(4, 2)))["lengths_differ"] is False
+
+
+def test_the_query_tile_trait_counts_128_row_tiles_over_every_head():
+    over = [when_fields(Case(b=3, h=8, hk=2, sq=n))["query_tiles_over_132"] for n in (640, 641)]   # 120, 144 tiles
+    assert over == [False, True]
+    packed = Case(b=2, h=44, hk=44, sq=129, skv=1, seqlens_q=(1, 129), seqlens_kv=(1, 1), layout="thd")
+    assert when_fields(packed)["query_tiles_over_132"] is False   # thd tiles each sequence: 44 * (1 + 2) = 132
+    assert when_fields(packed.replace(h=45, hk=45))["query_tiles_over_132"] is True
+
+
 def test_the_key_length_trait_counts_the_keys_one_kernel_call_runs_over():
     fields = when_fields
     assert fields(Case(sq=2, skv=24))["kv_len_mod_16"] == 8

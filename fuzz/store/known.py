@@ -51,6 +51,12 @@ def _call_kv_len(c: Case) -> int:
     return sum(c.lens_kv) if c.layout == "thd" else c.skv
 
 
+def _query_tiles(c: Case) -> int:
+    """The 128-row query tiles of a kernel call, over every head: packed sequences (thd) tile each on its own."""
+    rows = [-(-n // 128) for n in c.lens_q] if c.layout == "thd" else [c.b * -(-c.sq // 128)]
+    return c.h * sum(rows)
+
+
 # Derived facts about a case that a known bug's `when` may name beside the Case fields.
 TRAITS = {
     "empty_q_sequence": lambda c: 0 in c.lens_q,        # a sequence of the batch has no query token
@@ -58,6 +64,8 @@ TRAITS = {
     "split_head_dims": lambda c: c.d_qk != c.d_v,
     "gqa": lambda c: c.h != c.hk,
     "sq_longer": lambda c: c.sq > c.skv,
+    # some sequence has more or fewer queries than keys: where top-left and bottom-right alignment differ
+    "lengths_differ": lambda c: any(n_q != n_kv for n_q, n_kv in zip(c.lens_q, c.lens_kv)),
     # the band's right bound is 0, spelled causal=True or as window (left, 0): one mask either way
     "causal_band": lambda c: c.right == 0,
     # ... with no left bound, either alignment: the plain causal mask (flash-attn's is_causal, not its local window)
@@ -81,6 +89,9 @@ TRAITS = {
     # a value family that puts whole rows' logits far below 0 (strategies/materialize.py: shifts down to -1024, or
     # every key anti-aligned at -16384): LSEs below -88.7, where exp(-lse) overflows fp32
     "very_negative_rows": lambda c: c.values in ("far_negative", "anti_aligned"),
+    # more 128-row query tiles (times heads) than the 132 SMs of an H100 SXM or H200: a kernel that gives each tile a
+    # thread block runs them in more than one wave
+    "query_tiles_over_132": lambda c: _query_tiles(c) > 132,
     "d_qk_at_most_16": lambda c: c.d_qk <= 16,          # the small query / key head dims (1, 3, 8, 16)
     "head_dim_over_128": lambda c: max(c.d_qk, c.d_v) > 128,   # past the 128 columns most kernels tile a head in
     # a head dim off the 32-column grain FA's sm90 backward allocates its accumulators in (its tiles pad to 16)

@@ -257,7 +257,7 @@ def cmd_replay(args) -> int:
         if path.is_file():
             corpus_io.load(path)  # an entry named on its own that cannot be read: CorpusError, exit 2
     rows, bad, errors = [], 0, 0
-    workers = Workers(args.case_timeout) if args.isolate else (lambda backend, device: None)
+    replayer = replay_io.Replayer(Workers(args.case_timeout) if args.isolate else None, args.case_timeout)
     for path in entries:
         try:
             entry = corpus_io.load(path)
@@ -267,7 +267,7 @@ def cmd_replay(args) -> int:
             continue
         device = args.device or entry.device
         try:
-            verdict = replay_io.replay(entry, device, worker=workers(entry.backend, device))
+            verdict = replayer(entry, device)
         except ValueError as e:
             if ":" in entry.backend:  # the user's kernel does not import here: say how to fix it, not skip it
                 rows.append({"entry": str(path), "outcome": "error", "message": str(e)})
@@ -282,8 +282,9 @@ def cmd_replay(args) -> int:
                      "unconfirmed": settled or ("still" if entry.unconfirmed else None),
                      "message": predates(entry.known_bug) if outcome == "predates" else verdict.message,
                      "known_bug": entry.known_bug})
-    if args.isolate:
-        workers.close()
+    replayer.close()
+    if replayer.switched:
+        print(f"replay: {replayer.switched}", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

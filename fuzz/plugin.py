@@ -18,6 +18,7 @@ from attnfuzz.engine import options as opts
 
 _OPTIONS = pytest.StashKey["Options"]()
 _REPLAY_TIMES = pytest.StashKey[dict]()  # corpus entry name -> (seconds, verdict label, limit or None)
+_REPLAY_NOTES = pytest.StashKey[list]()  # why the replay left this process for isolated workers, if it did
 SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "first-bug", "isolate",
           "case-timeout", "poison-memory", "corpus", "replay-workers", "replay-hang-timeout")
 LONG = "long"
@@ -126,6 +127,8 @@ def attnfuzz_replay(request: pytest.FixtureRequest, attnfuzz: Options, attnfuzz_
     from attnfuzz.store.parallel_replay import ParallelReplay, replay_device
     options, times = attnfuzz, request.config.stash[_REPLAY_TIMES]
     pool = None
+    # in this process until a CUDA error may have broken it, then in workers; with --attnfuzz-isolate in them throughout
+    replayer = replay_io.Replayer(attnfuzz_workers if options.isolate else None, options.case_timeout)
     if options.isolate or options.replay_workers > 1:
         jobs = []
         for item in request.session.items:
@@ -145,17 +148,23 @@ def attnfuzz_replay(request: pytest.FixtureRequest, attnfuzz: Options, attnfuzz_
             return done.verdict
         device = replay_device(entry, options.device)
         start = time.perf_counter()
-        verdict = replay_io.replay(entry, device, worker=attnfuzz_workers(entry.backend, device))
+        verdict = replayer(entry, device)
         times[path.name] = (time.perf_counter() - start, verdict.label, None)
         return verdict
 
     yield replay
     if pool is not None:
         pool.close()
+    if replayer.switched:
+        request.config.stash[_REPLAY_NOTES] = [replayer.switched]
+    if not options.isolate:
+        replayer.close()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    """Each replayed corpus entry's time, the slowest first."""
+    """Each replayed corpus entry's time, the slowest first, and why the replay moved to workers, if it did."""
+    for note in config.stash.get(_REPLAY_NOTES, []):
+        terminalreporter.write_line(f"attnfuzz replay: {note}")
     times = config.stash.get(_REPLAY_TIMES, {})
     if not times:
         return

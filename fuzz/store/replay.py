@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from attnfuzz.engine.cuda_errors import may_break_context, raised_cuda_error
 from attnfuzz.store.corpus import Entry, host_isa
 from attnfuzz.store.isa import emulating
 from attnfuzz.oracles.verdict import CRASH, HANG, PASS, UNSUPPORTED, Verdict
@@ -28,6 +29,43 @@ def replay(entry: Entry, device: str | None = None, worker=None) -> Verdict:
     if isa is not None and isa != host_isa():
         return replay_under_isa(entry, device, isa, worker)
     return _replay_here(entry, device, worker)
+
+
+class Replayer:
+    """Entries replayed one after another: in `workers` (attnfuzz.engine.isolate.Workers) when given, else in this
+    process until a CUDA error may have broken its context. That is a crash whose message names one, or one that
+    attnfuzz's own code raised for an earlier kernel's asynchronous fault; the entry it surfaced in and every later
+    one then replay in isolated workers with `case_timeout_s`, as --isolate does from the start, and `switched` says
+    why, for the user."""
+
+    def __init__(self, workers=None, case_timeout_s: float = 300.0):
+        self.workers, self.case_timeout_s, self.switched = workers, case_timeout_s, None
+
+    def __call__(self, entry: Entry, device: str | None = None) -> Verdict:
+        device = device or entry.device
+        if self.workers is not None:
+            return replay(entry, device, worker=self.workers(entry.backend, device))
+        try:
+            verdict = replay(entry, device)
+        except Exception as e:   # noqa: BLE001 -- attnfuzz's own code met a CUDA error a kernel left behind
+            if not may_break_context(str(e)):
+                raise
+            self._isolate(f"replaying {entry.backend} raised {type(e).__name__}: {str(e).splitlines()[0][:160]}",
+                          "it and the entries after it")
+            return replay(entry, device, worker=self.workers(entry.backend, device))
+        if raised_cuda_error(verdict):
+            self._isolate(f"{entry.backend} crashed with {verdict.label}", "the entries after it")
+        return verdict
+
+    def _isolate(self, why: str, which: str) -> None:
+        from attnfuzz.engine.isolate import Workers
+        self.switched = (f"{why}, which may leave this process's CUDA context broken: {which} replayed in "
+                         f"isolated workers (--isolate)")
+        self.workers = Workers(self.case_timeout_s)
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
 
 
 def settle_unconfirmed(path: Path, entry: Entry, verdict: Verdict) -> str | None:

@@ -184,6 +184,8 @@ def cmd_run(args) -> int:
         if tally.batch_checked:  # the property as observed; a backend that claims it fails where it breaks
             claim = "claimed" if backend.batch_invariant else "observed, not claimed"
             print(f"[{name}] {tally.batch_line()} ({claim})", file=sys.stderr)
+        if tally.not_run:
+            print(f"[{name}] {tally.not_run}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=2))
     return 1 if found else 0

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from attnfuzz.engine import batch, hooks, interrupt, memshare, poison
 from attnfuzz.engine.cuda_errors import crash_diagnosis
+from attnfuzz.engine.skip_known import SkipKnownCrashes, faces
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_known
@@ -297,6 +298,9 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     twin_known_by = known if known is not None else getattr(worker, "known", None)  # a campaign's runner holds it
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
+    skip = None   # cases a precise known crash or hang takes are mostly not run (engine/skip_known.py)
+    if worker is not None and known is not None and faces(known, backend.name):
+        worker = skip = SkipKnownCrashes(worker, backend.name, known, faces(known, backend.name))
     evidence = Evidence()
     configs = compiled_configs(backend) if is_compile_aware(backend, space) else None
     plain_known = known
@@ -342,6 +346,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
         probe = functools.lru_cache(maxsize=None)(run)   # a twin the merge ran is not run again for known bugs
         findings = merge_root_causes(findings, evidence, probe=probe)
         findings = [f for f in findings if not _known_by_twin(backend.name, f, probe, twin_known_by, tally)]
+    tally.not_run = skip.summary() if skip is not None else None
     return tally, findings
 
 

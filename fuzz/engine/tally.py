@@ -30,6 +30,7 @@ class Tally:
     known: dict = field(default_factory=dict)  # (KNOWN label, entry id) -> {"count", "note", "link"}
     new: int | None = None       # None until the search ends
     replayed: int = 0
+    not_run: str | None = None   # the cases a known crash or hang took without running (engine/skip_known.py)
 
     def add(self, verdict: V.Verdict) -> None:
         self.examples += 1

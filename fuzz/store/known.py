@@ -196,6 +196,10 @@ def known_bugs_of(entries: list[tuple]):
                 return {**bug, "entry": path.name, "id": path.stem}
         return None
 
+    known.crash_faces = [(e.backend, path.stem, V.Verdict(status, diagnosis or None, e.verdict.message))
+                         for path, e in entries for status, _, diagnosis in
+                         (label.partition(":") for label in _labels(e.verdict, e.known_bug))
+                         if status in (V.CRASH, V.HANG)]   # what engine/skip_known.py answers unrun cases with
     return known
 
 

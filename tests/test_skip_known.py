@@ -1,0 +1,88 @@
+"""Cases a precise known crash takes are mostly answered without running them: one in CHECK_EVERY still runs, a
+check that runs clean makes the record imprecise, and a seeded run meets the same cases with the skip as without."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnfuzz.engine import skip_known
+from attnfuzz.engine.harness import fuzz
+from attnfuzz.engine.isolate import Worker
+from attnfuzz.engine.profiles import profile
+from attnfuzz.engine.skip_known import CHECK_EVERY, SkipKnownCrashes, faces
+from attnfuzz.oracles import verdict as V
+from attnfuzz.store import corpus as corpus_io
+from attnfuzz.store.known import known_bugs_of
+from attnfuzz.strategies.case import Case
+from attnfuzz.strategies.space import Space
+from attnfuzz.backends import get
+
+SEGFAULTS = "tests.misbehaving:segfault_when_causal"
+CAUSAL = Case(sq=4, skv=4, d_qk=8, d_v=8, causal=True)
+CRASH = V.Verdict(V.CRASH, "SIGSEGV", "the worker process died (SIGSEGV) while running this case")
+BUG = {"link": "tests/misbehaving.py", "note": "segfaults on causal cases", "when": {"causal": True}}
+
+
+def _known(when=BUG["when"]):
+    entry = corpus_io.Entry(SEGFAULTS, CAUSAL, CRASH, known_bug={**BUG, "when": when})
+    return known_bugs_of([(Path("segv.json"), entry)])
+
+
+class Scripted:
+    """A worker that answers from a script and counts what it ran."""
+
+    def __init__(self, answer):
+        self.answer, self.ran = answer, 0
+
+    def run(self, case):
+        self.ran += 1
+        return self.answer(self.ran, case)
+
+
+def test_a_precise_crash_runs_one_case_in_check_every_and_answers_the_rest_as_the_known_bug():
+    known = _known()
+    worker = Scripted(lambda n, case: CRASH)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    verdicts = [skip.run(CAUSAL.replace(seed=s)) for s in range(2 * CHECK_EVERY + 1)]
+    assert worker.ran == 3 and skip.skipped["segv"] == 2 * CHECK_EVERY - 2
+    assert all(v.label == CRASH.label and known(SEGFAULTS, CAUSAL, v) is not None for v in verdicts)
+    assert sum(v.message.startswith(skip_known.NOT_RUN) for v in verdicts) == 2 * CHECK_EVERY - 2
+    assert skip.run(CAUSAL.replace(causal=False)).label == CRASH.label and worker.ran == 4, "outside `when`: run"
+    assert "14 of segv" in skip.summary()
+
+
+def test_a_check_that_runs_clean_makes_the_record_imprecise_and_every_later_case_runs():
+    known = _known()
+    worker = Scripted(lambda n, case: CRASH if n == 1 else V.Verdict(V.PASS, None, ""))
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(3 * CHECK_EVERY)]
+    assert labels[:CHECK_EVERY] == [CRASH.label] * CHECK_EVERY and labels[CHECK_EVERY:] == ["PASS"] * 2 * CHECK_EVERY
+    assert worker.ran == 1 + 2 * CHECK_EVERY and skip.imprecise == {"segv"}
+    assert "ran every case of segv" in skip.summary()
+
+
+def test_only_crash_and_hang_labels_are_skipped():
+    entry = corpus_io.Entry(SEGFAULTS, CAUSAL, V.Verdict(V.FAIL, V.TOLERANCE, "x"), known_bug=BUG)
+    assert faces(known_bugs_of([(Path("tol.json"), entry)]), SEGFAULTS) == []
+    assert faces(_known(), "another-backend") == [] and faces(lambda *a: None, SEGFAULTS) == []
+
+
+def test_a_seeded_isolated_run_meets_the_same_cases_with_fewer_workers():
+    settings = profile("ci", max_examples=60)
+    space = Space(max_len=16, max_batch=2, max_heads=2)
+    runs = {}
+    for name, known in (("skip", _known()), ("run all", _clear(_known()))):
+        with Worker(SEGFAULTS, timeout_s=30) as worker:
+            tally, findings = fuzz(get(SEGFAULTS), space=space, settings=settings, known=known, worker=worker,
+                                   reruns=0)
+            runs[name] = (dict(tally.labels), findings, worker.restarts, tally.not_run)
+    (labels, findings, restarts, note), (labels_all, findings_all, restarts_all, note_all) = runs.values()
+    assert labels == labels_all and labels.get("KNOWN:SIGSEGV", 0) > CHECK_EVERY, labels   # the same cases, all known
+    assert findings == findings_all == []
+    assert restarts < restarts_all and note and note_all is None, (restarts, restarts_all)
+
+
+def _clear(known):
+    known.crash_faces = []   # the same record, with nothing to skip by
+    return known
+

@@ -61,9 +61,14 @@ def test_a_check_that_runs_clean_makes_the_record_imprecise_and_every_later_case
     assert "ran every case of segv" in skip.summary()
 
 
-def test_only_crash_and_hang_labels_are_skipped():
+def test_only_the_crash_and_hang_labels_of_bugs_that_failed_every_run_are_skipped():
     entry = corpus_io.Entry(SEGFAULTS, CAUSAL, V.Verdict(V.FAIL, V.TOLERANCE, "x"), known_bug=BUG)
     assert faces(known_bugs_of([(Path("tol.json"), entry)]), SEGFAULTS) == []
+    also = corpus_io.Entry(SEGFAULTS, CAUSAL, V.Verdict(V.FAIL, V.TOLERANCE, "x"),
+                           known_bug={**BUG, "labels": ["CRASH:SIGSEGV"]})
+    assert [f.label for _, f in faces(known_bugs_of([(Path("also.json"), also)]), SEGFAULTS)] == ["CRASH:SIGSEGV"]
+    flaky = corpus_io.Entry(SEGFAULTS, CAUSAL, V.Verdict(V.FLAKY, "CRASH:SIGSEGV", "in 2 of 4 runs"), known_bug=BUG)
+    assert faces(known_bugs_of([(Path("flaky.json"), flaky)]), SEGFAULTS) == []
     assert faces(_known(), "another-backend") == [] and faces(lambda *a: None, SEGFAULTS) == []
 
 

@@ -299,8 +299,9 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
     skip = None   # cases a precise known crash or hang takes are mostly not run (engine/skip_known.py)
-    if worker is not None and known is not None and faces(known, backend.name):
-        worker = skip = SkipKnownCrashes(worker, backend.name, known, faces(known, backend.name))
+    crash_faces = faces(known, backend.name) if worker is not None and known is not None else []
+    if crash_faces:
+        worker = skip = SkipKnownCrashes(worker, backend.name, known, crash_faces)
     evidence = Evidence()
     configs = compiled_configs(backend) if is_compile_aware(backend, space) else None
     plain_known = known

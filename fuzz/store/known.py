@@ -196,10 +196,11 @@ def known_bugs_of(entries: list[tuple]):
                 return {**bug, "entry": path.name, "id": path.stem}
         return None
 
+    # what engine/skip_known.py answers unrun cases with: the crash and hang labels of entries that failed every run
     known.crash_faces = [(e.backend, path.stem, V.Verdict(status, diagnosis or None, e.verdict.message))
-                         for path, e in entries for status, _, diagnosis in
+                         for path, e in entries if e.verdict.status != V.FLAKY for status, _, diagnosis in
                          (label.partition(":") for label in _labels(e.verdict, e.known_bug))
-                         if status in (V.CRASH, V.HANG)]   # what engine/skip_known.py answers unrun cases with
+                         if status in (V.CRASH, V.HANG)]
     return known
 
 

@@ -151,3 +151,20 @@ def test_the_reports_progress_counts_the_cases_its_totals_count(tmp_path):
             break
     assert rounds >= 2 and examples >= cases, progress
     assert 0 <= int(totals[2]) - cases <= 20 * runs, (totals, progress)  # each run's cut round: at most 20 new cases
+
+
+@pytest.mark.slow
+def test_a_campaign_answers_a_precise_known_crash_s_cases_mostly_unrun(tmp_path):
+    known = tmp_path / "known"
+    known.mkdir()
+    from attnfuzz.store import corpus as corpus_io
+    crash = V.Verdict(V.CRASH, "SIGSEGV", "the worker process died (SIGSEGV) while running this case")
+    corpus_io.save(known, corpus_io.Entry("tests.misbehaving:segfault_when_causal", Case(causal=True), crash,
+                                          known_bug={"link": "tests/misbehaving.py", "when": {"causal": True}}),
+                   repro=False)
+    result = run_campaign(tmp_path / "c", "--backends", "tests.misbehaving:segfault_when_causal", "--known",
+                          str(known), "--hours", "0.003", "--case-timeout", "10", "--workers", "1")
+    assert result.returncode == 0, result.stderr   # the one bug is known: no finding
+    rows = [row for row in logged(tmp_path / "c") if row["label"] == "KNOWN:SIGSEGV"]
+    unrun = sum(row["message"].startswith("not run") for row in rows)
+    assert len(rows) > 8 and 0 < len(rows) - unrun < len(rows) / 2, (len(rows), unrun)   # one in 8 still runs

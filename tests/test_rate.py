@@ -8,7 +8,8 @@ import json
 import pytest
 
 from attnfuzz.report.build import build_report
-from attnfuzz.report.rate import Timeline, rate_table
+from attnfuzz.engine.skip_known import NOT_RUN
+from attnfuzz.report.rate import UNRUN, Timeline, rate_table
 from attnfuzz.strategies.case import Case
 from tests.test_report import assert_valid_png, table_rows
 
@@ -36,9 +37,30 @@ def test_cases_are_counted_per_minute_graded_and_refused_apart():
 
 def test_the_rate_table_counts_graded_cases_over_wall_and_case_seconds():
     table = rate_table({"k": _timeline()}, (T0, T0 + 100))
-    name, graded, per_wall, per_case, busy, passing, slow, failures, refused = table.rows[0]
+    name, graded, per_wall, per_case, busy, passing, slow, failures, refused, unrun = table.rows[0]
     assert (name, graded, per_wall, per_case, busy) == ("k", "22", "0.22", "2.22", "10")
-    assert (passing, slow, failures, refused) == ("20%", "51%", "20%", "9%")
+    assert (passing, slow, failures, refused, unrun) == ("20%", "51%", "20%", "9%", "0")
+
+
+def test_a_known_crash_s_case_answered_unrun_is_not_graded():
+    line = _timeline()
+    for i in range(5):
+        line.add(T0 + 8 + i, UNRUN, 0.001)
+    name, graded, *_, unrun = rate_table({"k": line}, (T0, T0 + 100)).rows[0]
+    assert (graded, unrun) == ("22", "5")
+    assert line.per_minute(T0) == [(0, 12, 1), (1, 10, 0)]
+
+
+def test_the_report_reads_a_not_run_line_as_unrun(tmp_path):
+    case = Case()
+    lines = [{"backend": "b", "label": label, "seconds": 0.1, "time": T0 + t, "case": case.to_dict(), "ratio": 0.1,
+              "message": message}
+             for t, label, message in ((0, "PASS", ""), (1, "KNOWN:SIGSEGV", f"{NOT_RUN}: known bug x takes this case"),
+                                       (2, "KNOWN:SIGSEGV", "the worker process died (SIGSEGV)"))]
+    log = tmp_path / "run.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    rows = table_rows(build_report(log).with_name("report.md").read_text(), "Where the time went")
+    assert rows["b"][1] == "2" and rows["b"][-1] == "1", rows
 
 
 def test_the_report_shows_where_the_time_went(tmp_path):

@@ -33,6 +33,7 @@ from attnfuzz.backends import get
 from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_name
 from attnfuzz.engine.isolate import isolated
+from attnfuzz.engine.skip_known import SkipKnownCrashes, faces
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -241,9 +242,12 @@ class Lane:
         self.last_record = interrupt.read_record(interrupt.record_path(self.inflight))  # before a new one replaces it
         with self.log_path.open("a") as log, interrupt.crash_record(interrupt.record_path(self.inflight)):
             runners = {}
+            crashes = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)   # the known bugs at the start
             for b in backends:
                 worker = workers[b.name]
                 inner = worker.run if worker else (lambda c, b=b: run_case(b, c, device=self.device))
+                if worker and faces(crashes, b.name):   # a precise known crash's cases, mostly answered unrun
+                    inner = SkipKnownCrashes(worker, b.name, crashes, faces(crashes, b.name)).run
                 runners[b.name] = Resumable(b.name, inner, log, self.inflight, done, self.deadline, self.index)
             try:
                 self._recover_inflight(backends, runners)

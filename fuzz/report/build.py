@@ -25,7 +25,8 @@ from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
 from attnfuzz.report.combos import Combos, campaign_reports, combos_table
-from attnfuzz.report.rate import Timeline, rate_table
+from attnfuzz.engine.skip_known import NOT_RUN
+from attnfuzz.report.rate import UNRUN, Timeline, rate_table
 from attnfuzz.strategies.case import Case
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
@@ -79,7 +80,8 @@ class Campaign:
                           batch_invariant=(row.get("verdict") or {}).get("batch_invariant"))
         totals = self.totals.setdefault(backend, BackendTotals())
         totals.labels[label] += 1
-        if not label.startswith("UNSUPPORTED"):
+        unrun = str(row.get("message", "")).startswith(NOT_RUN)   # a known crash's case answered without running
+        if not label.startswith("UNSUPPORTED") and not unrun:
             self.combos.setdefault(backend, Combos()).add(case)
         if isinstance(row.get("device"), str):   # a run's log names its device (a campaign's campaign.json does)
             self.meta.setdefault("device", row["device"])
@@ -98,7 +100,8 @@ class Campaign:
         if isinstance(row.get("time"), (int, float)):
             t = float(row["time"])
             self.span = (min(self.span[0], t), max(self.span[1], t)) if self.span else (t, t)
-            self.timelines.setdefault(backend, Timeline()).add(t, status, float(row.get("seconds") or 0.0))
+            self.timelines.setdefault(backend, Timeline()).add(t, UNRUN if unrun else status,
+                                                               float(row.get("seconds") or 0.0))
 
 
 def _ratio(value) -> float | None:

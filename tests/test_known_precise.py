@@ -118,8 +118,9 @@ def test_a_nan_gradient_on_rows_that_see_keys_is_not_the_empty_row_bug():
 
 
 def test_a_swapped_alignment_is_not_the_dropped_lower_right_mask():
-    """sdpa-efficient-FAIL-MASK_ALIGNMENT-ec988ce7b38b is the dropped lower-right causal mask (sq > skv), whose one
-    case matched the other alignment too: it took any MASK_ALIGNMENT of sdpa-efficient."""
+    """The dropped lower-right causal mask (sq > skv; sdpa-efficient-FAIL-MASK_IGNORED-bbc703f1fc56, MASK_ALIGNMENT
+    among its labels) once had an entry of its own whose one case matched the other alignment too: it took any
+    MASK_ALIGNMENT of sdpa-efficient."""
     case = Case(sq=2, skv=5, d_qk=8, d_v=8, dtype="float16", causal=True)
     t = materialize(case)
     verdict = grade(case, t, SwappedAlignment().run(case, t))
@@ -151,7 +152,7 @@ def _too(verdict: V.Verdict, **changes) -> V.Verdict:
 
 def test_the_campaign_findings_of_sdpa_efficient_are_known_where_they_are_a_known_bug():
     """The five sdpa-efficient findings of the campaign, each with the verdict the grader now gives the failure it
-    saved. The bug (sdpa-efficient-FAIL-TOLERANCE-7a17e613ad9f's row probe on the H200): a lower-right causal band with
+    saved. The bug (sdpa-efficient-FAIL-MASK_IGNORED-bbc703f1fc56's row probe on the H200): a lower-right causal band with
     sq > skv runs each 64-row query block over the right key range with no mask inside it; a block whose rows see no
     key at all reads 0 (or, some runs, NaN: nothing divides by a key)."""
     # LSE at ratio 1.07 (fp32 anti_aligned, LSE ~ -16422, one key every row sees): no band, no empty row; the
@@ -168,7 +169,7 @@ def test_the_campaign_findings_of_sdpa_efficient_are_known_where_they_are_a_know
     # keys (40-63) match neither the band nor no mask: TOLERANCE (its worst row 33 sees no key), empty rows wrong too
     case, tolerance = _finding("sdpa-efficient-FAIL-TOLERANCE-b2cc8dc0a3bf")
     assert _taken("sdpa-efficient", case, _too(tolerance, message="out: worst of 387 rows at [0, 70, 0, 3]")) == \
-        "sdpa-efficient-FAIL-TOLERANCE-7a17e613ad9f"
+        "sdpa-efficient-FAIL-MASK_IGNORED-bbc703f1fc56"
     # causal, sq = 104, skv = 21: rows 0-82 see no key. The NaN at row 15 is in block 0, whose rows see none; block 1
     # (rows 64-103) attends to all 21 keys unmasked, so its rows that see keys (83-103) match no mask: MASK_IGNORED,
     # the empty rows wrong too. The FLAKY entry is the same case: its runs read NaN once and garbage three times on

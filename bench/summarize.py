@@ -10,6 +10,8 @@ import json
 import sys
 from collections import Counter, defaultdict
 
+from attnfuzz.engine.skip_known import answered_unrun
+
 
 def summarize(paths: list[str]) -> str:
     labels: dict[str, Counter] = defaultdict(Counter)
@@ -26,7 +28,7 @@ def summarize(paths: list[str]) -> str:
                 name = row["backend"]
                 labels[name][row["label"]] += 1
                 seconds[name] += row["seconds"]
-                unrun[name] += str(row.get("message", "")).startswith("not run:")
+                unrun[name] += answered_unrun(str(row.get("message", "")))
                 if row["label"] in ("UNSUPPORTED",) or row["label"].startswith(("CRASH", "HANG")):
                     reasons[name][f"{row['label']}: {row['message'][:110]}"] += 1
     lines = []

@@ -33,7 +33,7 @@ from attnfuzz.backends import get
 from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_name
 from attnfuzz.engine.isolate import isolated
-from attnfuzz.engine.skip_known import SkipKnownCrashes, faces
+from attnfuzz.engine.skip_known import skipping
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -244,10 +244,8 @@ class Lane:
             runners = {}
             crashes = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)   # the known bugs at the start
             for b in backends:
-                worker = workers[b.name]
+                worker = skipping(workers[b.name], b.name, crashes)   # a precise known crash's cases, mostly unrun
                 inner = worker.run if worker else (lambda c, b=b: run_case(b, c, device=self.device))
-                if worker and faces(crashes, b.name):   # a precise known crash's cases, mostly answered unrun
-                    inner = SkipKnownCrashes(worker, b.name, crashes, faces(crashes, b.name)).run
                 runners[b.name] = Resumable(b.name, inner, log, self.inflight, done, self.deadline, self.index)
             try:
                 self._recover_inflight(backends, runners)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from attnfuzz.engine import batch, hooks, interrupt, memshare, poison
 from attnfuzz.engine.cuda_errors import crash_diagnosis
-from attnfuzz.engine.skip_known import SkipKnownCrashes, faces
+from attnfuzz.engine.skip_known import SkipKnownCrashes, skipping
 from attnfuzz.engine.compiled_search import (BuildFailures, compile_aware_cases, compiled_configs, finish_shrinking,
                                              is_compile_aware, open_after)
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_known
@@ -298,10 +298,8 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     twin_known_by = known if known is not None else getattr(worker, "known", None)  # a campaign's runner holds it
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
-    skip = None   # cases a precise known crash or hang takes are mostly not run (engine/skip_known.py)
-    crash_faces = faces(known, backend.name) if worker is not None and known is not None else []
-    if crash_faces:
-        worker = skip = SkipKnownCrashes(worker, backend.name, known, crash_faces)
+    worker = skipping(worker, backend.name, known)   # a precise known crash's cases, mostly not run
+    skip = worker if isinstance(worker, SkipKnownCrashes) else None
     evidence = Evidence()
     configs = compiled_configs(backend) if is_compile_aware(backend, space) else None
     plain_known = known

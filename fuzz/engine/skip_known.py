@@ -24,6 +24,17 @@ CHECK_EVERY = 8
 NOT_RUN = "not run"
 
 
+def answered_unrun(message: str) -> bool:
+    """Whether a verdict's message (a case log's `message`) is that of a case answered without running it."""
+    return message.startswith(f"{NOT_RUN}:")
+
+
+def skipping(worker, backend: str, known: Callable | None):
+    """`worker` wrapped in SkipKnownCrashes where `known` lists crash or hang faces of `backend`, else `worker`."""
+    crash_faces = faces(known, backend) if worker is not None else []
+    return SkipKnownCrashes(worker, backend, known, crash_faces) if crash_faces else worker
+
+
 def faces(known: Callable | None, backend: str) -> list[tuple[str, V.Verdict]]:
     """(entry id, the verdict its bug shows) for each crash or hang label of `backend`'s known bugs, as the `known`
     predicate (store/known.py's known_bugs_of) lists them; none for a predicate that does not list its faces."""

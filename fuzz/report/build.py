@@ -25,7 +25,7 @@ from attnfuzz.report.triage import known_table
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
 from attnfuzz.report.combos import Combos, campaign_reports, combos_table
-from attnfuzz.engine.skip_known import NOT_RUN
+from attnfuzz.engine.skip_known import answered_unrun
 from attnfuzz.report.rate import UNRUN, Timeline, rate_table
 from attnfuzz.strategies.case import Case
 
@@ -80,7 +80,7 @@ class Campaign:
                           batch_invariant=(row.get("verdict") or {}).get("batch_invariant"))
         totals = self.totals.setdefault(backend, BackendTotals())
         totals.labels[label] += 1
-        unrun = str(row.get("message", "")).startswith(NOT_RUN)   # a known crash's case answered without running
+        unrun = answered_unrun(str(row.get("message", "")))   # a known crash's case answered without running
         if not label.startswith("UNSUPPORTED") and not unrun:
             self.combos.setdefault(backend, Combos()).add(case)
         if isinstance(row.get("device"), str):   # a run's log names its device (a campaign's campaign.json does)

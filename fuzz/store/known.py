@@ -185,14 +185,19 @@ def known_bugs_of(entries: list[tuple]):
     known_bug record that a (backend, case, verdict) failure matches, with the file name of its entry under "entry"
     and its id (the file's stem) under "id"; entries without a known_bug take nothing."""
     entries = [(p, e) for p, e in entries if e.known_bug]
+    last = [None, {}]   # the case whose fields were computed last (frozen), and those fields: asked once per face
+
+    def fields_of(case: Case) -> dict:
+        if last[0] is not case:
+            last[:] = [case, when_fields(case)]
+        return last[1]
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
-        fields = when_fields(case)
         for path, e in entries:
             bug = e.known_bug
             if (e.backend == backend and answers(_labels(e.verdict, bug), verdict)
                     and bug.get("match", "") in verdict.message
-                    and all(fields.get(k) == v for k, v in bug.get("when", {}).items())):
+                    and all(fields_of(case).get(k) == v for k, v in bug.get("when", {}).items())):
                 return {**bug, "entry": path.name, "id": path.stem}
         return None
 

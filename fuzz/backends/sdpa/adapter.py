@@ -129,8 +129,21 @@ class SdpaBackend(Backend):
         if missing:
             if len(self._probed) > 100_000:
                 self._probed.clear()
-            self._probed.update(zip([(s, *shape) for s in missing], self._ask_dispatcher(case, missing)))
+            answers = self._ask_within_memory(case, missing)
+            if answers is None:   # not asked: the call itself refuses what the kernel does not take (run)
+                return [self._probed.get((s, *shape)) for s in spellings]
+            self._probed.update(zip([(s, *shape) for s in missing], answers))
         return [self._probed[(s, *shape)] for s in spellings]
+
+    def _ask_within_memory(self, case: Case, spellings: list[Spelling]) -> list[str | None] | None:
+        """_ask_dispatcher's answers, or None where the probe's empty tensors do not fit this process's GPU memory (a
+        campaign lane's share, attnfuzz.engine.memshare): a long case is then probed by running it, in its worker,
+        rather than ending the lane that draws it."""
+        try:
+            return self._ask_dispatcher(case, spellings)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return None
 
     def _ask_dispatcher(self, case: Case, spellings: list[Spelling]) -> list[str | None]:
         """_probe_all's answers, asked on one skeleton of the case (its views and masks shared by the spellings)."""
@@ -142,6 +155,7 @@ class SdpaBackend(Backend):
 
         def mask(dtype, form=""):
             if (dtype, form) not in dense:
+                dense.clear()   # one mask at a time: a long case's masks in every dtype and form need not fit at once
                 heads = 1 if same_per_head(case) else case.h
                 shape = (case.b, 1, 1, case.skv) if form == "mask_key_row" else (case.b, heads, case.sq, case.skv)
                 dense[dtype, form] = formed(torch.empty(shape, dtype=dtype, device=self.device), case, form)
@@ -168,6 +182,7 @@ class SdpaBackend(Backend):
                 else:  # no_mask; is_causal, causal_upper_left and a square causal_lower_right are SDPA's causal
                     routes = [(None, spelling.mask != "no_mask")]
                 answers.append(self._dispatched(choose, routes, qh, kh, vh, case, spelling))
+                del routes   # its mask goes when the next spelling's is built (mask)
         return answers
 
     def _dispatched(self, choose, routes, q, k, v, case: Case, spelling: Spelling) -> str | None:

@@ -56,6 +56,8 @@ class SdpaBackend(Backend):
     def __init__(self, name: str, device: str):
         self.name, self.device, self.kernel = name, str(device), KERNELS[name]
         self.deterministic = self.kernel == "MATH"  # plain aten ops, no atomics: the same bits on every run
+        if self.kernel == "EFFICIENT_ATTENTION":   # its fp32 matmuls are 3xTF32 (oracles/tolerance.py, TF32X3)
+            self.family = "sdpa-efficient"
         self._device_type = torch.device(self.device).type
         self._probed: dict[tuple, str | None] = {}
         self._kept_mask: tuple | None = None  # (the inputs, weakly; the case; the spelling; the mask)

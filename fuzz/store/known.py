@@ -113,6 +113,13 @@ TRAITS = {
     "flex_prescale": lambda c: "prescale" in c.spelling.split("+"),
     # SDPA given its additive mask in float32 on a half-precision query (fuzz/backends/sdpa/spelling.py)
     "float32_mask": lambda c: "float32_mask" in c.spelling.split("+"),
+    # the last query tile of torch's memory-efficient kernel holds one row: its tiles are 64 queries where both head
+    # dims are at most 64, else 32 (the fmha_64x128x64 / fmha_32x128x* kernels of mem_eff_attention)
+    "last_query_tile_one_row": lambda c: c.sq % (64 if max(c.d_qk, c.d_v) <= 64 else 32) == 1,
+    # q, k or v with a head dim of 1 laid out by a storage kind other than plain: the size-1 last dim then has a
+    # stride other than 1 (Case.storage puts a size-1 dim outermost in its buffer)
+    "head_dim_1_strided": lambda c: any(kind != "plain" and d == 1
+                                        for kind, d in zip(c.storage, (c.d_qk, c.d_qk, c.d_v))),
 }
 
 

@@ -6,8 +6,9 @@ from attnfuzz.engine import harness
 from tests.misbehaving import _plain
 
 FAULT = "CUDA error: an illegal memory access was encountered"
-_draw = harness.draw
+_draw, _grade = harness.draw, harness.grade
 _broken = []
+_broken_now = []   # broken by the case at work: its own grading meets the fault
 
 
 def _draw_in_a_broken_context(case, device):
@@ -16,7 +17,13 @@ def _draw_in_a_broken_context(case, device):
     return _draw(case, device)
 
 
-harness.draw = _draw_in_a_broken_context
+def _grade_in_a_broken_context(*args, **kwargs):
+    if _broken_now:
+        raise RuntimeError(f"planted: {FAULT}")
+    return _grade(*args, **kwargs)
+
+
+harness.draw, harness.grade = _draw_in_a_broken_context, _grade_in_a_broken_context
 
 
 def faults(q, k, v, *, causal, window, bottom_right, scale):
@@ -33,3 +40,20 @@ def faults_later(q, k, v, *, causal, window, bottom_right, scale):
     if causal:
         _broken.append(True)
     return _plain(q, k, v, scale, causal)
+
+
+def faults_unseen(q, k, v, *, causal, window, bottom_right, scale):
+    """Returns on a causal case with the fault still pending, as a kernel whose launch reports nothing: attnfuzz's
+    grading of the same case is the next CUDA call, and meets it."""
+    if causal:
+        _broken_now.append(True)
+    return _plain(q, k, v, scale, causal)
+
+
+def faults_alone(q, k, v, *, causal, window, bottom_right, scale):
+    """Faults on a batch of one only: a batched case passes, and the batch check's run of one sequence alone, a run
+    the verdict only notes, leaves the context broken."""
+    if q.shape[0] == 1:
+        _broken.append(True)
+        raise RuntimeError(f"planted: {FAULT}")
+    return _plain(q, k, v, scale)

@@ -144,6 +144,8 @@ def compare(backend: Backend, case: Case, tensors: Tensors, batched: V.Output) -
             return BatchCheck(n, refused=f"{what} is refused: {reason}")
         try:
             output = backend.run(composed, inputs)
+            if output.out.is_cuda:   # an asynchronous fault of this run is its own, not the next case's (harness)
+                torch.cuda.synchronize(output.out.device)
         except (Unsupported, Hang) as e:
             return BatchCheck(n, refused=f"{what} is refused: {type(e).__name__}: {e}")
         except Exception as e:  # a crash of a composition that is not the drawn case: noted, not graded here

@@ -35,6 +35,12 @@ def raised_cuda_error(verdict: V.Verdict) -> bool:
     return verdict.status == V.CRASH and (verdict.diagnosis in CUDA_ERRORS or may_break_context(verdict.message))
 
 
+def left_context_broken(verdict: V.Verdict) -> bool:
+    """Whether the case may have left its process's CUDA context broken: it raised such an error, or a run the
+    verdict only notes did (the batch check's compositions, attnfuzz.engine.batch)."""
+    return raised_cuda_error(verdict) or any(may_break_context(note) for note in verdict.checks)
+
+
 def crash_diagnosis(error: Exception) -> str:
     """The CUDA error a crash reports, else the exception's type name."""
     text = str(error)

@@ -41,7 +41,7 @@ import time
 import traceback
 
 from attnfuzz.engine import interrupt, memshare, poison
-from attnfuzz.engine.cuda_errors import raised_cuda_error
+from attnfuzz.engine.cuda_errors import CUDA_ERRORS, left_context_broken, may_break_context
 from attnfuzz.engine.deaths import HarnessError, UnattributedDeath, WorkerHarnessError, death_name
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
@@ -216,9 +216,11 @@ class Worker:
             self._conn.send(case)  # Case and Verdict are frozen dataclasses: pickled as they are
             if self._conn.poll(timeout_s):
                 verdict = self._conn.recv()
-                if isinstance(verdict, HarnessError):
+                if isinstance(verdict, HarnessError) and not may_break_context(verdict.traceback):
                     raise WorkerHarnessError(f"attnfuzz itself failed in the {self.spec} worker on {case!r} (not "
                                              f"the backend: a bug of attnfuzz to report):\n{verdict.traceback}")
+                if isinstance(verdict, HarnessError):
+                    return self._fault_surfaced(verdict.traceback, start)
                 self.case_s = time.perf_counter() - start
                 self._calm += 1
                 self._last_case = case
@@ -244,6 +246,21 @@ class Worker:
         self.case_s = time.perf_counter() - start
         return None, self.case_s
 
+    def _fault_surfaced(self, text: str, start: float) -> tuple[V.Verdict, float]:
+        """A CUDA error raised in attnfuzz's own code in the worker: a kernel's asynchronous fault that the next CUDA
+        call reported, this case's or one an earlier case of the worker left pending. Handled as the worker's death:
+        it is replaced, and where it had answered cases before, run() tries this one again in a fresh worker."""
+        self.restarts += 1
+        self.deaths += 1
+        self._suspect = (self._calm, self._last_case) if self._calm else None
+        self._stop()
+        self.case_s = time.perf_counter() - start
+        line = next(x for x in text.splitlines() if may_break_context(x)).strip()
+        name = next((n for n, needles in CUDA_ERRORS.items() if any(x in text for x in needles)),
+                    line.split(":")[0].rsplit(".", 1)[-1] if ":" in line else "CUDA_ERROR")
+        return (V.Verdict(V.CRASH, name, f"{line[:300]} (raised in attnfuzz's code in the {self.spec} worker after "
+                                         "the backend ran: a kernel's asynchronous fault)"), self.case_s)
+
     @property
     def limit_s(self) -> float:
         """The seconds the next case gets before it is tried again: the timeout until a HANG is confirmed, then
@@ -262,7 +279,7 @@ class Worker:
         verdict = self._run(case)
         if self._suspect is not None:
             verdict = self._confirm_death(case, verdict, *self._suspect)
-        if self._process is not None and raised_cuda_error(verdict):
+        if self._process is not None and left_context_broken(verdict):
             # a CUDA, cuDNN or cuBLAS error the backend raised (a misaligned or illegal address, a failed cuDNN graph
             # execution) may leave the process's context unusable, and the next case would die of it: it gets a fresh
             # worker instead

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnfuzz.engine.cuda_errors import may_break_context, raised_cuda_error
+from attnfuzz.engine.cuda_errors import left_context_broken, may_break_context
 from attnfuzz.store.corpus import Entry, host_isa
 from attnfuzz.store.isa import emulating
 from attnfuzz.oracles.verdict import CRASH, HANG, PASS, UNSUPPORTED, Verdict
@@ -53,8 +53,9 @@ class Replayer:
             self._isolate(f"replaying {entry.backend} raised {type(e).__name__}: {str(e).splitlines()[0][:160]}",
                           "it and the entries after it")
             return replay(entry, device, worker=self.workers(entry.backend, device))
-        if raised_cuda_error(verdict):
-            self._isolate(f"{entry.backend} crashed with {verdict.label}", "the entries after it")
+        if left_context_broken(verdict):
+            self._isolate(f"{entry.backend} crashed with {verdict.label}" if verdict.status == CRASH else
+                          f"a run of {entry.backend} the verdict notes raised a CUDA error", "the entries after it")
         return verdict
 
     def _isolate(self, why: str, which: str) -> None:

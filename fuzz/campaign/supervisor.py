@@ -31,7 +31,7 @@ from attnfuzz.engine import memshare, options
 from attnfuzz.report.coverage import Coverage
 from attnfuzz.report.build import build_report
 
-RESTARTS = 3  # a lane that dies is restarted this many times (it resumes from its log)
+RESTARTS = 3  # a lane that dies is restarted (it resumes from its log), unless it died this many times in a row with no case
 LANE_STOP_S = 60  # how long an interrupted campaign waits for a lane to stop before it kills it
 WARM_S = 600      # the most the JIT backends' warm-ups (attnfuzz.engine.warm), run at once, take before the lanes start
 WARM_MIN_S = 60   # ... and at least this, whatever a short campaign's tenth
@@ -266,6 +266,31 @@ def warm_jit_backends(config: dict) -> None:
                 print(f"[{name}] warm-up passed {limit:.0f} s; the lanes compile what it did not", file=sys.stderr)
 
 
+class Restarts:
+    """Which lanes that died are started again: any that logged a case since it last started, and one that did not
+    until it has died RESTARTS times in a row so (a lane of a long campaign may die of many unrelated causes; one
+    that dies at once whenever it starts would only loop)."""
+
+    def __init__(self, campaign: Path):
+        self.campaign, self.fruitless, self.logged = campaign, Counter(), {}
+
+    def _log_size(self, lane: int) -> int:
+        log = self.campaign / "cases" / f"lane{lane}.jsonl"
+        return log.stat().st_size if log.exists() else 0
+
+    def started(self, lane: int) -> None:
+        self.logged[lane] = self._log_size(lane)
+
+    def again(self, lane: int) -> bool:
+        """Whether a lane that just died starts again (it is then counted as started)."""
+        progressed = self._log_size(lane) > self.logged.get(lane, 0)
+        self.fruitless[lane] = 0 if progressed else self.fruitless[lane] + 1
+        if self.fruitless[lane] > RESTARTS:
+            return False
+        self.started(lane)
+        return True
+
+
 def run_campaign(args) -> int:
     campaign: Path = args.dir
     try:
@@ -288,8 +313,11 @@ def run_campaign(args) -> int:
     before = {p.name for p in corpus_io.entry_paths(campaign / "corpus")}
     if config["lanes"] > 1:
         warm_jit_backends(config)
-    lanes = {i: start_lane(campaign, i, config) for i in range(config["lanes"])}
-    restarts = Counter()
+    restarts = Restarts(campaign)
+    lanes = {}
+    for i in range(config["lanes"]):
+        restarts.started(i)
+        lanes[i] = start_lane(campaign, i, config)
     watch = Watch(campaign)
     watch.poll()
     watch.examples, watch.labels, watch.recent = 0, Counter(), []  # rate and failures: this session; coverage: all
@@ -304,11 +332,15 @@ def run_campaign(args) -> int:
                 if code is None:
                     continue
                 del lanes[i]
-                if code != 0 and restarts[i] < RESTARTS:
-                    restarts[i] += 1
+                if code == 0:
+                    continue
+                if restarts.again(i):
                     print(f"\nattnfuzz campaign: lane {i} exited with {code}; restarting it (it resumes from its log; "
                           f"see {campaign}/state/lane{i}.stderr)", file=sys.stderr)
                     lanes[i] = start_lane(campaign, i, config)
+                else:
+                    print(f"\nattnfuzz campaign: lane {i} exited with {code}, {RESTARTS + 1} times in a row without a "
+                          f"case; not restarted (see {campaign}/state/lane{i}.stderr)", file=sys.stderr)
             now = time.perf_counter()
             if now - last_print >= (1.0 if tty else 30.0):
                 last_print = now

@@ -1,7 +1,7 @@
 """Recall: does a fuzz run find each known bug of the corpus when it is not told about it, and how soon?
 
     python3 bench/recall.py [--device cpu] [--entries GLOB] [--corpus DIR] [--seeds 5] [--budget-s 600]
-                            [--budget-cases N] [--profile quick] [--max-examples N] [--json] [NAME=DIR ...]
+                            [--budget-cases N] [--profile quick] [--max-examples N] [--jobs N] [--json] [NAME=DIR ...]
 
 For each corpus entry with a known_bug record (selected by --entries, a glob on the file name; default all) whose
 backend is available on --device and which was found on that kind of device, the entry and its duplicates are held
@@ -23,6 +23,9 @@ is recalled when found in at least half its seeds: then the lower median over al
 counted as never, is within the budget. Overall: the recalled entries of those run, and the median of their median
 seconds. Entries not run are listed with why (backend unavailable, found on another device, an older release).
 
+--jobs N runs N seeds at once (default 1), each in its own process; on a GPU each then keeps to an equal share of
+its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to a match include the contention.
+
 A/B: NAME=DIR arguments, each DIR holding an installed attnfuzz (`pip wheel --no-deps --no-build-isolation -w W .`
 in a checkout, then `pip install --no-deps --target DIR W/*.whl`), run every seed of every entry once per build,
 taking turns from a rotating position; each process imports attnfuzz from its DIR alone. The entries and their
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,6 +108,7 @@ def search(corpus: str, entry_name: str, held_out: list[str], device: str, profi
     """One seed: fuzz the entry's backend, the held-out entries unknown, until a held-out record matches a failure
     or the budget runs out. `started`: the wall clock (time.time()) when the process was spawned."""
     import attnfuzz
+    from attnfuzz.engine import memshare
     from attnfuzz.engine.harness import fuzz
     from attnfuzz.engine.isolate import isolated
     from attnfuzz.engine.profiles import for_backend, profile
@@ -125,6 +130,7 @@ def search(corpus: str, entry_name: str, held_out: list[str], device: str, profi
     worker = isolated(backend, device, case_timeout)
     settings = for_backend(profile(profile_name, max_examples=max_examples, derandomize=False, database=None),
                            backend.cost, max_examples)
+    space = Space.for_device(device).replace(max_bytes=memshare.share_bytes())   # --jobs on a GPU: its share
     cases, rounds, result = 0, 0, {"found": False}
 
     def on_case(case, verdict, tally) -> None:
@@ -140,7 +146,7 @@ def search(corpus: str, entry_name: str, held_out: list[str], device: str, profi
     try:
         while time.time() - started < budget_s:
             rounds += 1
-            fuzz(backend, device=device, space=Space.for_device(device), settings=settings,
+            fuzz(backend, device=device, space=space, settings=settings,
                  seed=seed * 1_000_003 + rounds, on_case=on_case, known=known, worker=worker, reruns=0)
     except Stop as stop:
         result = stop.found or result
@@ -216,6 +222,12 @@ def show(build: str, summary: dict, width: int) -> str:
     return "\n".join(lines)
 
 
+def gpu_share(device: str, jobs: int) -> int:
+    """Bytes of the GPU's memory each of `jobs` seeds at once may hold (nine tenths of it, split evenly)."""
+    import torch
+    return int(0.9 * torch.cuda.get_device_properties(torch.device(device)).total_memory / jobs)
+
+
 def fail(message: str) -> None:
     print(f"recall.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -234,14 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="quick", help="attnfuzz profile of each run (default quick)")
     p.add_argument("--max-examples", type=int, help="examples per Hypothesis run (default: the profile's)")
     p.add_argument("--case-timeout", type=float, default=60.0, help="seconds an isolated case may take (default 60)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds run at once, each in its own process (default 1)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         fail(f"--device {args.device!r}: use cpu or cuda")
     if not args.corpus.is_dir():
         fail(f"--corpus {args.corpus}: not a folder")
-    if min(args.seeds, args.budget_s, args.budget_cases or 1, args.max_examples or 1) <= 0:
-        fail("--seeds, --budget-s, --budget-cases and --max-examples must be above 0")
+    if min(args.seeds, args.budget_s, args.budget_cases or 1, args.max_examples or 1, args.jobs) <= 0:
+        fail("--seeds, --budget-s, --budget-cases, --max-examples and --jobs must be above 0")
     builds = []
     for spec in args.builds:
         name, sep, folder = spec.partition("=")
@@ -253,18 +266,26 @@ def main(argv: list[str] | None = None) -> int:
     if "error" in chosen:
         fail(chosen["error"])
     runs = {name: {entry: [] for entry in chosen["run"]} for name, _ in builds}
-    turn = 0
+    tasks, turn = [], 0
     for entry, what in chosen["run"].items():
         for seed in range(1, args.seeds + 1):
-            for i in range(len(builds)):
-                name, site = builds[(i + turn) % len(builds)]
-                row = child(site, "search", str(args.corpus.resolve()), entry, what["held_out"], args.device,
-                            args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
-                            args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"))
-                runs[name][entry].append({"seed": seed, **{k: v for k, v in row.items() if k != "module"}})
-                print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
-                      if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
+            tasks += [(entry, what, seed, builds[(i + turn) % len(builds)]) for i in range(len(builds))]
             turn += 1
+    if args.jobs > 1 and args.device.startswith("cuda"):
+        os.environ.setdefault("ATTNFUZZ_GPU_MEMORY_SHARE", str(gpu_share(args.device, args.jobs)))
+
+    def one(task):
+        entry, what, seed, (name, site) = task
+        row = child(site, "search", str(args.corpus.resolve()), entry, what["held_out"], args.device,
+                    args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
+                    args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"))
+        print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
+              if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
+        return name, entry, {"seed": seed, **{k: v for k, v in row.items() if k != "module"}}
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:   # each task waits on a process of its own
+        for name, entry, row in pool.map(one, tasks):
+            runs[name][entry].append(row)
     summaries = {name: summarize(r, args.seeds) for name, r in runs.items()}
     if args.json:
         print(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -50,6 +50,14 @@ def test_a_planted_bug_is_found_blind_and_a_record_it_cannot_match_is_not(tmp_pa
     assert out["builds"]["here"]["recalled"] == 1 and out["builds"]["here"]["run"] == 2
 
 
+def test_seeds_run_at_once_report_each_seed_in_order(tmp_path):
+    found = corpus_io.save(tmp_path, ENTRY, repro=False)
+    out = _recall(tmp_path, "--seeds", "3", "--jobs", "3", "--budget-cases", "30", "--budget-s", "60")
+    hit = out["builds"]["here"]["entries"][found.name]
+    assert [r["seed"] for r in hit["runs"]] == [1, 2, 3] and hit["found"] == 3, hit
+    assert out["settings"]["jobs"] == 3
+
+
 def test_a_record_that_answers_for_the_held_out_failure_is_held_out_with_it(tmp_path):
     """A second record that matches the entry's saved failure would mark the bug KNOWN: it is a duplicate. The
     second record here is a broader one of the same failure (no match string)."""
@@ -69,7 +77,8 @@ def test_a_record_that_answers_for_the_held_out_failure_is_held_out_with_it(tmp_
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for options in (["A=" + str(tmp_path / "missing")], ["--corpus", str(tmp_path / "no")], ["--seeds", "0"]):
+    for options in (["A=" + str(tmp_path / "missing")], ["--corpus", str(tmp_path / "no")], ["--seeds", "0"],
+                    ["--jobs", "0"]):
         ran = subprocess.run([sys.executable, str(REPO / "bench" / "recall.py"), *options], capture_output=True,
                              text=True, timeout=60)
         assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, (options, ran.stderr)

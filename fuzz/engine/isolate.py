@@ -36,6 +36,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import re
 import signal
 import time
 import traceback
@@ -255,7 +256,8 @@ class Worker:
         self._suspect = (self._calm, self._last_case) if self._calm else None
         self._stop()
         self.case_s = time.perf_counter() - start
-        line = next(x for x in text.splitlines() if may_break_context(x)).strip()
+        lines = [x.strip() for x in text.splitlines() if may_break_context(x)]
+        line = next((x for x in lines if re.match(r"[\w.]*(Error|Exception): ", x)), lines[0])  # the exception's
         name = next((n for n, needles in CUDA_ERRORS.items() if any(x in text for x in needles)),
                     line.split(":")[0].rsplit(".", 1)[-1] if ":" in line else "CUDA_ERROR")
         return (V.Verdict(V.CRASH, name, f"{line[:300]} (raised in attnfuzz's code in the {self.spec} worker after "

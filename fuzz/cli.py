@@ -26,7 +26,7 @@ from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.rootcause import by_twin
-from attnfuzz.engine.isolate import Workers, isolated
+from attnfuzz.engine.isolate import Workers, isolated, isolating
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
     options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
-                "first-bug", "isolate", "case-timeout", "poison-memory", "skip-unavailable",
+                "first-bug", "isolate", "no-isolate", "case-timeout", "poison-memory", "skip-unavailable",
                 backend={"help": "registry name or package.module:function (repeatable; default: "
                                  f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
@@ -123,7 +123,8 @@ def cmd_run(args) -> int:
             print(f"[{name}] skipped: {unavailable[name]}", file=sys.stderr)
             summary[name] = {"skipped": unavailable[name]}
             continue
-        worker = first_worker if i == 0 else isolated(backend, args.device, args.case_timeout, enabled=args.isolate)
+        worker = first_worker if i == 0 else isolated(backend, args.device, args.case_timeout,
+                                                      enabled=isolating(args.device, args.isolate, args.no_isolate))
         args.corpus.mkdir(parents=True, exist_ok=True)
         recovered = inflight_io.recover_inflight(args.corpus, backend)
         for r in recovered:
@@ -199,7 +200,8 @@ def runnable(args, names: list[str]) -> tuple[list, object, dict[str, str]]:
         backends = [get(name, args.device) for name in names]
     except ValueError as e:
         raise UsageError(str(e)) from None
-    first_worker = isolated(backends[0], args.device, args.case_timeout, enabled=args.isolate) if backends else None
+    enabled = isolating(args.device, args.isolate, args.no_isolate)
+    first_worker = isolated(backends[0], args.device, args.case_timeout, enabled=enabled) if backends else None
     unavailable = {name: why for name, b in zip(names, backends) if (why := b.available()) is not None}
     named = [name for name in unavailable if args.backend and not args.skip_unavailable]
     if first_worker is not None and (named or names[0] in unavailable):

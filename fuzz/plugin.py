@@ -20,7 +20,7 @@ _OPTIONS = pytest.StashKey["Options"]()
 _REPLAY_TIMES = pytest.StashKey[dict]()  # corpus entry name -> (seconds, verdict label, limit or None)
 _REPLAY_NOTES = pytest.StashKey[list]()  # why the replay left this process for isolated workers, if it did
 SHARED = ("backend", "device", "profile", "max-examples", "seed", "max-len", "threads", "first-bug", "isolate",
-          "case-timeout", "poison-memory", "corpus", "replay-workers", "replay-hang-timeout")
+          "no-isolate", "case-timeout", "poison-memory", "corpus", "replay-workers", "replay-hang-timeout")
 LONG = "long"
 SLOW = "slow"
 
@@ -37,6 +37,7 @@ class Options:
     threads: int
     first_bug: bool
     isolate: bool
+    no_isolate: bool         # fuzz targets on a GPU isolate by default (attnfuzz.engine.isolate.isolating)
     case_timeout: float
     poison_memory: bool
     replay_workers: int

@@ -23,7 +23,7 @@ from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import fuzz
-from attnfuzz.engine.isolate import isolated
+from attnfuzz.engine.isolate import isolated, isolating
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.strategies.space import Space
 
@@ -35,7 +35,8 @@ class StoppedCase(UserWarning):
 def test_backend(fuzz_backend: str, attnfuzz, pytestconfig) -> None:
     backend = get(fuzz_backend, attnfuzz.device)
     # the worker imports the backend's library while this process does the same to ask about availability
-    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout, enabled=attnfuzz.isolate)
+    worker = isolated(backend, attnfuzz.device, attnfuzz.case_timeout,
+                      enabled=isolating(attnfuzz.device, attnfuzz.isolate, attnfuzz.no_isolate))
     why = backend.available()
     if why is not None:
         if worker is not None:

@@ -363,6 +363,12 @@ class Worker:
         self.close()
 
 
+def isolating(device: str, isolate: bool, no_isolate: bool = False) -> bool:
+    """Whether a fuzz run isolates its backends: when asked (--isolate), and by default on a GPU, where a kernel's
+    fault leaves the process's CUDA context broken for every case after it; --no-isolate keeps such a run here."""
+    return isolate or (str(device).startswith("cuda") and not no_isolate)
+
+
 def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Worker | None:
     """A Worker for `backend` (an adapter), its first worker starting at once (prestart: it imports the backend while
     the caller does, e.g. to ask its availability), or None when isolation is off or the backend already runs its

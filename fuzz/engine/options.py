@@ -93,7 +93,8 @@ class Option:
 
 
 _ISOLATE = ("run each backend in a worker process: a segfault, abort or fatal CUDA error costs one case (CRASH), a "
-            "hang 3 x --case-timeout seconds (HANG; after the first, 3 x max(2 s, 10 x the slowest case seen)), not the run")
+            "hang 3 x --case-timeout seconds (HANG; after the first, 3 x max(2 s, 10 x the slowest case seen)), not the run "
+            "(a fuzz run on a GPU does so by default)")
 _CASE_TIMEOUT = ("seconds one isolated case may take (default {default:g}); one that takes longer is run again in a "
                  "fresh worker with twice the limit, and is a HANG only if that times out too (a HANG costs 3 x "
                  "this); a slow case that finishes keeps its verdict")
@@ -114,6 +115,8 @@ OPTIONS = {o.name: o for o in (
            "it met are saved as found, unshrunk. The first shrunk finding is saved sooner where a backend shows "
            "several bugs", action="store_true"),
     Option("isolate", _ISOLATE, action="store_true"),
+    Option("no-isolate", "fuzz a GPU backend in this process (faster to start; a kernel's fault then ends the run, "
+           "as it leaves the process's CUDA context broken for every case after it)", action="store_true"),
     Option("case-timeout", _CASE_TIMEOUT, type=positive, default=300.0, metavar="SECONDS"),
     Option("poison-memory", POISON_HELP, action="store_true"),
     Option("skip-unavailable", "skip a backend named that cannot run here, saying why, instead of stopping with exit "

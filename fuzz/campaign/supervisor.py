@@ -31,7 +31,7 @@ from attnfuzz.engine import memshare, options
 from attnfuzz.report.coverage import Coverage
 from attnfuzz.report.build import build_report
 
-RESTARTS = 3  # a lane that dies is restarted (it resumes from its log), unless it died this many times in a row with no case
+RESTARTS = 3  # a dead lane restarts (resuming from its log) at most this many times in a row without logging a case
 LANE_STOP_S = 60  # how long an interrupted campaign waits for a lane to stop before it kills it
 WARM_S = 600      # the most the JIT backends' warm-ups (attnfuzz.engine.warm), run at once, take before the lanes start
 WARM_MIN_S = 60   # ... and at least this, whatever a short campaign's tenth

@@ -260,8 +260,8 @@ class Worker:
         line = next((x for x in lines if re.match(r"[\w.]*(Error|Exception): ", x)), lines[0])  # the exception's
         name = next((n for n, needles in CUDA_ERRORS.items() if any(x in text for x in needles)),
                     line.split(":")[0].rsplit(".", 1)[-1] if ":" in line else "CUDA_ERROR")
-        return (V.Verdict(V.CRASH, name, f"{line[:300]} (raised in attnfuzz's code in the {self.spec} worker after "
-                                         "the backend ran: a kernel's asynchronous fault)"), self.case_s)
+        return (V.Verdict(V.CRASH, name, f"{line[:300]} (met by attnfuzz's code in the {self.spec} worker: a kernel's "
+                                         "asynchronous fault)"), self.case_s)
 
     @property
     def limit_s(self) -> float:

@@ -26,7 +26,7 @@ from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.rootcause import by_twin
-from attnfuzz.engine.isolate import Workers, isolated, isolating
+from attnfuzz.engine.isolate import Workers, isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Verdict
@@ -123,8 +123,8 @@ def cmd_run(args) -> int:
             print(f"[{name}] skipped: {unavailable[name]}", file=sys.stderr)
             summary[name] = {"skipped": unavailable[name]}
             continue
-        worker = first_worker if i == 0 else isolated(backend, args.device, args.case_timeout,
-                                                      enabled=isolating(args.device, args.isolate, args.no_isolate))
+        isolate = options.isolating(args.device, args.isolate, args.no_isolate)
+        worker = first_worker if i == 0 else isolated(backend, args.device, args.case_timeout, enabled=isolate)
         args.corpus.mkdir(parents=True, exist_ok=True)
         recovered = inflight_io.recover_inflight(args.corpus, backend)
         for r in recovered:
@@ -200,7 +200,7 @@ def runnable(args, names: list[str]) -> tuple[list, object, dict[str, str]]:
         backends = [get(name, args.device) for name in names]
     except ValueError as e:
         raise UsageError(str(e)) from None
-    enabled = isolating(args.device, args.isolate, args.no_isolate)
+    enabled = options.isolating(args.device, args.isolate, args.no_isolate)
     first_worker = isolated(backends[0], args.device, args.case_timeout, enabled=enabled) if backends else None
     unavailable = {name: why for name, b in zip(names, backends) if (why := b.available()) is not None}
     named = [name for name in unavailable if args.backend and not args.skip_unavailable]

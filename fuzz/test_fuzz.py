@@ -23,7 +23,8 @@ from attnfuzz.store import inflight as inflight_io
 from attnfuzz.engine import interrupt
 from attnfuzz.backends import get
 from attnfuzz.engine.harness import fuzz
-from attnfuzz.engine.isolate import isolated, isolating
+from attnfuzz.engine.isolate import isolated
+from attnfuzz.engine.options import isolating
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.strategies.space import Space
 

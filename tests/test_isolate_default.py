@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from attnfuzz.cli import _parser
-from attnfuzz.engine.isolate import isolating
+from attnfuzz.engine.options import isolating
 
 
 @pytest.mark.parametrize("device, isolate, no_isolate, expected", [

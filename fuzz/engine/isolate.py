@@ -75,6 +75,8 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict
     backend = get(spec, device)
     # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
     unavailable = backend.available()
+    if unavailable is None and str(device).startswith("cuda"):
+        _warm_cuda(device)
     try:
         conn.send(("ready", unavailable))
         while True:
@@ -91,6 +93,17 @@ def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict
             conn.send(verdict)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent is gone (a run interrupted while this worker started, before it knew its pid)
+
+
+def _warm_cuda(device: str) -> None:
+    """The worker's CUDA context, allocator and cuBLAS handle, made before it is ready (after its backend: TE's import
+    comes first), so a spare's first case does not pay for them; an error is left for the first case to meet."""
+    import torch
+    try:
+        x = torch.ones(8, 8, device=device)
+        (x @ x).sum().item()
+    except Exception:  # noqa: BLE001 - the first case reports what is wrong with the device
+        pass
 
 
 def _start_fork_server() -> None:
@@ -361,12 +374,6 @@ class Worker:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def isolating(device: str, isolate: bool, no_isolate: bool = False) -> bool:
-    """Whether a fuzz run isolates its backends: when asked (--isolate), and by default on a GPU, where a kernel's
-    fault leaves the process's CUDA context broken for every case after it; --no-isolate keeps such a run here."""
-    return isolate or (str(device).startswith("cuda") and not no_isolate)
 
 
 def isolated(backend, device: str, timeout_s: float, enabled: bool = True) -> Worker | None:

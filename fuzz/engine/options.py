@@ -138,6 +138,12 @@ OPTIONS = {o.name: o for o in (
 )}
 
 
+def isolating(device: str, isolate: bool, no_isolate: bool = False) -> bool:
+    """Whether a fuzz run isolates its backends: when asked (--isolate), and by default on a GPU, where a kernel's
+    fault leaves the process's CUDA context broken for every case after it; --no-isolate keeps such a run here."""
+    return isolate or (str(device).startswith("cuda") and not no_isolate)
+
+
 def add(parser, *names: str, **overrides) -> None:
     """Add the named options to an argparse parser as --NAME; `overrides` maps an option's dest to keyword changes,
     e.g. case_timeout={"default": 120.0}, and "shown_default" to the default the help names when `default` is None

@@ -3,21 +3,12 @@ of its bug and stays narrow, so a different bug with the same label and message 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from attnfuzz.oracles import verdict as V
-from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store.known import TRAITS
 from attnfuzz.strategies.case import Case
-
-SHIPPED = corpus_io.known_bugs(Path(__file__).resolve().parents[1] / "corpus")
-
-
-def _taken(backend, case, verdict):
-    hit = SHIPPED(backend, case, verdict)
-    return hit and hit["id"]
+from tests.test_known_precise import _taken   # the shipped corpus's record that takes a failure, by id
 
 
 def _fail(diagnosis, message="out: worst of 1 rows"):

@@ -41,8 +41,19 @@ def left_context_broken(verdict: V.Verdict) -> bool:
     return raised_cuda_error(verdict) or any(may_break_context(note) for note in verdict.checks)
 
 
+def named(text: str, otherwise: str) -> str:
+    """The CUDA error an error's text names (CUDA_ERRORS), else `otherwise`."""
+    return next((name for name, needles in CUDA_ERRORS.items() if any(n in text for n in needles)), otherwise)
+
+
 def crash_diagnosis(error: Exception) -> str:
     """The CUDA error a crash reports, else the exception's type name."""
-    text = str(error)
-    return next((name for name, needles in CUDA_ERRORS.items() if any(n in text for n in needles)),
-                type(error).__name__)
+    return named(str(error), type(error).__name__)
+
+
+def surfaced(trace: str) -> tuple[str, str]:
+    """(diagnosis, the line that says it) of a traceback whose error may break the context (may_break_context): the
+    exception's own line where one names such an error, its type the diagnosis unless CUDA_ERRORS names it."""
+    lines = [x.strip() for x in trace.splitlines() if may_break_context(x)]
+    line = next((x for x in lines if re.match(r"[\w.]*(Error|Exception): ", x)), lines[0])
+    return named(trace, line.split(":")[0].rsplit(".", 1)[-1] if ":" in line else "CUDA_ERROR"), line

@@ -35,15 +35,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
-import os
-import re
 import signal
 import time
-import traceback
 
 from attnfuzz.engine import interrupt, memshare, poison
-from attnfuzz.engine.cuda_errors import CUDA_ERRORS, left_context_broken, may_break_context
+from attnfuzz.engine.cuda_errors import left_context_broken, may_break_context, surfaced
 from attnfuzz.engine.deaths import HarnessError, UnattributedDeath, WorkerHarnessError, death_name
+from attnfuzz.engine.worker_process import serve
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -51,59 +49,11 @@ from attnfuzz.strategies.case import Case
 STARTUP_S = 300
 # Imported once by the fork server, so a fresh worker is a fork (tens of ms), not a new interpreter importing torch
 # (seconds): a crash that recurs on every shrink attempt stays cheap. Nothing here may initialise CUDA.
-PRELOAD = ["torch", "attnfuzz.engine.harness", "attnfuzz.backends"]
+PRELOAD = ["torch", "attnfuzz.engine.harness", "attnfuzz.engine.worker_process", "attnfuzz.backends"]
 HANG_FLOOR_S = 2.0   # the least a case gets once a hang is confirmed
 HANG_FACTOR = 10.0   # ... else this many times the slowest answer seen
 MAX_SPARES = 4       # workers kept starting behind the one at work, once one has been replaced (each holds a process)
 CALM_CASES = 20      # ... until this many cases in a row are answered by the same worker
-
-
-def _serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict | None = None) -> None:
-    # Ctrl-C reaches the whole foreground process group: the parent stops the run and then this worker, which must
-    # not die of it first (the parent would see a worker that died on its case: a CRASH). The fork server ignores it
-    # already (_start_fork_server); this holds for a server started elsewhere.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if env:  # passed, not inherited, for the same reason as `poisoned`; before anything reads it
-        os.environ.update(env)
-    import torch
-    torch.set_num_threads(threads)
-    memshare.apply(device)   # a campaign lane's share of a GPU other lanes use too (inherited with the environment)
-    if poisoned:  # passed, not inherited: a fork server already running keeps the environment it started with
-        poison.enable()
-    from attnfuzz.backends import get
-    from attnfuzz.engine.harness import run_case
-    backend = get(spec, device)
-    # asked here, not in the parent: TE, for one, must be imported before torch loads cuDNN, which the parent may have
-    unavailable = backend.available()
-    if unavailable is None and str(device).startswith("cuda"):
-        _warm_cuda(device)
-    try:
-        conn.send(("ready", unavailable))
-        while True:
-            case = conn.recv()
-            if case is None:
-                return
-            if unavailable is not None:
-                conn.send(V.Verdict(V.UNSUPPORTED, None, f"{spec} is not available here: {unavailable}"))
-                continue
-            try:  # the backend's own exceptions are its CRASH verdicts (harness): what escapes is attnfuzz's
-                verdict = run_case(backend, case, device=device)
-            except Exception:  # noqa: BLE001 - sent to the parent, which raises it there as the in-process run would
-                verdict = HarnessError(traceback.format_exc())
-            conn.send(verdict)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        return  # the parent is gone (a run interrupted while this worker started, before it knew its pid)
-
-
-def _warm_cuda(device: str) -> None:
-    """The worker's CUDA context, allocator and cuBLAS handle, made before it is ready (after its backend: TE's import
-    comes first), so a spare's first case does not pay for them; an error is left for the first case to meet."""
-    import torch
-    try:
-        x = torch.ones(8, 8, device=device)
-        (x @ x).sum().item()
-    except Exception:  # noqa: BLE001 - the first case reports what is wrong with the device
-        pass
 
 
 def _start_fork_server() -> None:
@@ -162,7 +112,7 @@ class Worker:
     def _spawn(self) -> tuple:
         """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_serve, daemon=True,
+        process = self._context.Process(target=serve, daemon=True,
                                         args=(child, self.spec, self.device, self.threads, poison.enabled(), self.env))
         _start_fork_server()
         process.start()
@@ -269,10 +219,7 @@ class Worker:
         self._suspect = (self._calm, self._last_case) if self._calm else None
         self._stop()
         self.case_s = time.perf_counter() - start
-        lines = [x.strip() for x in text.splitlines() if may_break_context(x)]
-        line = next((x for x in lines if re.match(r"[\w.]*(Error|Exception): ", x)), lines[0])  # the exception's
-        name = next((n for n, needles in CUDA_ERRORS.items() if any(x in text for x in needles)),
-                    line.split(":")[0].rsplit(".", 1)[-1] if ":" in line else "CUDA_ERROR")
+        name, line = surfaced(text)
         return (V.Verdict(V.CRASH, name, f"{line[:300]} (met by attnfuzz's code in the {self.spec} worker: a kernel's "
                                          "asynchronous fault)"), self.case_s)
 

@@ -3,6 +3,7 @@
 
     python3 bench/grad_calibration.py [--cases 3000] [--max-len 96] [--seed 0] [--dtypes float16,bfloat16]
     python3 bench/grad_calibration.py --device cuda --kernels sdpa-flash,sdpa-efficient,sdpa-cudnn,fa2 --cases 1000
+    python3 bench/grad_calibration.py --device cuda --kernels sdpa-flash --max-len 4096 --min-len 512 --plant 0.05
 
 The kernels: torch's CPU sdpa-math (upcasts to fp32, D exact) and sdpa-flash (P and dS rounded to the dtype, D taken
 from its own rounded output), bench/planted.py's fp32 kernel and FlashAttention-2's algorithm written out
@@ -14,7 +15,9 @@ registry backends instead (on --device), as if they were of the fused family: th
 before it joins FUSED_BACKWARD. A kernel that refuses a case, or raises on it, is left out of that case.
 `--plant EPS` also grades each kernel's gradients with one row planted wrong, the row of each gradient with the
 largest entry times (1 + EPS), and counts the catches (the negative control: a bound loose enough to pass everything
-would catch none); `--plant 0.05` is the bf16 one-row x 1.05 bug of docs/grading.md.
+would catch none); `--plant 0.05` is the bf16 one-row x 1.05 bug of docs/grading.md. `--min-len N` raises each
+case's query and key lengths to N at least (cases of packed sequences are left out): the long rows on which
+bench/sensitivity.py measures the same bug on the CPU, where a short row's bound is a larger share of it.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=3000)
     p.add_argument("--max-len", type=int, default=96)
+    p.add_argument("--min-len", type=int, default=1,
+                   help="raise each case's sq and skv to at least this (packed cases are left out)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtypes", default="float16,bfloat16")
     p.add_argument("--device", default="cpu")
@@ -101,11 +106,14 @@ def main() -> int:
         p.error("--kernels: " + "; ".join(f"{name}: {why}" for name, why in missing.items()))
     # plain buffers: a tensor one element into its buffer faults fused CUDA kernels (misaligned address), which ends
     # the process's CUDA context; those are the fuzzer's findings, not calibration points
+    if not 1 <= args.min_len <= args.max_len:
+        p.error(f"--min-len {args.min_len}: give a length from 1 to --max-len ({args.max_len})")
     space = Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_len=args.max_len, dtypes=dtypes,
                   storages=("plain",))
     graded, failed, worst, worst_case = Counter(), Counter(), defaultdict(float), {}
     planted, caught = Counter(), Counter()
     failures: list[str] = []
+    missed: list[str] = []  # planted rows that passed
     start = time.time()
 
     @seed(args.seed)
@@ -113,9 +121,9 @@ def main() -> int:
               suppress_health_check=list(HealthCheck))
     @given(case=attention_cases(space))
     def run(case):
-        if case.paged:
+        if case.paged or (args.min_len > 1 and case.seqlens_q is not None):
             return
-        case = case.replace(grads=True)
+        case = case.replace(grads=True, sq=max(case.sq, args.min_len), skv=max(case.skv, args.min_len))
         t = materialize(case, args.device)
         oracle = Oracle.of(case, t, device=args.device, family=FAMILY)
         for name, output in outputs(case, t, kernels).items():
@@ -133,11 +141,15 @@ def main() -> int:
                     wrong = planted_row(got, args.plant)
                     if not torch.equal(wrong, got):  # a row rounding leaves unchanged is no plant
                         planted[key] += 1
-                        caught[key] += not gradient_check(oracle, grad, wrong, FAMILY, output.out).ok
+                        check = gradient_check(oracle, grad, wrong, FAMILY, output.out)
+                        caught[key] += not check.ok
+                        if check.ok:
+                            missed.append(f"missed {name} {grad} x {1 + args.plant:g} ({check.ratio:.2f} of the "
+                                          f"bound) {case!r}")
 
     run()
     print(f"{sum(graded.values()) // 3} kernel runs graded in {time.time() - start:.0f} s (seed {args.seed}, "
-          f"max_len {args.max_len})\n")
+          f"max_len {args.max_len}, min_len {args.min_len})\n")
     plant = "" if args.plant is None else f" one row x {1 + args.plant:g}: caught / planted |"
     print(f"| kernel | dtype | gradient | graded | FAIL | worst error / bound |{plant}\n"
           f"|---|---|---|---|---|---|{'---|' if plant else ''}")
@@ -147,7 +159,7 @@ def main() -> int:
     for key in sorted(graded):
         if worst[key] > args.show:
             print(f"worst {' '.join(key)}: {worst_case[key]}")
-    for line in failures[:10]:
+    for line in failures[:10] + missed[:10]:
         print(line)
     return 1 if failures else 0
 

@@ -1,5 +1,6 @@
-"""Cases a precise known crash takes are mostly answered without running them: one in CHECK_EVERY still runs, a
-check that runs clean makes the record imprecise, and a seeded run meets the same cases with the skip as without."""
+"""Cases a known crash takes are mostly answered without running them: one in CHECK_EVERY still runs; a check that
+fails as no known bug does ends the skip at once, too few checks that fail as the bug end it after MIN_CHECKS; a
+seeded run meets the same cases with the skip as without."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from attnfuzz.engine import skip_known
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.isolate import Worker
 from attnfuzz.engine.profiles import profile
-from attnfuzz.engine.skip_known import CHECK_EVERY, SkipKnownCrashes, faces
+from attnfuzz.engine.skip_known import CHECK_EVERY, HOLDS_ONE_IN, MIN_CHECKS, SkipKnownCrashes, faces
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store.known import known_bugs_of
@@ -51,14 +52,72 @@ def test_a_precise_crash_runs_one_case_in_check_every_and_answers_the_rest_as_th
     assert "14 of segv" in skip.summary()
 
 
-def test_a_check_that_runs_clean_makes_the_record_imprecise_and_every_later_case_runs():
+PASS = V.Verdict(V.PASS, None, "")
+
+
+def _checks(skip, n):
+    """The labels of n checked cases (each the first of a run of CHECK_EVERY), the skipped ones between them dropped."""
+    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(n * CHECK_EVERY)]
+    return labels[::CHECK_EVERY]
+
+
+def test_a_kernel_fixed_since_ends_the_skip_after_min_checks_clean_checks():
     known = _known()
-    worker = Scripted(lambda n, case: CRASH if n == 1 else V.Verdict(V.PASS, None, ""))
+    worker = Scripted(lambda n, case: PASS)
     skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
-    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(3 * CHECK_EVERY)]
-    assert labels[:CHECK_EVERY] == [CRASH.label] * CHECK_EVERY and labels[CHECK_EVERY:] == ["PASS"] * 2 * CHECK_EVERY
-    assert worker.ran == 1 + 2 * CHECK_EVERY and skip.imprecise == {"segv"}
+    assert _checks(skip, MIN_CHECKS - 1) == ["PASS"] * (MIN_CHECKS - 1) and not skip.imprecise
+    assert _checks(skip, 1) == ["PASS"]
+    assert skip.imprecise == {"segv"} and skip.checked["segv"] == MIN_CHECKS and skip.held["segv"] == 0
+    ran = worker.ran
+    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(2 * CHECK_EVERY)]
+    assert labels == ["PASS"] * 2 * CHECK_EVERY and worker.ran == ran + 2 * CHECK_EVERY, "every later case runs"
     assert "ran every case of segv" in skip.summary()
+
+
+def test_a_bug_that_fills_part_of_its_condition_keeps_the_skip():
+    """A fault on some cases of the condition only (one check in four fails as it): the skip holds, the clean checks
+    pass through graded, and the cases between checks are not run."""
+    known = _known()
+    worker = Scripted(lambda n, case: CRASH if n % 4 == 1 else PASS)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    checks = _checks(skip, 4 * MIN_CHECKS)
+    assert checks.count(CRASH.label) == MIN_CHECKS and checks.count("PASS") == 3 * MIN_CHECKS
+    assert not skip.imprecise and worker.ran == 4 * MIN_CHECKS
+    assert skip.skipped["segv"] == 4 * MIN_CHECKS * (CHECK_EVERY - 1)
+    assert f"({MIN_CHECKS} of {4 * MIN_CHECKS} checks failed as it)" in skip.summary()
+
+
+def test_fewer_than_one_check_in_holds_one_in_failing_as_the_bug_ends_the_skip():
+    known = _known()
+    worker = Scripted(lambda n, case: CRASH if n % (2 * HOLDS_ONE_IN) == 1 else PASS)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    _checks(skip, 2 * HOLDS_ONE_IN)
+    assert skip.imprecise == {"segv"}, "one check in 2 x HOLDS_ONE_IN held: too few"
+
+
+def test_a_check_that_fails_as_no_known_bug_does_ends_the_skip_at_once():
+    """Something else lives under the record's condition: every later case runs, so the search can shrink it."""
+    known = _known()
+    other = V.Verdict(V.FAIL, V.TOLERANCE, "off by one key")
+    worker = Scripted(lambda n, case: CRASH if n == 1 else other)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    assert _checks(skip, 2) == [CRASH.label, other.label] and skip.imprecise == {"segv"}
+    assert skip.checked["segv"] == 2 < MIN_CHECKS
+    ran = worker.ran
+    assert [skip.run(CAUSAL.replace(seed=s)).label for s in range(3)] == [other.label] * 3 and worker.ran == ran + 3
+
+
+def test_a_check_that_shows_another_known_bug_counts_as_clean_not_as_news():
+    crash_entry = corpus_io.Entry(SEGFAULTS, CAUSAL, CRASH, known_bug=BUG)
+    leak = V.Verdict(V.FAIL, V.TOLERANCE, "off by one key")
+    leak_entry = corpus_io.Entry(SEGFAULTS, CAUSAL, leak, known_bug={**BUG, "note": "leaks", "when": {}})
+    known = known_bugs_of([(Path("segv.json"), crash_entry), (Path("leak.json"), leak_entry)])
+    worker = Scripted(lambda n, case: leak)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    _checks(skip, MIN_CHECKS - 1)
+    assert not skip.imprecise and skip.held["segv"] == 0, "a known leak under the condition is no news"
+    _checks(skip, 1)
+    assert skip.imprecise == {"segv"}, "nor the crash: none of MIN_CHECKS held"
 
 
 def test_only_the_crash_and_hang_labels_of_bugs_that_failed_every_run_are_skipped():

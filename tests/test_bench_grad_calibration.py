@@ -38,3 +38,20 @@ def test_a_bf16_gradient_row_off_by_5_percent_is_caught_against_the_fused_baseli
         assert gradient_check(oracle, name, grad, "fused", output.out).ok, name
         wrong = grad_calibration.planted_row(grad, 0.05)
         assert not gradient_check(oracle, name, wrong, "fused", output.out).ok, name
+
+
+def test_min_len_grades_long_rows_only_and_lists_the_plants_that_passed():
+    import subprocess
+    import sys
+    bench = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
+    ran = subprocess.run([sys.executable, str(bench), "--cases", "6", "--max-len", "300", "--min-len", "200",
+                          "--dtypes", "bfloat16", "--plant", "0.05", "--kernels", "sdpa-math", "--show", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "min_len 200" in ran.stdout
+    cases = [line for line in ran.stdout.splitlines() if "Case(" in line]
+    assert cases and all(int(line.split("sq=")[1].split(",")[0]) >= 200 and int(line.split("skv=")[1].split(",")[0]) >= 200
+               for line in cases), cases
+    bad = subprocess.run([sys.executable, str(bench), "--max-len", "64", "--min-len", "65"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--min-len 65" in bad.stderr

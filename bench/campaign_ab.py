@@ -8,7 +8,7 @@ runs one `attnfuzz campaign` per build, every one in a fresh directory for `--se
 campaign's `--hours`; its warm-ups and report come on top), with an empty findings folder, so only the shipped
 corpus is known. The builds take turns, starting from a rotating position; `--side-by-side` runs them at once
 instead (on a CPU: one per core, the load falls on both alike). Per build and round it prints, per backend, the
-graded cases (logged and not refused) per second of lane time, the distinct (sq, skv) shapes, the share of the most
+graded cases (logged, run and not refused) per second of lane time, the distinct (sq, skv) shapes, the share of the most
 drawn shape, and the files in the campaign's example database; then each build's summed rate against the first's.
 """
 
@@ -42,7 +42,8 @@ def measured(directory: Path, seconds: float) -> dict:
         rows += [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
     graded, shapes = Counter(), defaultdict(Counter)
     for row in rows:
-        if row["label"] != "UNSUPPORTED":
+        # graded: run and not refused; a case the known-crash skip answered is logged "not run: ..." and was not run
+        if row["label"] != "UNSUPPORTED" and not row.get("message", "").startswith("not run:"):
             graded[row["backend"]] += 1
             shapes[row["backend"]][row["case"]["sq"], row["case"]["skv"]] += 1
     out = {name: {"rate": graded[name] / seconds, "shapes": len(shapes[name]),

@@ -2,10 +2,9 @@
 
 Each FEATURE names one property of a case and the classes it falls in (the plainest first). The strategies draw
 their combinations through each case's richness (strategies/cases.py), the coverage report counts which combinations
-of them a backend graded
-(fuzz/report/combos.py), and a known bug's `when` may name them (fuzz/store/known.py). A feature's `witness` turns
-a case into one of the feature's class, so that a combination of classes can be shown feasible by building a case
-that has them all (`witness_case`).
+of them a backend graded (fuzz/report/combos.py), and a known bug's `when` may name them (fuzz/store/known.py). A
+feature's `witness` turns a case into one of the feature's class, so that a combination of classes can be shown
+feasible by building a case that has them all (`witness_case`).
 
 - value_family: Case.values (gaussian, probe, or one of the value families).
 - band: the causal band or window as the rows see it, whatever flags spell it: none; causal (a right bound of 0,

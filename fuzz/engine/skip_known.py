@@ -15,9 +15,11 @@ once: something else lives under its condition, and every later case of it runs,
 it. A check that passes (or shows another known bug) counts against the record: once it has been checked
 MIN_CHECKS times and fewer than one check in HOLDS_ONE_IN failed as the bug (a kernel fixed since, or a condition
 far wider than the bug), every later case runs. A condition the bug fills only in part (a fault on some offset
-pointers, not all) is kept: its cases that would pass are then sampled one in CHECK_EVERY, which is the price of not
-stalling the GPU for each fault. The Hypothesis stream is the same either way (a known failure is not a finding), so
-a seed draws the same cases with the skip as without it.
+pointers, not all) is kept: its cases that would pass are then sampled one in CHECK_EVERY, and so is any other bug
+that lives only under that condition, which is the price of not stalling the GPU for each fault
+(`bench/skip_known.py --backend tests.misbehaving:segfault_when_causal_and_odd` shows both). Where the record holds on
+every case it takes, the Hypothesis stream is the same either way (a known failure is not a finding), so a seed draws
+the same cases with the skip as without it.
 """
 
 from __future__ import annotations

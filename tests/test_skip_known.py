@@ -150,3 +150,28 @@ def _clear(known):
     known.crash_faces = []   # the same record, with nothing to skip by
     return known
 
+
+
+def test_a_refused_check_is_no_check_and_the_next_case_is_checked():
+    """A kernel that refuses a case at call time ran nothing: the record is neither confirmed nor doubted by it."""
+    known = _known()
+    refused = V.Verdict(V.UNSUPPORTED, None, "p.query_ptr is not correctly aligned")
+    worker = Scripted(lambda n, case: refused if n <= 2 * MIN_CHECKS else CRASH)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(2 * MIN_CHECKS + 1)]
+    assert labels == ["UNSUPPORTED"] * 2 * MIN_CHECKS + [CRASH.label] and worker.ran == 2 * MIN_CHECKS + 1
+    assert not skip.imprecise and skip.checked["segv"] == 1 and skip.held["segv"] == 1
+    skip.run(CAUSAL.replace(seed=99))
+    assert worker.ran == 2 * MIN_CHECKS + 1 and skip.skipped["segv"] == 1, "checked again, then skipping"
+
+
+def test_a_record_takes_a_failure_that_another_record_is_named_for():
+    crash_entry = corpus_io.Entry(SEGFAULTS, CAUSAL, CRASH, known_bug=BUG)
+    broad = corpus_io.Entry(SEGFAULTS, CAUSAL, CRASH, known_bug={**BUG, "note": "any segfault", "when": {}})
+    known = known_bugs_of([(Path("broad.json"), broad), (Path("segv.json"), crash_entry)])
+    assert known(SEGFAULTS, CAUSAL, CRASH)["id"] == "broad", "the first record is named"
+    assert known.takes("segv", SEGFAULTS, CAUSAL, CRASH) and known.takes("broad", SEGFAULTS, CAUSAL, CRASH)
+    assert not known.takes("segv", SEGFAULTS, CAUSAL.replace(causal=False), CRASH)
+    skip = SkipKnownCrashes(Scripted(lambda n, case: CRASH), SEGFAULTS, known, [("segv", CRASH)])
+    _checks(skip, MIN_CHECKS)
+    assert not skip.imprecise and skip.held["segv"] == MIN_CHECKS, "each check held, though 'broad' is named"

@@ -12,7 +12,9 @@ face, marked "not run".
 
 The checks keep the record honest. A check that fails in a way no known bug takes makes the record imprecise at
 once: something else lives under its condition, and every later case of it runs, so the search can find and shrink
-it. A check that passes (or shows another known bug) counts against the record: once it has been checked
+it. A check the kernel refuses at call time ran nothing and is no check (the next case is checked instead), and a
+check counts as the bug whenever this record takes its failure, even where `known` names another record first. A
+check that passes (or shows another known bug) counts against the record: once it has been checked
 MIN_CHECKS times and fewer than one check in HOLDS_ONE_IN failed as the bug (a kernel fixed since, or a condition
 far wider than the bug), every later case runs. A condition the bug fills only in part (a fault on some offset
 pointers, not all) is kept: its cases that would pass are then sampled one in CHECK_EVERY, and so is any other bug
@@ -80,7 +82,11 @@ class SkipKnownCrashes:
                                                  f"in {CHECK_EVERY}: {face.message}")
 
     def _judge(self, entry_id: str, case: Case, verdict: V.Verdict) -> None:
-        """Count a check; the record turns imprecise on another failure, or on too few checks that failed as it."""
+        """Count a check; the record turns imprecise on another failure, or on too few checks that failed as it. A
+        case the kernel refused ran nothing and is no check: the next case the record takes is checked instead."""
+        if verdict.status == V.UNSUPPORTED:
+            self.seen[entry_id] -= 1
+            return
         self.checked[entry_id] += 1
         if verdict.failed and self._takes(entry_id, case, verdict):
             self.held[entry_id] += 1
@@ -91,6 +97,10 @@ class SkipKnownCrashes:
             self.imprecise.add(entry_id)
 
     def _takes(self, entry_id: str, case: Case, verdict: V.Verdict) -> bool:
+        """Whether the entry's record takes the verdict, even where another record would be named first."""
+        takes = getattr(self.known, "takes", None)
+        if takes is not None:
+            return takes(entry_id, self.backend, case, verdict)
         hit = self.known(self.backend, case, verdict)
         return hit is not None and hit.get("id") == entry_id
 

@@ -199,14 +199,23 @@ def known_bugs_of(entries: list[tuple]):
             last[:] = [case, when_fields(case)]
         return last[1]
 
+    def matches(path, e, backend: str, case: Case, verdict: V.Verdict) -> bool:
+        bug = e.known_bug
+        return (e.backend == backend and answers(_labels(e.verdict, bug), verdict)
+                and bug.get("match", "") in verdict.message
+                and all(fields_of(case).get(k) == v for k, v in bug.get("when", {}).items()))
+
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
         for path, e in entries:
-            bug = e.known_bug
-            if (e.backend == backend and answers(_labels(e.verdict, bug), verdict)
-                    and bug.get("match", "") in verdict.message
-                    and all(fields_of(case).get(k) == v for k, v in bug.get("when", {}).items())):
-                return {**bug, "entry": path.name, "id": path.stem}
+            if matches(path, e, backend, case, verdict):
+                return {**e.known_bug, "entry": path.name, "id": path.stem}
         return None
+
+    def takes(entry_id: str, backend: str, case: Case, verdict: V.Verdict) -> bool:
+        """Whether the record of entry `entry_id` takes the failure, whichever record `known` would name first."""
+        return any(path.stem == entry_id and matches(path, e, backend, case, verdict) for path, e in entries)
+
+    known.takes = takes
 
     # what engine/skip_known.py answers unrun cases with: the crash and hang labels of entries that failed every run
     known.crash_faces = [(e.backend, path.stem, V.Verdict(status, diagnosis or None, e.verdict.message))

@@ -69,3 +69,49 @@ def test_cudnns_offset_storage_record_takes_its_wrong_finite_answers_too():
     case = Case(sq=104, skv=98, h=3, hk=1, d_qk=96, d_v=96, dtype="float16", storage=("offset", "plain", "plain"))
     assert _taken("sdpa-cudnn", case, _fail("TOLERANCE")) == record
     assert _taken("sdpa-cudnn", case.replace(storage=("plain", "plain", "plain")), _fail("TOLERANCE")) != record
+
+
+MHA_CAUSAL_PADDED = Case(sq=22, skv=22, d_qk=8, d_v=8, dtype="float16", causal=True, layout="sbhd",
+                         seqlens_q=(22,), seqlens_kv=(22,), spelling="is_causal+key_padding_mask+mha_seq_first")
+
+
+def test_a_module_call_that_merges_a_float32_causal_mask_is_cudnns_float32_mask_bug():
+    """nn.MultiheadAttention with is_causal and a key_padding_mask hands SDPA the float32 mask of
+    generate_square_subsequent_mask: on a half query that is the float32-mask bug, in fp32 or without padding not."""
+    record = "sdpa-cudnn-FAIL-TOLERANCE-d74692bfb3b5"
+    nan = _fail("NONFINITE", "non-finite output, first at [0, 0, 0, 0]: nan")
+    assert _taken("sdpa-cudnn", MHA_CAUSAL_PADDED, nan) == record
+    assert _taken("sdpa-cudnn", MHA_CAUSAL_PADDED.replace(dtype="bfloat16"), nan) == record
+    assert _taken("sdpa-cudnn", MHA_CAUSAL_PADDED.replace(dtype="float32"), nan) != record
+    assert _taken("sdpa-cudnn", MHA_CAUSAL_PADDED.replace(spelling="is_causal+mha_seq_first"), nan) != record
+    assert _taken("sdpa-cudnn", MHA_CAUSAL_PADDED.replace(spelling="no_mask+key_padding_mask+mha_seq_first"),
+                  nan) != record
+
+
+@pytest.mark.parametrize("diagnosis", ["SCALE", "WINDOW_OFF_BY_ONE"])
+def test_a_float32_mask_read_as_halves_also_reads_as_another_scale_or_window(diagnosis):
+    record = "sdpa-cudnn-FAIL-TOLERANCE-d74692bfb3b5"
+    case = Case(b=2, sq=2047, skv=2, h=2, hk=1, d_qk=160, d_v=40, dtype="bfloat16", causal=True, window=(1, None),
+                alignment="bottom_right", spelling="float32_mask+repeat_kv+explicit_scale")
+    assert _taken("sdpa-cudnn", case, _fail(diagnosis)) == record
+    assert _taken("sdpa-cudnn", case.replace(spelling="float_mask+repeat_kv+explicit_scale"),
+                  _fail(diagnosis)) != record
+
+
+def test_the_efficient_tail_row_bug_also_faults_outside_the_global_address_space():
+    record = "sdpa-efficient-FAIL-NONFINITE-dc7825b35e70"
+    fault = V.Verdict(V.CRASH, "AcceleratorError",
+                      "AcceleratorError: CUDA error: operation not supported on global/shared address space")
+    tail = Case(b=3, sq=897, skv=897, h=2, hk=2, d_qk=32, d_v=96, dtype="float16", memory="expanded_kv")
+    assert _taken("sdpa-efficient", tail, fault) == record
+    assert _taken("sdpa-efficient", tail.replace(sq=896, skv=896), fault) != record   # a full last tile
+
+
+def test_cudnns_nan_key_gradient_from_an_empty_query_sequence():
+    record = "sdpa-cudnn-FAIL-GRADIENT-7514778a99c4"
+    nan = _fail("GRADIENT", "dk: worst of 2 rows at [0, 0, 0, 0]: diff_max=inf (ratio inf): got=nan expected=0")
+    case = Case(sq=1, skv=2, d_qk=8, d_v=8, dtype="float16", grads=True, seqlens_q=(0,), seqlens_kv=(2,))
+    assert _taken("sdpa-cudnn", case, nan) == record
+    assert _taken("sdpa-cudnn", case.replace(seqlens_q=(1,)), nan) != record
+    finite = _fail("GRADIENT", "dk: worst of 2 rows at [0, 0, 0, 0]: (ratio 3.0): got=0.5 expected=0")
+    assert _taken("sdpa-cudnn", case, finite) != record

@@ -38,6 +38,15 @@ def _band_empties_a_row(c: Case) -> bool:
     return False
 
 
+def _float32_mask(c: Case) -> bool:
+    """SDPA gets a float32 additive mask on a half-precision query: the float32_mask spelling, or
+    nn.MultiheadAttention called with is_causal and a key_padding_mask, which merges the float32 mask of
+    Transformer.generate_square_subsequent_mask (float32 whatever the inputs) with the padding into a float32 mask."""
+    parts = c.spelling.split("+")
+    through_module = "is_causal" in parts and "key_padding_mask" in parts and any(p.startswith("mha") for p in parts)
+    return "float32_mask" in parts or (through_module and c.dtype in ("float16", "bfloat16"))
+
+
 def _right_bound_past_keys(c: Case) -> bool:
     if c.right is None:   # flash-attn 2 puts seqlen_k in for an unbounded right side beside a finite left one
         right = c.skv if c.left is not None else None
@@ -111,8 +120,9 @@ TRAITS = {
     "max_seqlen_tensor": lambda c: "max_seqlen_tensor" in c.spelling.split("+"),
     # flex_attention's kernel option PRESCALE_QK in the spelling (fuzz/backends/flex/knobs.py)
     "flex_prescale": lambda c: "prescale" in c.spelling.split("+"),
-    # SDPA given its additive mask in float32 on a half-precision query (fuzz/backends/sdpa/spelling.py)
-    "float32_mask": lambda c: "float32_mask" in c.spelling.split("+"),
+    # SDPA given its additive mask in float32 on a half-precision query (fuzz/backends/sdpa/spelling.py), spelled so
+    # or reached through nn.MultiheadAttention (fuzz/backends/sdpa/modules.py)
+    "float32_mask": lambda c: _float32_mask(c),
     # the last query tile of torch's memory-efficient kernel holds one row: its tiles are 64 queries where both head
     # dims are at most 64, else 32 (the fmha_64x128x64 / fmha_32x128x* kernels of mem_eff_attention)
     "last_query_tile_one_row": lambda c: c.sq % (64 if max(c.d_qk, c.d_v) <= 64 else 32) == 1,

@@ -16,7 +16,9 @@ What the module hands SDPA (multi_head_attention_forward in torch 2.13):
   - key_padding_mask [b, skv] (True = padding) is merged into attn_mask, or is SDPA's whole mask [b, h, 1, skv].
   - is_causal=True needs an attn_mask (nn.Transformer.generate_square_subsequent_mask gives one) and, without a
     key_padding_mask, drops it and calls SDPA with is_causal=True: top-left causal, so only square causal cases are
-    spelled that way. With a key_padding_mask the mask is used and the hint dropped.
+    spelled that way. With a key_padding_mask the mask is used and the hint dropped; that mask is float32 whatever
+    the inputs' dtype (as models call it), so a half-precision case hands SDPA a float32 mask (the float32_mask
+    trait of fuzz/store/known.py).
 The nn.Transformer* layers call their self_attn with query = key = value = the (normed) input and add the residual
 and layer norms around it: they cannot be made to compute attention of three distinct q, k, v, so they are not
 spelled.

@@ -22,6 +22,7 @@ from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import paths
 from attnfuzz.report.triage import known_table
+from attnfuzz.report.stalls import Stalls
 from attnfuzz.report.table import Table, md_text, table_html, table_markdown
 from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
 from attnfuzz.report.combos import Combos, campaign_reports, combos_table
@@ -72,6 +73,7 @@ class Campaign:
     unreadable: list[str] = field(default_factory=list)
     span: tuple[float, float] | None = None     # first and last case time (unix), where the lines carry one
     timelines: dict[str, Timeline] = field(default_factory=dict)   # per backend, its timed cases (report/rate.py)
+    stalls: Stalls = field(default_factory=Stalls)   # every lane's timed cases, for whole-GPU stalls (report/stalls.py)
 
     def add_line(self, row: dict) -> None:
         backend, label = row["backend"], row["label"]
@@ -102,6 +104,7 @@ class Campaign:
             self.span = (min(self.span[0], t), max(self.span[1], t)) if self.span else (t, t)
             self.timelines.setdefault(backend, Timeline()).add(t, UNRUN if unrun else status,
                                                                float(row.get("seconds") or 0.0))
+            self.stalls.add(row)
 
 
 def _ratio(value) -> float | None:
@@ -339,8 +342,9 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     combos = combos_table(reports)
     plots.plot_combinations(reports, out_dir / PLOTS[3][0])
     plots.plot_rate(c.timelines, c.span[0] if c.span else None, out_dir / PLOTS[4][0])
-    tables = [totals_table(c), rate_table(c.timelines, c.span), labels_table(c), refusals_table(c), combos,
-              findings_table(c, out_dir)]
+    stalls = c.stalls.table()
+    tables = [totals_table(c), rate_table(c.timelines, c.span)] + ([stalls] if stalls else []) + \
+        [labels_table(c), refusals_table(c), combos, findings_table(c, out_dir)]
     if c.state:
         tables.append(state_table(c))
     if c.meta.get("known") and campaign_dir.is_dir():

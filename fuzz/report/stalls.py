@@ -1,0 +1,99 @@
+"""Stalls of a whole GPU in a campaign: spans in which most lanes sit in one slow case at once, and the crashes beside
+them.
+
+On a GPU, a CUDA fault's recovery in the driver stalls every process on the device for seconds (an H100 campaign of
+12 SDPA lanes: 33 stalls of about 5.5 s, 30 % of its run, each beside a misaligned-address fault of a known bug). A
+lane is stalled while it is in a case slower than SLOW_S; the campaign is stalled while at least SHARE of its lanes
+are, at once. The crashes beside a stall are the cases whose process crashed or hung running them (known bugs too,
+not those the known-crash skip answered) and that overlap it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from attnfuzz.engine.skip_known import answered_unrun
+from attnfuzz.oracles import verdict as V
+from attnfuzz.report.table import Table
+
+SLOW_S = 2.5     # a case slower than this may be a stalled one
+SHARE = 0.6      # the share of the lanes that must be stalled at once
+NEAR_S = 0.5     # a crash this close to a stall is beside it; stalls this close together are one
+MIN_S = 1.0      # a shorter overlap of slow cases is no stall
+
+
+def crash_key(row: dict) -> str | None:
+    """'backend label message' for a logged case whose process crashed or hung running it, else None."""
+    verdict = row.get("verdict") or {}
+    status, diagnosis = verdict.get("status"), verdict.get("diagnosis")
+    crash = status in (V.CRASH, V.HANG) or (status == V.KNOWN and diagnosis is not None
+                                            and diagnosis not in V.DIAGNOSES)
+    if not crash or answered_unrun(str(row.get("message", ""))):
+        return None
+    message = str(row.get("message") or "").splitlines()
+    return f"{row.get('backend')} {row.get('label')} {message[0][:60] if message else ''}".rstrip()
+
+
+@dataclass
+class Stalls:
+    """The timed cases of a campaign's lanes: (start, end, lane, crash key) each."""
+
+    cases: list[tuple[float, float, object, str | None]] = field(default_factory=list)
+
+    def add(self, row: dict) -> None:
+        """A case log line, where it carries its end time and lane."""
+        if isinstance(row.get("time"), (int, float)) and "lane" in row:
+            end, seconds = float(row["time"]), float(row.get("seconds") or 0.0)
+            self.cases.append((end - seconds, end, row["lane"], crash_key(row)))
+
+    def spans(self, slow_s: float = SLOW_S, share: float = SHARE) -> list[tuple[float, float]]:
+        """(start, end) of each span of MIN_S or more in which at least `share` of the lanes (two at least) are in a
+        slow case; spans less than NEAR_S apart are one."""
+        lanes = {lane for _, _, lane, _ in self.cases}
+        need = max(2, -(-int(round(share * 100)) * len(lanes) // 100))
+        events = sorted((t, step, lane) for start, end, lane, _ in self.cases if end - start > slow_s
+                        for t, step in ((start, 1), (end, -1)))
+        active: Counter = Counter()
+        found, opened = [], None
+        for t, step, lane in events:
+            active[lane] += step
+            busy = sum(1 for n in active.values() if n > 0)
+            if busy >= need and opened is None:
+                opened = t
+            elif busy < need and opened is not None:
+                if found and opened - found[-1][1] < NEAR_S:   # a lane between two slow cases: one stall
+                    opened = found.pop()[0]
+                found.append((opened, t))
+                opened = None
+        return [(a, b) for a, b in found if b - a >= MIN_S]
+
+    def summary(self, slow_s: float = SLOW_S, share: float = SHARE) -> dict:
+        spans = self.spans(slow_s, share)
+        span = (max(e for _, e, _, _ in self.cases) - min(s for s, _, _, _ in self.cases)) if self.cases else 0.0
+        near, apart = Counter(), Counter()
+        for start, end, _, key in self.cases:
+            if key is not None:
+                beside = any(start <= b + NEAR_S and end >= a - NEAR_S for a, b in spans)
+                (near if beside else apart)[key] += 1
+        stalled = sum(b - a for a, b in spans)
+        lonely = sum(not any(key is not None and start <= b + NEAR_S and end >= a - NEAR_S
+                             for start, end, _, key in self.cases) for a, b in spans)
+        return {"lanes": len({lane for _, _, lane, _ in self.cases}), "span_s": round(span, 1), "stalls": len(spans),
+                "stalled_s": round(stalled, 1), "stalled_share": round(stalled / span, 3) if span else 0.0,
+                "lengths_s": [round(b - a, 1) for a, b in spans], "stalls_without_a_crash": lonely,
+                "crashes_near_a_stall": dict(near.most_common()), "crashes_apart": dict(apart.most_common())}
+
+    def table(self) -> Table | None:
+        """The report's table of the stalls and the crashes beside them; None where there was no stall."""
+        s = self.summary()
+        if not s["stalls"]:
+            return None
+        rows = [["all", str(s["stalls"]), f"{s['stalled_s']:.0f}", f"{s['stalled_share']:.0%}", ""]]
+        rows += [[key, "", "", "", str(n)] for key, n in s["crashes_near_a_stall"].items()]
+        return Table("Whole-GPU stalls", ["crash beside them", "stalls", "seconds", "share of the run", "crashes"],
+                     rows, f"spans in which {SHARE:.0%} of the lanes or more sat in one case slower than {SLOW_S} s "
+                     f"at once; on a GPU, a CUDA fault stalls every process on the device while the driver recovers. "
+                     f"{s['stalls_without_a_crash']} stall(s) had no crash beside them; crashes apart from any "
+                     f"stall: {sum(s['crashes_apart'].values())}. The known-crash skip (fuzz/engine/skip_known.py) "
+                     f"runs few of a known fault's cases; a new fault is a finding")

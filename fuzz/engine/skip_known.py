@@ -51,8 +51,9 @@ def skipping(worker, backend: str, known: Callable | None):
 
 
 def faces(known: Callable | None, backend: str) -> list[tuple[str, V.Verdict]]:
-    """(entry id, the verdict its bug shows) for each crash or hang label of `backend`'s known bugs, as the `known`
-    predicate (store/known.py's known_bugs_of) lists them; none for a predicate that does not list its faces."""
+    """(entry id, the verdict a skipped case is answered with) for `backend`'s known bugs that crash or hang, as the
+    `known` predicate (store/known.py's known_bugs_of) lists them: each crash or hang label, or the entry's own
+    failure where it mostly reads wrong and crashes at times; none for a predicate that does not list its faces."""
     return [(entry_id, face) for b, entry_id, face in getattr(known, "crash_faces", ()) if b == backend]
 
 

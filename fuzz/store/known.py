@@ -227,12 +227,22 @@ def known_bugs_of(entries: list[tuple]):
 
     known.takes = takes
 
-    # what engine/skip_known.py answers unrun cases with: the crash and hang labels of entries that failed every run
-    known.crash_faces = [(e.backend, path.stem, V.Verdict(status, diagnosis or None, e.verdict.message))
-                         for path, e in entries if e.verdict.status != V.FLAKY for status, _, diagnosis in
-                         (label.partition(":") for label in _labels(e.verdict, e.known_bug))
-                         if status in (V.CRASH, V.HANG)]
+    # what engine/skip_known.py answers unrun cases with (entries that failed every run and crash or hang at times)
+    known.crash_faces = [(e.backend, path.stem, face) for path, e in entries for face in _skip_faces(e)]
     return known
+
+
+def _skip_faces(e) -> list[V.Verdict]:
+    """The verdicts a case of this entry's bug is answered with unrun: each crash or hang label of a crashing or
+    hanging entry; the entry's own failure where it mostly reads wrong and crashes at times (a FAIL with a crash
+    label), as most of its cases would show; none for a FLAKY entry or one that never crashes."""
+    crashes = [(status, diagnosis) for status, _, diagnosis in
+               (label.partition(":") for label in _labels(e.verdict, e.known_bug)) if status in (V.CRASH, V.HANG)]
+    if not crashes or e.verdict.status == V.FLAKY:
+        return []
+    if e.verdict.status == V.FAIL:
+        return [e.verdict]
+    return [V.Verdict(status, diagnosis or None, e.verdict.message) for status, diagnosis in crashes]
 
 
 def mark_known(known: Callable[[str, Case, V.Verdict], dict | None] | None, backend: str, case: Case,

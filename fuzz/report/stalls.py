@@ -54,11 +54,11 @@ class Stalls:
         need = max(2, -(-int(round(share * 100)) * len(lanes) // 100))
         events = sorted((t, step, lane) for start, end, lane, _ in self.cases if end - start > slow_s
                         for t, step in ((start, 1), (end, -1)))
-        active: Counter = Counter()
-        found, opened = [], None
+        active: Counter = Counter()   # open slow cases per lane
+        busy, found, opened = 0, [], None   # lanes with one open, spans found, the start of the one open
         for t, step, lane in events:
+            busy += (active[lane] == 0) if step > 0 else -(active[lane] == 1)
             active[lane] += step
-            busy = sum(1 for n in active.values() if n > 0)
             if busy >= need and opened is None:
                 opened = t
             elif busy < need and opened is not None:
@@ -71,14 +71,14 @@ class Stalls:
     def summary(self, slow_s: float = SLOW_S, share: float = SHARE) -> dict:
         spans = self.spans(slow_s, share)
         span = (max(e for _, e, _, _ in self.cases) - min(s for s, _, _, _ in self.cases)) if self.cases else 0.0
-        near, apart = Counter(), Counter()
+        near, apart, touched = Counter(), Counter(), set()   # touched: the spans a crash stands beside
         for start, end, _, key in self.cases:
             if key is not None:
-                beside = any(start <= b + NEAR_S and end >= a - NEAR_S for a, b in spans)
+                beside = {i for i, (a, b) in enumerate(spans) if start <= b + NEAR_S and end >= a - NEAR_S}
+                touched |= beside
                 (near if beside else apart)[key] += 1
         stalled = sum(b - a for a, b in spans)
-        lonely = sum(not any(key is not None and start <= b + NEAR_S and end >= a - NEAR_S
-                             for start, end, _, key in self.cases) for a, b in spans)
+        lonely = len(spans) - len(touched)
         return {"lanes": len({lane for _, _, lane, _ in self.cases}), "span_s": round(span, 1), "stalls": len(spans),
                 "stalled_s": round(stalled, 1), "stalled_share": round(stalled / span, 3) if span else 0.0,
                 "lengths_s": [round(b - a, 1) for a, b in spans], "stalls_without_a_crash": lonely,

@@ -209,7 +209,7 @@ def known_bugs_of(entries: list[tuple]):
             last[:] = [case, when_fields(case)]
         return last[1]
 
-    def matches(path, e, backend: str, case: Case, verdict: V.Verdict) -> bool:
+    def matches(e, backend: str, case: Case, verdict: V.Verdict) -> bool:
         bug = e.known_bug
         return (e.backend == backend and answers(_labels(e.verdict, bug), verdict)
                 and bug.get("match", "") in verdict.message
@@ -217,13 +217,13 @@ def known_bugs_of(entries: list[tuple]):
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
         for path, e in entries:
-            if matches(path, e, backend, case, verdict):
+            if matches(e, backend, case, verdict):
                 return {**e.known_bug, "entry": path.name, "id": path.stem}
         return None
 
     def takes(entry_id: str, backend: str, case: Case, verdict: V.Verdict) -> bool:
         """Whether the record of entry `entry_id` takes the failure, whichever record `known` would name first."""
-        return any(path.stem == entry_id and matches(path, e, backend, case, verdict) for path, e in entries)
+        return any(path.stem == entry_id and matches(e, backend, case, verdict) for path, e in entries)
 
     known.takes = takes
 

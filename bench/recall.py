@@ -29,7 +29,10 @@ its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to
 A/B: NAME=DIR arguments, each DIR holding an installed attnfuzz (`pip wheel --no-deps --no-build-isolation -w W .`
 in a checkout, then `pip install --no-deps --target DIR W/*.whl`), run every seed of every entry once per build,
 taking turns from a rotating position; each process imports attnfuzz from its DIR alone. The entries and their
-duplicates are chosen with the first build (or, without builds, the attnfuzz installed here).
+duplicates are chosen with the first build (or, without builds, the attnfuzz installed here), and every seed's
+failures are judged by it: a seed prints each failure it meets, and this process matches it against the held-out
+records and stops the seed at the first match. So an older build, which may not read today's records, is measured by
+the same yardstick; it passes over, as KNOWN, only the other records it can read.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GRACE_S = 60.0   # past the budget, a seed's process is killed (a case that will not return)
 MARK = "RECALL "  # the prefix of a child's result line on stdout
+FAILED = "RECALL-FAILED "  # the prefix of a failure a seed met, for the parent to judge
 
 
 class Stop(BaseException):
@@ -98,48 +103,57 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
                 mine(e.backend, e.case, e.verdict) or known_bugs_of([(p, e)])(e.backend, entry.case, entry.verdict))]
             # a CPU entry recorded under a chosen ISA (an AVX2-only bug) is searched for under it (store/isa.py)
             isa = (entry.environment or {}).get("ATEN_CPU_CAPABILITY") if kind == "cpu" else None
-            run[path.name] = {"backend": entry.backend, "held_out": group, **({"isa": isa} if isa else {})}
+            run[path.name] = {"backend": entry.backend, "held_out": group, **({"isa": isa} if isa else {}),
+                              **({"kernel_path": entry.kernel_path} if entry.kernel_path else {})}
     return {"run": run, "not_run": not_run}
 
 
-def search(corpus: str, entry_name: str, held_out: list[str], device: str, profile_name: str,
-           max_examples: int | None, seed: int, budget_s: float, budget_cases: int | None, case_timeout: float,
-           started: float) -> dict:
-    """One seed: fuzz the entry's backend, the held-out entries unknown, until a held-out record matches a failure
-    or the budget runs out. `started`: the wall clock (time.time()) when the process was spawned."""
+def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: list[str], device: str,
+           profile_name: str, max_examples: int | None, seed: int, budget_s: float, budget_cases: int | None,
+           case_timeout: float, started: float) -> dict:
+    """One seed: fuzz the backend (a bring-your-own kernel imported from `kernel_path`, the folder its entry
+    records), the held-out entries unknown, printing each failure (FAILED) for the parent to judge, until the budget
+    runs out or the parent, having matched one, kills the process. `started`: the wall clock (time.time()) when the
+    process was spawned. An older build (A/B) fuzzes with the records it can read."""
     import attnfuzz
-    from attnfuzz.engine import memshare
+    from attnfuzz.backends import get
     from attnfuzz.engine.harness import fuzz
     from attnfuzz.engine.isolate import isolated
     from attnfuzz.engine.profiles import for_backend, profile
     from attnfuzz.store import corpus as corpus_io
     from attnfuzz.store.known import known_bugs_of
-    from attnfuzz.store.replay import backend_of
     from attnfuzz.strategies.space import Space
+    try:   # an older build (A/B) has no memory shares: its seeds share the GPU as they can
+        from attnfuzz.engine.memshare import share_bytes
+    except ImportError:
+        share_bytes = lambda: None   # noqa: E731
     import torch
     torch.set_num_threads(1)
-    entries, _ = corpus_io.load_all(Path(corpus))
+    entries, _ = corpus_io.load_all(Path(corpus))   # a record this build cannot read is not known to it
     held = known_bugs_of([(p, e) for p, e in entries if p.name in held_out])
     rest = known_bugs_of([(p, e) for p, e in entries if p.name not in held_out])
 
     def known(backend, case, verdict):
         return None if held(backend, case, verdict) is not None else rest(backend, case, verdict)
 
-    [entry] = [e for p, e in entries if p.name == entry_name]
-    backend = backend_of(entry, device)
+    if kernel_path and kernel_path not in sys.path:
+        sys.path.append(kernel_path)   # (a worker started later inherits it)
+    backend = get(backend_name, device)
     worker = isolated(backend, device, case_timeout)
     settings = for_backend(profile(profile_name, max_examples=max_examples, derandomize=False, database=None),
                            backend.cost, max_examples)
-    space = Space.for_device(device).replace(max_bytes=memshare.share_bytes())   # --jobs on a GPU: its share
-    cases, rounds, result = 0, 0, {"found": False}
+    space, share = Space.for_device(device), share_bytes()
+    if share is not None:
+        space = space.replace(max_bytes=share)   # --jobs on a GPU: its share
+    cases, rounds = 0, 0
+    print(MARK + json.dumps({"module": attnfuzz.__file__}), flush=True)   # which attnfuzz, before any failure
 
     def on_case(case, verdict, tally) -> None:
         nonlocal cases
         cases += 1
-        hit = held(backend.name, case, verdict) if verdict.failed else None
-        if hit is not None:
-            raise Stop({"found": True, "matched": hit["id"], "label": verdict.label,
-                        "cases": cases, "seconds": round(time.time() - started, 2)})
+        if verdict.failed:
+            print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": cases,
+                                       "seconds": round(time.time() - started, 2)}), flush=True)
         if time.time() - started >= budget_s or (budget_cases is not None and cases >= budget_cases):
             raise Stop()
 
@@ -148,44 +162,89 @@ def search(corpus: str, entry_name: str, held_out: list[str], device: str, profi
             rounds += 1
             fuzz(backend, device=device, space=space, settings=settings,
                  seed=seed * 1_000_003 + rounds, on_case=on_case, known=known, worker=worker, reruns=0)
-    except Stop as stop:
-        result = stop.found or result
+    except Stop:
+        pass
     finally:
         if worker is not None:
             worker.close()
-    return {**result, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
+    return {"found": False, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
 
 
-def child(site: Path | None, task: str, *args, timeout: float | None = None, isa: str | None = None) -> dict:
+def child(site: Path | None, task: str, *args, timeout: float | None = None, isa: str | None = None,
+          judge=None) -> dict:
     """Run `task` (plan or search) in a fresh process from an empty folder, importing attnfuzz from `site` alone
     where given, with torch's CPU kernels held to `isa` where given; its result, or {"error": ...} with the
-    process's last words. Killed after `timeout` seconds."""
+    process's last words. Killed after `timeout` seconds, or as soon as `judge` returns a result for one of the
+    failures it prints (then that result)."""
     env = {**os.environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(site)} if site else dict(os.environ)
     hold = (f"import os; from attnfuzz.store.isa import emulating; os.environ.update(emulating({isa!r}, "
             f"dict(os.environ))); " if isa else "")   # before torch is imported: the child's own attnfuzz says how
     code = (f"{hold}import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "
             f"print(recall.MARK + json.dumps(recall.{task}(*json.loads(sys.argv[1]))), flush=True)")
-    with tempfile.TemporaryDirectory() as cwd:
+    with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL)) if timeout else None
+        if timer:
+            timer.start()
+        lines, verdict = [], None
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            return {"found": False, "error": f"killed {GRACE_S:.0f} s past the budget: {err.strip()[-300:]}"}
+            for line in proc.stdout:
+                if line.startswith(MARK):
+                    lines.append(line[len(MARK):])
+                elif line.startswith(FAILED) and judge is not None and verdict is None:
+                    verdict = judge(json.loads(line[len(FAILED):]))
+                    if verdict is not None:
+                        os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         finally:
+            expired = timer is not None and not timer.is_alive() and verdict is None and not lines
+            if timer:
+                timer.cancel()
             try:
                 os.killpg(proc.pid, signal.SIGKILL)   # what the process left behind (its worker, its fork server)
             except ProcessLookupError:
                 pass
-    lines = [line[len(MARK):] for line in out.splitlines() if line.startswith(MARK)]
-    if not lines:
-        return {"found": False, "error": f"exited {proc.returncode}: {err.strip()[-600:]}"}
-    row = json.loads(lines[-1])
-    if site and "module" in row and not Path(os.path.abspath(row["module"])).is_relative_to(os.path.abspath(site)):
-        raise SystemExit(f"recall.py: error: {site}: attnfuzz was imported from {row['module']}, not from this folder")
-    return row
+        err.seek(0)
+        last_words = err.read().strip()
+    rows = [json.loads(line) for line in lines]
+    for row in rows[:1]:
+        if site and "module" in row and not Path(os.path.abspath(row["module"])).is_relative_to(os.path.abspath(site)):
+            raise SystemExit(f"recall.py: error: {site}: attnfuzz was imported from {row['module']}, not from this "
+                             f"folder")
+    if verdict is not None:
+        return verdict
+    if expired:
+        return {"found": False, "error": f"killed {GRACE_S:.0f} s past the budget: {last_words[-300:]}"}
+    if not rows or set(rows[-1]) == {"module"}:   # no result after the announcement: it died
+        return {"found": False, "error": f"exited {proc.returncode}: {last_words[-600:]}"}
+    return rows[-1]
+
+
+def judges(corpus: str, chosen: dict):
+    """For each entry run, a function that takes a failure a seed printed and returns the found-row where the entry's
+    held-out group matches it (None otherwise). The records are read here, with the first build (imported by
+    main), so every build is judged by the same records."""
+    from attnfuzz.oracles.verdict import Verdict
+    from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store.known import known_bugs_of
+    from attnfuzz.strategies.case import Case
+    entries, _ = corpus_io.load_all(Path(corpus))
+
+    def judge_of(what: dict):
+        held = known_bugs_of([(p, e) for p, e in entries if p.name in what["held_out"]])
+
+        def judge(failure: dict) -> dict | None:
+            try:
+                case = Case.from_dict(failure["case"])
+            except ValueError:   # an older build's field this one does not have: that case is no match
+                return None
+            verdict = Verdict.from_dict(failure["verdict"])
+            hit = held(what["backend"], case, verdict)
+            return None if hit is None else {"found": True, "matched": hit["id"], "label": verdict.label,
+                                             "cases": failure["cases"], "seconds": failure["seconds"]}
+        return judge
+    return {name: judge_of(what) for name, what in chosen.items()}
 
 
 def median_low(values: list[float]) -> float:
@@ -265,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     chosen = child(builds[0][1], "plan", str(args.corpus.resolve()), args.device, args.entries, args.profile)
     if "error" in chosen:
         fail(chosen["error"])
+    if builds[0][1] is not None:
+        sys.path.insert(0, str(builds[0][1]))   # the first build judges every build's failures
+    judge = judges(str(args.corpus.resolve()), chosen["run"])
     runs = {name: {entry: [] for entry in chosen["run"]} for name, _ in builds}
     tasks, turn = [], 0
     for entry, what in chosen["run"].items():
@@ -276,9 +338,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(task):
         entry, what, seed, (name, site) = task
-        row = child(site, "search", str(args.corpus.resolve()), entry, what["held_out"], args.device,
-                    args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
-                    args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"))
+        row = child(site, "search", str(args.corpus.resolve()), what["backend"], what.get("kernel_path"),
+                    what["held_out"], args.device, args.profile, args.max_examples, seed, args.budget_s,
+                    args.budget_cases, args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S,
+                    isa=what.get("isa"), judge=judge[entry])
         print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
               if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
         return name, entry, {"seed": seed, **{k: v for k, v in row.items() if k != "module"}}

@@ -71,7 +71,8 @@ def test_a_record_that_answers_for_the_held_out_failure_is_held_out_with_it(tmp_
                                    repro=False)
     plan = recall.plan(str(tmp_path), "cpu", [first.name])
     ran = {name: {k: v for k, v in what.items() if k != "isa"} for name, what in plan["run"].items()}  # the ISA
-    assert ran == {first.name: {"backend": SPEC, "held_out": sorted([first.name, broad.name])}}  # is the host's
+    assert ran == {first.name: {"backend": SPEC, "held_out": sorted([first.name, broad.name]),  # is the host's
+                                "kernel_path": str(REPO)}}
     assert other_backend.name not in plan["run"][first.name]["held_out"]
     assert "error" in recall.plan(str(tmp_path), "cpu", ["no-such-entry*"])
 
@@ -96,3 +97,20 @@ def test_an_entry_recorded_under_avx2_is_searched_under_avx2(tmp_path):
     assert out["isa"] == {saved.name: "avx2"}
     hit = out["builds"]["here"]["entries"][saved.name]
     assert hit["found"] == 1 and hit["runs"][0]["label"] == "FAIL:ALL_ZERO", hit
+
+
+def test_every_build_is_judged_by_the_first_builds_records(tmp_path):
+    """A seed prints each failure it meets and this process matches it: an older build's case (fewer fields) is
+    matched by today's record, another failure is not, and a field this build does not know is no match."""
+    spec = importlib.util.spec_from_file_location("recall", REPO / "bench" / "recall.py")
+    recall = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recall)
+    entry = corpus_io.save(tmp_path, ENTRY, repro=False)
+    judge = recall.judges(str(tmp_path), {entry.name: {"backend": SPEC, "held_out": [entry.name]}})[entry.name]
+    older = {k: v for k, v in ENTRY.case.to_dict().items() if k in ("b", "sq", "skv", "d_qk", "d_v", "causal", "seed")}
+    hit = judge({"case": older, "verdict": ENTRY.verdict.to_dict(), "cases": 7, "seconds": 1.5})
+    assert hit == {"found": True, "matched": entry.stem, "label": "FAIL:ALL_ZERO", "cases": 7, "seconds": 1.5}
+    other = V.Verdict(V.FAIL, V.TOLERANCE, "out: diff_max=1")
+    assert judge({"case": older, "verdict": other.to_dict(), "cases": 8, "seconds": 2.0}) is None
+    assert judge({"case": {**older, "a_later_field": 1}, "verdict": ENTRY.verdict.to_dict(), "cases": 9,
+                  "seconds": 2.5}) is None

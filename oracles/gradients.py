@@ -12,15 +12,17 @@ from attnfuzz.oracles import fp8_grads
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows, wrong_shape
 from attnfuzz.oracles.reference import reference
-from attnfuzz.oracles.tolerance import (FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS, UNIFORM_SD, Check, check,
-                                        dominated_dot)
+from attnfuzz.oracles.tolerance import (BIAS_IN_INPUT_DTYPE, FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS,
+                                        UNIFORM_SD, Check, check, dominated_dot)
 from attnfuzz.strategies.case import Case
 
 
 def fused_backward(case: Case, family: str) -> bool:
     """Whether this family's gradients are graded against the fused baseline (tolerance.FUSED_BACKWARD); in fp32 /
-    fp64 a fused backward rounds nothing before the end, and the naive baseline is the same computation."""
-    return case.grads and case.dtype in LOW_PRECISION and family in FUSED_BACKWARD
+    fp64 a fused backward rounds nothing before the end, and the naive baseline is the same computation. ALiBi that
+    a family takes as a bias in the input dtype (tolerance.BIAS_IN_INPUT_DTYPE) keeps the textbook baseline."""
+    return (case.grads and case.dtype in LOW_PRECISION and family in FUSED_BACKWARD
+            and not (case.alibi_slopes and family in BIAS_IN_INPUT_DTYPE))
 
 
 def gradient_terms(o) -> dict:

@@ -100,14 +100,15 @@ LOGITS_IN_INPUT_DTYPE = ("te-unfused",)
 # gradient_check), not against the textbook backward in the dtype, whose every product and sum rounds: that one is
 # ~2 % off on a bf16 row, and k = 4 of it let a row off by 5 % pass. `fused` is a bring-your-own kernel that declares
 # it computes so or more precisely (fuzz/backends/custom.py), such as bench/planted.py's fp32 kernels. A family joins
-# once correct kernels of it pass this grading on its device: torch's CPU kernels do without ALiBi (sdpa-math, which
-# upcasts fp16 / bf16 to fp32, and sdpa-flash: no failure in 2 x 3,000 drawn cases, bench/grad_calibration.py, the
-# worst gradient at 0.94 of its bound; SDPA's ALiBi is a bias in the input dtype, which this family is not allowed:
-# BIAS_IN_INPUT_DTYPE), but the sdpa family is also GPU kernels, and FlashAttention (fa2 / fa3 / fa4) and TE's fused
-# backends (te) run only there, where this grading has not yet run (bench/gpu_check.py). te-unfused computes in the
-# input dtype (baddbmm in bf16, autograd through it) and stays textbook, as do custom, flex, flashinfer and default
-# (context-parallel merges).
-FUSED_BACKWARD = ("fused",)
+# once correct kernels of it pass this grading on its devices (bench/grad_calibration.py). SDPA's have, on the CPU
+# (sdpa-math, which upcasts fp16 / bf16 to fp32, and sdpa-flash: no failure in 2 x 3,000 drawn cases, the worst
+# gradient at 0.94 of its bound) and on an H100 (sdpa-flash, sdpa-efficient, sdpa-cudnn: no failure in ~120 short
+# and ~150 long-row cases each, the worst at 0.43, but cuDNN's known bug on rows that see no key). Their ALiBi stays
+# textbook: SDPA takes it as a bias in the input dtype (BIAS_IN_INPUT_DTYPE), a rounding the fused baseline does not
+# make (gradients.fused_backward). FlashAttention (fa2 / fa3 / fa4) and TE's fused backends (te) wait for their
+# own GPU calibration; te-unfused computes in the input dtype (baddbmm in bf16, autograd through it) and stays
+# textbook, as do custom, flex, flashinfer and default (context-parallel merges).
+FUSED_BACKWARD = ("fused", "sdpa", "sdpa-efficient")
 # Families whose LSE sums P as its P V matmul takes it, rounded to the input dtype: FlashInfer's prefill kernels take
 # a row's denominator from P cast to fp16 / bf16 through an MMA with a ones vector (m16k16_rowsum_f16f16f32 in its
 # prefill.cuh), so log(d) carries P's rounding (up to 2^-11 in fp16, 2^-8 in bf16) where an fp32 row sum carries

@@ -28,15 +28,16 @@ def test_the_target_phase_comes_in_one_round_in_climb_every():
     assert CLIMB_EVERY > 1
 
 
-def rounds_phases(tmp_path, monkeypatch, config: dict, rounds: int) -> list[tuple]:
-    """The phases Lane._round hands Hypothesis in rounds 0..rounds-1 (the search itself stubbed out)."""
+def rounds_phases(tmp_path, monkeypatch, config: dict, rounds: int, database=None) -> list[tuple]:
+    """The phases Lane._round hands Hypothesis in rounds 0..rounds-1 (the search itself stubbed out), each with
+    whether `database` (a KeepFailures) took the round as climbing."""
     (tmp_path / "campaign.json").write_text(json.dumps({"device": "cpu", "hours": 1.0, "max_len": None,
                                                        "round_examples": 20, "round_seconds": 60, **config}))
     (tmp_path / "state").mkdir()
     seen = []
 
     def fake_fuzz(backend, *, settings, **_):
-        seen.append(tuple(settings.phases))
+        seen.append(tuple(settings.phases) if database is None else database.climbing)
         return Tally(examples=0), []
 
     monkeypatch.setattr(lane_mod, "fuzz", fake_fuzz)
@@ -44,13 +45,18 @@ def rounds_phases(tmp_path, monkeypatch, config: dict, rounds: int) -> list[tupl
     backend = lane_mod.get("sdpa-math", "cpu")
     runner = Resumable(backend.name, None, None, tmp_path / ".inflight", {}, time.perf_counter() + 60, 0)
     for r in range(rounds):
-        lane._round(backend, r, runner, None, lane.space())
+        lane._round(backend, r, runner, database, lane.space())
     return seen
 
 
 def test_a_lanes_rounds_follow_the_campaigns_climb_every(tmp_path, monkeypatch):
     seen = rounds_phases(tmp_path, monkeypatch, {"climb_every": 2}, 4)
     assert [Phase.target in phases for phases in seen] == [False, True, False, True]
+
+
+def test_the_database_knows_which_rounds_climb(tmp_path, monkeypatch):
+    database = KeepFailures(InMemoryExampleDatabase())
+    assert rounds_phases(tmp_path, monkeypatch, {"climb_every": 2}, 4, database) == [False, True, False, True]
 
 
 def test_a_campaign_saved_before_climb_every_existed_climbs_at_the_default(tmp_path, monkeypatch):
@@ -140,6 +146,34 @@ def test_the_pareto_front_evicts_its_own_entries_but_no_failure_is_deleted():
     front = len(list(kept.fetch(b"k.pareto")))
     assert inner.deleted[b"k.pareto"] > 0, "the front evicted entries, and they left the database"
     assert 0 < front < inner.saved[b"k.pareto"]
+
+
+def plain_search(database, examples: int = 60) -> None:
+    """A round without the target phase under the same key: it reports no score, as the harness does there."""
+    @settings(database=database, max_examples=examples, phases=tuple(p for p in Phase if p != Phase.target))
+    @given(st.lists(st.integers(0, 1000), max_size=8))
+    def search(xs):
+        pass
+
+    search._hypothesis_internal_database_key = b"k"
+    search()
+
+
+def test_a_round_that_does_not_climb_leaves_the_front_to_the_next_one_that_does():
+    kept = KeepFailures(Counted())
+    climbing_search(kept)
+    front = sorted(kept.inner.fetch(b"k.pareto"))
+    assert front
+    deleted = kept.inner.deleted[b"k.pareto"]
+    kept.climbing = False
+    plain_search(kept)
+    assert sorted(kept.inner.fetch(b"k.pareto")) == front, "the front is the climbing rounds' own"
+    assert kept.inner.deleted[b"k.pareto"] == deleted
+    control = Counted()   # without KeepFailures, the same round replays the front and deletes it
+    for value in front:
+        control.save(b"k.pareto", value)
+    plain_search(control)
+    assert len(list(control.fetch(b"k.pareto"))) < len(front)
 
 
 def test_a_resumed_campaign_takes_a_new_climb_every_and_an_old_one_gets_it():

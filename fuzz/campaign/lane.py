@@ -66,22 +66,28 @@ class KeepFailures(ExampleDatabase):
     still evicts its own entries, else every case that ever joined it stays (5,217 files in a 90-second CPU campaign
     that climbed every round). It saves nothing after `deadline` (perf_counter; the lane sets it to each round's):
     Hypothesis saves the example a BaseException escapes from as a failure to replay, and TimeUp is one, so each
-    round cut by time would leave a passing case for every later round and every other lane to replay first."""
+    round cut by time would leave a passing case for every later round and every other lane to replay first.
+    The front is the climbing rounds' own (`climbing`, set per round): a round without the target phase reports no
+    scores, so Hypothesis's reuse phase would replay the front's cases there only to find them outside its (empty)
+    front and delete them, leaving the next climbing round nothing to start from."""
 
     def __init__(self, inner: ExampleDatabase):
         super().__init__()
         self.inner = inner
         self.deadline = float("inf")
+        self.climbing = True
 
     def save(self, key: bytes, value: bytes) -> None:
         if time.perf_counter() <= self.deadline:
             self.inner.save(key, value)
 
     def fetch(self, key: bytes):
+        if key.endswith(PARETO_SUFFIX) and not self.climbing:
+            return iter(())
         return self.inner.fetch(key)
 
     def delete(self, key: bytes, value: bytes) -> None:
-        if key.endswith(PARETO_SUFFIX):   # the Pareto front evicting what it no longer holds: not a failure
+        if key.endswith(PARETO_SUFFIX) and self.climbing:   # the front evicting what it no longer holds: no failure
             self.inner.delete(key, value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
@@ -281,6 +287,8 @@ class Lane:
         if cfg.get("replay_only"):
             phases = (Phase.reuse, Phase.shrink)
         settings = type(settings)(settings, phases=phases)
+        if isinstance(database, KeepFailures):
+            database.climbing = Phase.target in phases
         runner.known = either(corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir), seen_in(self.corpus))
         ran_before = runner.ran
         try:

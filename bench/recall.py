@@ -60,10 +60,6 @@ FAILED = "RECALL-FAILED "  # the prefix of a failure a seed met, for the parent 
 class Stop(BaseException):
     """Ends a seed's search from inside the property: not an Exception, so Hypothesis does not shrink it."""
 
-    def __init__(self, found: dict | None = None):
-        super().__init__()
-        self.found = found
-
 
 def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "quick") -> dict:
     """The entries to run (file name -> its backend and the held-out group) and why the others are not run."""
@@ -170,6 +166,14 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     return {"found": False, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
 
 
+def kill(pid: int) -> None:
+    """SIGKILL a child's process group (its worker, its fork server), if it is still there."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def child(site: Path | None, task: str, *args, timeout: float | None = None, isa: str | None = None,
           judge=None) -> dict:
     """Run `task` (plan or search) in a fresh process from an empty folder, importing attnfuzz from `site` alone
@@ -184,7 +188,7 @@ def child(site: Path | None, task: str, *args, timeout: float | None = None, isa
     with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=cwd, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)
-        timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL)) if timeout else None
+        timer = threading.Timer(timeout, kill, (proc.pid,)) if timeout else None
         if timer:
             timer.start()
         lines, verdict = [], None
@@ -195,16 +199,13 @@ def child(site: Path | None, task: str, *args, timeout: float | None = None, isa
                 elif line.startswith(FAILED) and judge is not None and verdict is None:
                     verdict = judge(json.loads(line[len(FAILED):]))
                     if verdict is not None:
-                        os.killpg(proc.pid, signal.SIGKILL)
+                        kill(proc.pid)
             proc.wait()
         finally:
-            expired = timer is not None and not timer.is_alive() and verdict is None and not lines
+            expired = timer is not None and not timer.is_alive() and verdict is None   # the timer killed it
             if timer:
                 timer.cancel()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)   # what the process left behind (its worker, its fork server)
-            except ProcessLookupError:
-                pass
+            kill(proc.pid)   # what the process left behind (its worker, its fork server)
         err.seek(0)
         last_words = err.read().strip()
     rows = [json.loads(line) for line in lines]
@@ -214,11 +215,11 @@ def child(site: Path | None, task: str, *args, timeout: float | None = None, isa
                              f"folder")
     if verdict is not None:
         return verdict
+    if rows and set(rows[-1]) != {"module"}:   # its result, after the announcement
+        return rows[-1]
     if expired:
         return {"found": False, "error": f"killed {GRACE_S:.0f} s past the budget: {last_words[-300:]}"}
-    if not rows or set(rows[-1]) == {"module"}:   # no result after the announcement: it died
-        return {"found": False, "error": f"exited {proc.returncode}: {last_words[-600:]}"}
-    return rows[-1]
+    return {"found": False, "error": f"exited {proc.returncode}: {last_words[-600:]}"}
 
 
 def judges(corpus: str, chosen: dict):

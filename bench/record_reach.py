@@ -19,11 +19,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from attnfuzz.engine.skip_known import NOT_RUN
+from attnfuzz.engine.skip_known import answered_unrun
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import caselog
 from attnfuzz.store import corpus as corpus_io
-from attnfuzz.store.known import when_fields
+from attnfuzz.store.known import meets, when_fields
 from attnfuzz.strategies.case import Case
 
 
@@ -55,11 +55,10 @@ def reach(rows, records: dict[str, list[tuple[str, dict]]]) -> dict:
             tally["unreadable"] += 1
             continue
         tally["cases"] += 1
-        # graded: run and not refused (the known-crash skip logs the cases it answers unrun as "not run: ...")
-        graded = row.get("label") != V.UNSUPPORTED and not row.get("message", "").startswith(NOT_RUN)
+        graded = row.get("label") != V.UNSUPPORTED and not answered_unrun(str(row.get("message", "")))
         for name, when in records[backend]:
             met = tally["records"].setdefault(name, {"when": when, "met": 0, "graded": 0})
-            if all(fields.get(k) == v for k, v in when.items()):
+            if meets(when, fields):
                 met["met"] += 1
                 met["graded"] += graded
     return dict(out)

@@ -5,15 +5,21 @@ backend's own family; ALiBi, a bias SDPA takes in the input dtype, keeps the tex
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
-import torch
 
 from attnfuzz.backends import get
 from attnfuzz.oracles.gradients import fused_backward
 from attnfuzz.oracles.grade import grade
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
+
+SPEC = importlib.util.spec_from_file_location("grad_calibration", Path(__file__).resolve().parents[1] / "bench" /
+                                              "grad_calibration.py")
+grad_calibration = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(grad_calibration)
 
 LONG = Case(sq=512, skv=512, h=2, d_qk=64, d_v=64, dtype="bfloat16", grads=True, seed=4)
 
@@ -27,14 +33,6 @@ def test_which_cases_take_the_fused_baseline():
     assert not fused_backward(LONG, "te-unfused") and not fused_backward(LONG, "flex")
 
 
-def _planted(grad: torch.Tensor, eps: float) -> torch.Tensor:
-    """The row holding the gradient's largest entry, times (1 + eps)."""
-    wrong = grad.contiguous().clone()
-    index = divmod(int(wrong.float().abs().argmax()), grad.shape[-1])[0]
-    wrong.view(-1, grad.shape[-1])[index] *= 1 + eps
-    return wrong
-
-
 @pytest.mark.parametrize("backend", ["sdpa-math", "sdpa-flash"])
 def test_a_bf16_row_off_by_5_percent_fails_sdpa_through_its_own_family(backend):
     kernel = get(backend, "cpu")
@@ -43,7 +41,7 @@ def test_a_bf16_row_off_by_5_percent_fails_sdpa_through_its_own_family(backend):
     output = kernel.run(LONG, t)
     assert grade(LONG, t, output, family=kernel.family).status == "PASS"
     for name in ("dq", "dk", "dv"):
-        wrong = dataclasses.replace(output, **{name: _planted(getattr(output, name), 0.05)})
+        wrong = dataclasses.replace(output, **{name: grad_calibration.planted_row(getattr(output, name), 0.05)})
         caught = grade(LONG, t, wrong, family=kernel.family)
         assert caught.status == "FAIL" and name in caught.message, (name, caught.message)
         # the textbook baseline in the dtype, which this family had before, lets the same row pass

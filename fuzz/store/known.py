@@ -140,6 +140,11 @@ def when_fields(case: Case) -> dict:
     return {**case.to_dict(), **features(case), **{name: trait(case) for name, trait in TRAITS.items()}}
 
 
+def meets(when: dict, fields: dict) -> bool:
+    """Whether a case whose when_fields are `fields` meets a record's `when` (every named field equal)."""
+    return all(fields.get(k) == v for k, v in when.items())
+
+
 def record_problem(record, case: Case) -> str | None:
     """What makes an entry's known_bug record unreadable, naming the field; None for a sound record, or null."""
     if record is None:
@@ -213,7 +218,7 @@ def known_bugs_of(entries: list[tuple]):
         bug = e.known_bug
         return (e.backend == backend and answers(_labels(e.verdict, bug), verdict)
                 and bug.get("match", "") in verdict.message
-                and all(fields_of(case).get(k) == v for k, v in bug.get("when", {}).items()))
+                and meets(bug.get("when", {}), fields_of(case)))
 
     def known(backend: str, case: Case, verdict: V.Verdict) -> dict | None:
         for path, e in entries:

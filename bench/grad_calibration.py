@@ -85,7 +85,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtypes", default="float16,bfloat16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--kernels", help="registry backends to grade as fused, comma-separated (default: the CPU set)")
+    p.add_argument("--kernels", help="registry backends (or MODULE:FUNCTION kernels) to grade as fused, "
+                                      "comma-separated (default: the CPU set)")
     p.add_argument("--show", type=float, default=0.8, help="print the worst case of each cell above this ratio")
     p.add_argument("--plant", type=float, default=None, metavar="EPS",
                    help="also grade each gradient with its largest row times (1 + EPS) and count the catches")
@@ -97,7 +98,7 @@ def main() -> int:
                 f"end); choose float16 and / or bfloat16")
     torch.set_num_threads(1)
     if args.kernels:
-        kernels = {name: get(name, args.device) for name in args.kernels.split(",")}
+        kernels = {name: load_custom(name) if ":" in name else get(name, args.device) for name in args.kernels.split(",")}
     else:
         kernels = {"sdpa-math": get("sdpa-math", args.device), "sdpa-flash": get("sdpa-flash", args.device),
                    "planted": load_custom("bench.planted:correct")}

@@ -21,7 +21,7 @@ from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store import examples, paths
-from attnfuzz.store.known import TRAITS, known_bugs_of, predates, when_fields
+from attnfuzz.store.known import TRAITS, known_bugs_of, predates, record_problem, when_fields
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import fuzz
@@ -320,6 +320,9 @@ def cmd_known(args) -> int:
     if bad:
         raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
     entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
+    problem = record_problem(entry.known_bug, entry.case)
+    if problem:
+        raise UsageError(f"--when: {problem}")
     # the labels the run attached to this finding are the same root cause: the record takes them too, but for those
     # its probe twin joined (TOLERANCE, say): a run takes them by their twins (rootcause.twin_known), not by label
     labels = set(args.label) | {v.label for _, v in entry.attached if not by_twin(entry.verdict, v)}

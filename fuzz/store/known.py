@@ -8,7 +8,8 @@ failure whose output matched it too: `answers`) whose message contains `match` a
 condition; what only the failure shows (which rows failed) is the label's: EMPTY_ROWS is a failure confined to the
 rows that see no key. `when` names Case
 fields, case features (strategies/features.py: "band": "causal_bottom_right" holds however the band is spelled) or
-the TRAITS below, which say what field equality cannot ("some sequence has no query"). `since`, as
+the TRAITS below, which say what field equality cannot ("some sequence has no query"); a value written
+{"any_of": [...]} holds for any of the values listed (one bug seen at head dims 160 and 176). `since`, as
 {"torch": "2.13"}, says which release of a package brought the bug: where an older one is installed, an entry that
 passes is not affected there (its replay is skipped, saying so) rather than fixed. `unwritten: true` says the bug
 is output the kernel never writes: it fails where that memory held garbage and passes where it held zeros, so a replay
@@ -141,8 +142,14 @@ def when_fields(case: Case) -> dict:
 
 
 def meets(when: dict, fields: dict) -> bool:
-    """Whether a case whose when_fields are `fields` meets a record's `when` (every named field equal)."""
-    return all(fields.get(k) == v for k, v in when.items())
+    """Whether a case whose when_fields are `fields` meets a record's `when`: every named field equal to its value,
+    or to one of the values of an {"any_of": [...]}."""
+    return all(fields.get(k) in v["any_of"] if _alternatives(v) else fields.get(k) == v for k, v in when.items())
+
+
+def _alternatives(value) -> bool:
+    """Whether a `when` value lists alternatives, {"any_of": [...]}, rather than one value."""
+    return isinstance(value, dict) and set(value) == {"any_of"} and isinstance(value["any_of"], list)
 
 
 def record_problem(record, case: Case) -> str | None:
@@ -161,6 +168,9 @@ def record_problem(record, case: Case) -> str | None:
         return "field 'known_bug.since' must be an object of package names and versions, as {\"torch\": \"2.13\"}"
     if not isinstance(record.get("unwritten", False), bool):
         return "field 'known_bug.unwritten' must be true or false"
+    loose = sorted(k for k, v in record.get("when", {}).items() if isinstance(v, dict) and not _alternatives(v))
+    if loose:
+        return f"field 'known_bug.when' gives {loose} an object other than {{\"any_of\": [values]}}"
     unknown = sorted(set(record.get("when", {})) - set(when_fields(case)))
     if unknown:
         return f"field 'known_bug.when' names {unknown}, which are neither Case fields nor traits ({', '.join(TRAITS)})"

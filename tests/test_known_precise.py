@@ -246,8 +246,11 @@ def test_known_refuses_a_when_that_leaves_out_the_findings_own_failures(tmp_path
     assert main(["known", str(path), "--link", "l", "--when", "causal=false"]) == 2
     assert main(["known", str(path), "--link", "l", "--when", "sq=3"]) == 2          # the attached case has sq 2
     assert corpus_io.load(path).known_bug is None
+    assert main(["known", str(path), "--link", "l", "--when", 'sq={"in": [3]}']) == 2      # not {"any_of": [...]}
+    assert corpus_io.load(path).known_bug is None
     assert main(["known", str(path), "--link", "l", "--when", "causal=true"]) == 0
     assert corpus_io.load(path).known_bug["labels"] == ["FAIL:WINDOW_OFF_BY_ONE"]
+    assert main(["known", str(path), "--link", "l", "--when", 'sq={"any_of": [2, 3]}']) == 0
 
 
 def test_a_gradient_failure_names_the_alternatives_its_gradient_matches():
@@ -315,3 +318,22 @@ def test_fa4s_tensor_max_seqlen_record_takes_that_form_only():
     varlen = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", seqlens_q=(1,), seqlens_kv=(1,))
     assert _taken("fa4", varlen.replace(spelling="max_seqlen_tensor"), crash) == "fa4-CRASH-ValueError-d690f8f46078"
     assert not _taken("fa4", varlen.replace(spelling="no_max_seqlen"), crash)
+
+
+def test_a_when_value_may_list_alternatives_and_fa4s_paged_record_takes_head_dims_160_and_176_only():
+    """FA4's paged-cache read past its pages showed the same 113-key step at head dims 160 and 176: one record, its
+    `when` listing both ({"any_of": [160, 176]}); head dim 128, and head dim 160 without a paged cache, stay NEW. An
+    object of another form is refused, naming the field."""
+    from attnfuzz.store.known import meets, record_problem
+    assert meets({"d_qk": {"any_of": [160, 176]}}, {"d_qk": 176}) and not meets({"d_qk": {"any_of": [160]}}, {"d_qk": 96})
+    crash = V.Verdict(V.CRASH, "CUDA_ILLEGAL_ADDRESS", "AcceleratorError: CUDA error: an illegal memory access")
+    lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 1 rows")
+    paged = Case(sq=1, skv=113, d_qk=160, d_v=160, dtype="float16", page_size=1)
+    entry = "fa4-FAIL-TOLERANCE-e015b8aca2c3"
+    assert _taken("fa4", paged, crash) == entry and _taken("fa4", paged.replace(skv=56), lse) == entry
+    assert _taken("fa4", paged.replace(d_qk=176, d_v=176), crash) == entry
+    assert not _taken("fa4", paged.replace(d_qk=128, d_v=128), crash)
+    assert not _taken("fa4", paged.replace(page_size=None), crash)
+    problem = record_problem({"link": "x", "when": {"d_qk": {"in": [160]}}}, paged)
+    assert problem and "d_qk" in problem and "any_of" in problem
+    assert record_problem({"link": "x", "when": {"d_qk": {"any_of": [160, 176]}}}, paged) is None

@@ -337,3 +337,21 @@ def test_a_when_value_may_list_alternatives_and_fa4s_paged_record_takes_head_dim
     problem = record_problem({"link": "x", "when": {"d_qk": {"in": [160]}}}, paged)
     assert problem and "d_qk" in problem and "any_of" in problem
     assert record_problem({"link": "x", "when": {"d_qk": {"any_of": [160, 176]}}}, paged) is None
+
+
+def test_one_record_per_root_cause_takes_its_gradient_and_lse_faces():
+    """TE's get_full_mask window (skv, sq) hides keys of top-left rows: its dV face on a thd batch of 130 queries over
+    one key is the same record's, a gradient failure of a bottom-right case with equal lengths is not. torch's ring
+    merge downcasts float64: its TOLERANCE record takes the LSE and gradient faces of float64, none of float32."""
+    grad = V.Verdict(V.FAIL, "GRADIENT", "dv: worst of 2 rows at [0, 0, 0, 0]")
+    thd = Case(b=3, sq=130, skv=1, d_qk=8, d_v=8, dtype="float16", layout="thd", seqlens_q=(130, 130, 130),
+               seqlens_kv=(1, 0, 1), grads=True, values="zero_rows")
+    assert _taken("te-unfused", thd, grad) == "te-unfused-FAIL-TOLERANCE-24bde40818b5"
+    assert not _taken("te-unfused", Case(sq=4, skv=4, d_qk=8, d_v=8, dtype="float16", grads=True, causal=True,
+                                         alignment="bottom_right"), grad)
+    ring = Case(sq=8, skv=8, d_qk=8, d_v=8, dtype="float64", causal=True, grads=True)
+    lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 8 rows")
+    for backend in ("ring-allgather", "ring-alltoall"):
+        assert _taken(backend, ring, grad).startswith(f"{backend}-FAIL-TOLERANCE-")
+        assert _taken(backend, ring, lse) == _taken(backend, ring, grad)
+        assert not _taken(backend, ring.replace(dtype="float32"), grad)

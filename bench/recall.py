@@ -26,6 +26,12 @@ seconds. Entries not run are listed with why (backend unavailable, found on anot
 --jobs N runs N seeds at once (default 1), each in its own process; on a GPU each then keeps to an equal share of
 its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to a match include the contention.
 
+--together runs one process a seed for all the chosen entries of a backend (and of a kernel folder and an ISA): it
+holds them all out at once and records the first match of each, until each is found or the budget runs out. The
+search is then harder (the other held-out bugs are not passed over as KNOWN: their failures and crashes cost it
+time), and it costs one process a backend instead of one an entry: a bound from above on each entry's time, for a
+GPU corpus too large to run entry by entry.
+
 A/B: NAME=DIR arguments, each DIR holding an installed attnfuzz (`pip wheel --no-deps --no-build-isolation -w W .`
 in a checkout, then `pip install --no-deps --target DIR W/*.whl`), run every seed of every entry once per build,
 taking turns from a rotating position; each process imports attnfuzz from its DIR alone. The entries and their
@@ -248,6 +254,32 @@ def judges(corpus: str, chosen: dict):
     return {name: judge_of(what) for name, what in chosen.items()}
 
 
+def gather(judge_of: dict):
+    """A judge over several entries (name -> its judge): it keeps each entry's first match in `.found` and returns a
+    result, stopping the seed, once every entry has one."""
+    found = {}
+
+    def judge(failure: dict) -> dict | None:
+        for name, one in judge_of.items():
+            hit = None if name in found else one(failure)
+            if hit is not None:
+                found[name] = hit
+        return {"found": True} if len(found) == len(judge_of) else None
+    judge.found = found
+    return judge
+
+
+def groups(run: dict, together: bool) -> list[list[str]]:
+    """The entries each seed process searches for: one each, or (together) all those of one backend, kernel folder
+    and ISA."""
+    if not together:
+        return [[entry] for entry in run]
+    keyed: dict[tuple, list[str]] = {}
+    for entry, what in run.items():
+        keyed.setdefault((what["backend"], what.get("kernel_path"), what.get("isa")), []).append(entry)
+    return list(keyed.values())
+
+
 def median_low(values: list[float]) -> float:
     return sorted(values)[(len(values) - 1) // 2] if values else math.inf
 
@@ -307,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-examples", type=int, help="examples per Hypothesis run (default: the profile's)")
     p.add_argument("--case-timeout", type=float, default=60.0, help="seconds an isolated case may take (default 60)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run at once, each in its own process (default 1)")
+    p.add_argument("--together", action="store_true",
+                   help="one process a seed for all the chosen entries of a backend, each held out (see above)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cpu", "cuda"):
@@ -330,32 +364,40 @@ def main(argv: list[str] | None = None) -> int:
     judge = judges(str(args.corpus.resolve()), chosen["run"])
     runs = {name: {entry: [] for entry in chosen["run"]} for name, _ in builds}
     tasks, turn = [], 0
-    for entry, what in chosen["run"].items():
+    for group in groups(chosen["run"], args.together):
         for seed in range(1, args.seeds + 1):
-            tasks += [(entry, what, seed, builds[(i + turn) % len(builds)]) for i in range(len(builds))]
+            tasks += [(group, seed, builds[(i + turn) % len(builds)]) for i in range(len(builds))]
             turn += 1
     if args.jobs > 1 and args.device.startswith("cuda"):
         os.environ.setdefault("ATTNFUZZ_GPU_MEMORY_SHARE", str(gpu_share(args.device, args.jobs)))
 
     def one(task):
-        entry, what, seed, (name, site) = task
-        row = child(site, "search", str(args.corpus.resolve()), what["backend"], what.get("kernel_path"),
-                    what["held_out"], args.device, args.profile, args.max_examples, seed, args.budget_s,
-                    args.budget_cases, args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S,
-                    isa=what.get("isa"), judge=judge[entry])
-        print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
-              if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
-        return name, entry, {"seed": seed, **{k: v for k, v in row.items() if k != "module"}}
+        group, seed, (name, site) = task
+        what = chosen["run"][group[0]]
+        held_out = sorted({n for entry in group for n in chosen["run"][entry]["held_out"]})
+        seen = gather({entry: judge[entry] for entry in group})
+        end = child(site, "search", str(args.corpus.resolve()), what["backend"], what.get("kernel_path"), held_out,
+                    args.device, args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
+                    args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"), judge=seen)
+        rows = []
+        for entry in group:
+            row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items()
+                                                               if k in ("error", "rounds", "cases_run")}}
+            print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
+                  if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
+            rows.append((name, entry, {"seed": seed, **row}))
+        return rows
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:   # each task waits on a process of its own
-        for name, entry, row in pool.map(one, tasks):
-            runs[name][entry].append(row)
+        for rows in pool.map(one, tasks):
+            for name, entry, row in rows:
+                runs[name][entry].append(row)
     summaries = {name: summarize(r, args.seeds) for name, r in runs.items()}
     if args.json:
         print(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                           "held_out": {e: w["held_out"] for e, w in chosen["run"].items()},
                           "isa": {e: w["isa"] for e, w in chosen["run"].items() if w.get("isa")},
-                          "builds": summaries, "not_run": chosen["not_run"]}, indent=2))
+                          "builds": summaries, "not_run": chosen["not_run"], "processes": len(tasks)}, indent=2))
         return 0
     width = max([len(e) for e in chosen["run"]] + [5])
     for name, summary in summaries.items():

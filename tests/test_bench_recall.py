@@ -114,3 +114,20 @@ def test_every_build_is_judged_by_the_first_builds_records(tmp_path):
     assert judge({"case": older, "verdict": other.to_dict(), "cases": 8, "seconds": 2.0}) is None
     assert judge({"case": {**older, "a_later_field": 1}, "verdict": ENTRY.verdict.to_dict(), "cases": 9,
                   "seconds": 2.5}) is None
+
+
+def test_together_one_process_a_seed_finds_each_held_out_entry_of_the_backend(tmp_path):
+    """--together: the planted kernel's all-zero bug and its causal-only NaN face (two entries of one backend) are
+    searched by one process a seed, each held out, each found with its own case count; a record no failure matches
+    stays not found, and the seed runs to its budget for it."""
+    zeros = corpus_io.save(tmp_path, ENTRY, repro=False)
+    never = corpus_io.save(tmp_path, dataclasses.replace(
+        ENTRY, verdict=V.Verdict(V.FAIL, V.LSE, "lse: got=-0.27 expected=-0.19"),
+        known_bug={"link": "https://example.org/lse", "match": "lse"}), repro=False)
+    out = _recall(tmp_path, "--seeds", "2", "--budget-cases", "40", "--budget-s", "60", "--together")
+    table = out["builds"]["here"]["entries"]
+    assert table[zeros.name]["found"] == 2 and table[never.name]["found"] == 0, table
+    assert [r["seed"] for r in table[never.name]["runs"]] == [1, 2]
+    assert all(r["cases_run"] == 40 for r in table[never.name]["runs"]), table[never.name]
+    assert out["processes"] == 2   # one a seed; entry by entry, one an entry and a seed:
+    assert _recall(tmp_path, "--seeds", "2", "--budget-cases", "5", "--budget-s", "60")["processes"] == 4

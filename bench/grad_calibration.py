@@ -98,7 +98,8 @@ def main() -> int:
                 f"end); choose float16 and / or bfloat16")
     torch.set_num_threads(1)
     if args.kernels:
-        kernels = {name: load_custom(name) if ":" in name else get(name, args.device) for name in args.kernels.split(",")}
+        kernels = {name: load_custom(name) if ":" in name else get(name, args.device)
+                   for name in args.kernels.split(",")}
     else:
         kernels = {"sdpa-math": get("sdpa-math", args.device), "sdpa-flash": get("sdpa-flash", args.device),
                    "planted": load_custom("bench.planted:correct")}

@@ -45,7 +45,8 @@ def test_min_len_grades_long_rows_only_and_lists_the_plants_that_passed():
     import sys
     bench = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
     ran = subprocess.run([sys.executable, str(bench), "--cases", "6", "--max-len", "300", "--min-len", "200",
-                          "--dtypes", "bfloat16", "--plant", "0.05", "--kernels", "bench.planted:correct", "--show", "0"],
+                          "--dtypes", "bfloat16", "--plant", "0.05", "--kernels", "bench.planted:correct",
+                          "--show", "0"],
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "min_len 200" in ran.stdout

@@ -325,7 +325,8 @@ def test_a_when_value_may_list_alternatives_and_fa4s_paged_record_takes_head_dim
     `when` listing both ({"any_of": [160, 176]}); head dim 128, and head dim 160 without a paged cache, stay NEW. An
     object of another form is refused, naming the field."""
     from attnfuzz.store.known import meets, record_problem
-    assert meets({"d_qk": {"any_of": [160, 176]}}, {"d_qk": 176}) and not meets({"d_qk": {"any_of": [160]}}, {"d_qk": 96})
+    assert meets({"d_qk": {"any_of": [160, 176]}}, {"d_qk": 176})
+    assert not meets({"d_qk": {"any_of": [160]}}, {"d_qk": 96})
     crash = V.Verdict(V.CRASH, "CUDA_ILLEGAL_ADDRESS", "AcceleratorError: CUDA error: an illegal memory access")
     lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 1 rows")
     paged = Case(sq=1, skv=113, d_qk=160, d_v=160, dtype="float16", page_size=1)

@@ -1,0 +1,41 @@
+"""bench/recall.py's results: per entry the seeds that found it and the median cases and seconds to the match; an
+entry is recalled when found in at least half its seeds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def median_low(values: list[float]) -> float:
+    return sorted(values)[(len(values) - 1) // 2] if values else math.inf
+
+
+def summarize(runs: dict[str, list[dict]], seeds: int) -> dict:
+    """Per entry: found k of N, median cases and seconds over the seeds that found it, recalled or not; overall:
+    the recalled entries and the median of their median seconds."""
+    table = {}
+    for name, rows in runs.items():
+        hits = [r for r in rows if r.get("found")]
+        table[name] = {"found": len(hits), "seeds": seeds, "recalled": median_low(
+            [r["seconds"] if r.get("found") else math.inf for r in rows]) < math.inf,
+            "median_cases": median_low([r["cases"] for r in hits]) if hits else None,
+            "median_seconds": median_low([r["seconds"] for r in hits]) if hits else None, "runs": rows}
+    recalled = [t for t in table.values() if t["recalled"]]
+    return {"entries": table, "recalled": len(recalled), "run": len(table),
+            "median_seconds": median_low([t["median_seconds"] for t in recalled]) if recalled else None}
+
+
+def show(build: str, summary: dict, width: int) -> str:
+    lines = [f"[{build}]", f"{'entry':<{width}}  found  med. cases  med. s  matched"]
+    for name, t in summary["entries"].items():
+        cases = "-" if t["median_cases"] is None else str(t["median_cases"])
+        secs = "-" if t["median_seconds"] is None else f"{t['median_seconds']:.1f}"
+        matched = sorted({r["matched"] for r in t["runs"] if r.get("matched")} - {Path(name).stem})
+        errors = sorted({r["error"] for r in t["runs"] if r.get("error")})
+        note = "; ".join((["via " + ", ".join(matched)] if matched else []) + errors)
+        lines.append(f"{name:<{width}}  {t['found']}/{t['seeds']:<3}  {cases:>10}  {secs:>6}  {note}")
+    med = "-" if summary["median_seconds"] is None else f"{summary['median_seconds']:.1f} s"
+    lines.append(f"recalled (found in at least half the seeds): {summary['recalled']} of {summary['run']} entries; "
+                 f"median seconds to the match over those: {med}")
+    return "\n".join(lines)

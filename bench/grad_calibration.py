@@ -18,6 +18,8 @@ largest entry times (1 + EPS), and counts the catches (the negative control: a b
 would catch none); `--plant 0.05` is the bf16 one-row x 1.05 bug of docs/grading.md. `--min-len N` raises each
 case's query and key lengths to N at least (cases of packed sequences are left out): the long rows on which
 bench/sensitivity.py measures the same bug on the CPU, where a short row's bound is a larger share of it.
+`--equal-head-dims` draws d_v = d_qk only: for a kernel whose known bug with split head dims kills the process
+(FA4 4.0.0b36 on sm90 exits there), which would end the calibration with it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ def planted_row(grad: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def calibration_space(max_len: int, dtypes: tuple[str, ...], equal_head_dims: bool = False) -> Space:
+    """The cases graded: a plain layout and buffer, the vanilla softmax, gradients on; d_v = d_qk only if asked.
+    Plain buffers: a tensor one element into its buffer faults fused CUDA kernels (misaligned address), which ends
+    the process's CUDA context; those are the fuzzer's findings, not calibration points."""
+    return Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_len=max_len, dtypes=dtypes,
+                 storages=("plain",), split_head_dims=not equal_head_dims)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", type=int, default=3000)
@@ -83,6 +93,7 @@ def main() -> int:
     p.add_argument("--min-len", type=int, default=1,
                    help="raise each case's sq and skv to at least this (packed cases are left out)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--equal-head-dims", action="store_true", help="draw d_v = d_qk only")
     p.add_argument("--dtypes", default="float16,bfloat16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--kernels", help="registry backends (or MODULE:FUNCTION kernels) to grade as fused, "
@@ -106,12 +117,9 @@ def main() -> int:
     missing = {name: b.available() for name, b in kernels.items() if b.available() is not None}
     if missing:
         p.error("--kernels: " + "; ".join(f"{name}: {why}" for name, why in missing.items()))
-    # plain buffers: a tensor one element into its buffer faults fused CUDA kernels (misaligned address), which ends
-    # the process's CUDA context; those are the fuzzer's findings, not calibration points
     if not 1 <= args.min_len <= args.max_len:
         p.error(f"--min-len {args.min_len}: give a length from 1 to --max-len ({args.max_len})")
-    space = Space(layouts=("bshd",), softmaxes=("vanilla",), grads=True, max_len=args.max_len, dtypes=dtypes,
-                  storages=("plain",))
+    space = calibration_space(args.max_len, dtypes, args.equal_head_dims)
     graded, failed, worst, worst_case = Counter(), Counter(), defaultdict(float), {}
     planted, caught = Counter(), Counter()
     failures: list[str] = []

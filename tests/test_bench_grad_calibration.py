@@ -56,3 +56,24 @@ def test_min_len_grades_long_rows_only_and_lists_the_plants_that_passed():
     bad = subprocess.run([sys.executable, str(bench), "--max-len", "64", "--min-len", "65"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--min-len 65" in bad.stderr
+
+
+def test_equal_head_dims_draws_no_split_head_dims():
+    """--equal-head-dims (for FA4, whose split head dims exit the process on sm90): every case drawn has d_v = d_qk,
+    where the default space draws split ones too."""
+    from hypothesis import HealthCheck, given, settings
+
+    from attnfuzz.strategies.cases import attention_cases
+
+    def drawn(equal: bool) -> list:
+        seen = []
+
+        @settings(max_examples=150, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+        @given(case=attention_cases(grad_calibration.calibration_space(96, ("bfloat16",), equal)))
+        def draw(case):
+            seen.append((case.d_qk, case.d_v))
+        draw()
+        return seen
+
+    assert all(d_qk == d_v for d_qk, d_v in drawn(True))
+    assert any(d_qk != d_v for d_qk, d_v in drawn(False))

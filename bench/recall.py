@@ -116,8 +116,8 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
            case_timeout: float, started: float) -> dict:
     """One seed: fuzz the backend (a bring-your-own kernel imported from `kernel_path`, the folder its entry
     records), the held-out entries unknown, printing each failure (FAILED) for the parent to judge, until the budget
-    runs out or the parent, having matched one, kills the process. `started`: the wall clock (time.time()) when the
-    process was spawned. An older build (A/B) fuzzes with the records it can read."""
+    runs out or the parent, having matched every entry this seed searches for, kills the process. `started`: the
+    wall clock (time.time()) when the process was spawned. An older build (A/B) fuzzes with the records it can read."""
     import attnfuzz
     from attnfuzz.backends import get
     from attnfuzz.engine.harness import fuzz

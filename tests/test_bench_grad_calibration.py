@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -41,8 +43,6 @@ def test_a_bf16_gradient_row_off_by_5_percent_is_caught_against_the_fused_baseli
 
 
 def test_min_len_grades_long_rows_only_and_lists_the_plants_that_passed():
-    import subprocess
-    import sys
     bench = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
     ran = subprocess.run([sys.executable, str(bench), "--cases", "6", "--max-len", "300", "--min-len", "200",
                           "--dtypes", "bfloat16", "--plant", "0.05", "--kernels", "bench.planted:correct",
@@ -77,3 +77,47 @@ def test_equal_head_dims_draws_no_split_head_dims():
 
     assert all(d_qk == d_v for d_qk, d_v in drawn(True))
     assert any(d_qk != d_v for d_qk, d_v in drawn(False))
+
+
+def _calibrate(*args: str) -> subprocess.CompletedProcess:
+    bench = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
+    return subprocess.run([sys.executable, str(bench), "--cases", "6", "--max-len", "300", "--min-len", "200",
+                           "--dtypes", "bfloat16,float16", "--kernels", SPEC_X105, "--seed", "1", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+SPEC_X105 = "bench.planted:grads_1p05_all"
+
+
+def test_a_known_bug_of_the_kernel_is_left_out_of_the_table_and_counted_under_its_record(tmp_path):
+    """A kernel whose every gradient is 5 % off, with a known-bug record that takes its bf16 failures only: its bf16
+    runs are counted under the record and out of the table, its fp16 runs stay failures; without the record
+    (--known none) the bf16 runs are failures too."""
+    from attnfuzz.backends.custom import load_custom
+    from attnfuzz.oracles.grade import grade
+    from attnfuzz.store import corpus as corpus_io
+
+    kernel = load_custom(SPEC_X105)
+    case = Case(sq=256, skv=256, h=2, d_qk=64, d_v=64, dtype="bfloat16", grads=True, seed=4)
+    t = materialize(case)
+    verdict = grade(case, t, kernel.run(case, t), family=kernel.family)
+    assert verdict.label == "FAIL:GRADIENT", verdict
+    path = corpus_io.save(tmp_path, corpus_io.Entry(SPEC_X105, case, verdict, known_bug={
+        "link": "https://example.org/x105", "when": {"dtype": "bfloat16"}}), repro=False)
+
+    ran = _calibrate("--known", str(tmp_path))
+    assert ran.returncode == 1, ran.stderr[-2000:]   # the fp16 failures
+    assert f"known bug, left out: {SPEC_X105} bfloat16:" in ran.stdout and path.stem in ran.stdout, ran.stdout
+    rows = [line for line in ran.stdout.splitlines() if line.startswith(f"| {SPEC_X105} |")]
+    assert rows and all("| float16 |" in row for row in rows), rows
+    assert any(int(row.split("|")[5]) > 0 for row in rows), rows
+
+    bare = _calibrate("--known", "none")
+    assert "known bug, left out" not in bare.stdout
+    assert any(line.startswith(f"| {SPEC_X105} | bfloat16 |") and int(line.split("|")[5]) > 0
+               for line in bare.stdout.splitlines()), bare.stdout
+
+
+def test_the_budget_stops_the_draw_and_still_prints_the_table():
+    ran = _calibrate("--known", "none", "--budget-s", "0", "--cases", "50")
+    assert "0 kernel runs graded" in ran.stdout and "| kernel | dtype |" in ran.stdout, ran.stdout + ran.stderr[-1000:]

@@ -73,7 +73,6 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
     from attnfuzz.engine.profiles import profile
     from attnfuzz.store import corpus as corpus_io
     from attnfuzz.store.known import known_bugs_of, predates
-    from attnfuzz.store.replay import backend_of
     try:
         profile(profile_name)
     except ValueError as e:
@@ -89,11 +88,12 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
     if unmatched:
         return {"error": f"--entries {unmatched[0]!r} matches no entry with a known_bug record in {corpus}"}
     run, not_run, kind = {}, {}, device.split(":")[0]
+    asked = sorted({(e.backend, e.kernel_path) for _, e in chosen}, key=str)
+    with ThreadPoolExecutor(max_workers=min(8, len(asked) or 1)) as pool:   # each waits on a process of its own
+        whys = dict(zip(asked, pool.map(lambda b: child(None, "why_not", *b, device, timeout=300), asked)))
     for path, entry in chosen:
-        try:
-            why = backend_of(entry, device).available()
-        except Exception as e:  # an unknown name, a kernel's module that does not import
-            why = f"{type(e).__name__}: {e}"
+        why = whys[(entry.backend, entry.kernel_path)]
+        why = why["why"] if "why" in why else why["error"]
         if why is not None:
             not_run[path.name] = f"backend unavailable: {why}"
         elif entry.device.split(":")[0] != kind:
@@ -173,6 +173,28 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     return {"found": False, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
 
 
+def why_not(backend: str, kernel_path: str | None, device: str) -> dict:
+    """{"why": why `backend` (a kernel of `kernel_path`) cannot run on `device`, or None}. plan asks it in a process
+    a backend: one process that imports every GPU stack can fail to load one that loads alone (TransformerEngine
+    did so on an H100 runner, an ImportError from a system library), which would leave its entries out."""
+    from types import SimpleNamespace
+
+    from attnfuzz.store.replay import backend_of
+    try:
+        return {"why": backend_of(SimpleNamespace(backend=backend, kernel_path=kernel_path), device).available()}
+    except Exception as e:  # an unknown name, a kernel's module that does not import
+        return {"why": f"{type(e).__name__}: {e}"}
+
+
+def child_env(site: Path | None, environ: dict) -> dict:
+    """A child's environment: attnfuzz from `site` first where given, ahead of what PYTHONPATH already holds (the
+    GPU stack a runner's env script puts there), and no user site-packages."""
+    if site is None:
+        return dict(environ)
+    path = [str(site)] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": os.pathsep.join(path)}
+
+
 def kill(pid: int) -> None:
     """SIGKILL a child's process group (its worker, its fork server), if it is still there."""
     try:
@@ -187,7 +209,7 @@ def child(site: Path | None, task: str, *args, timeout: float | None = None, isa
     where given, with torch's CPU kernels held to `isa` where given; its result, or {"error": ...} with the
     process's last words. Killed after `timeout` seconds, or as soon as `judge` returns a result for one of the
     failures it prints (then that result)."""
-    env = {**os.environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": str(site)} if site else dict(os.environ)
+    env = child_env(site, os.environ)
     hold = (f"import os; from attnfuzz.store.isa import emulating; os.environ.update(emulating({isa!r}, "
             f"dict(os.environ))); " if isa else "")   # before torch is imported: the child's own attnfuzz says how
     code = (f"{hold}import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "

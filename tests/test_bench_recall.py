@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,34 @@ def test_together_one_process_a_seed_finds_each_held_out_entry_of_the_backend(tm
     assert all(r["cases_run"] == 40 for r in table[never.name]["runs"]), table[never.name]
     assert out["processes"] == 2   # one a seed; entry by entry, one an entry and a seed:
     assert _recall(tmp_path, "--seeds", "2", "--budget-cases", "5", "--budget-s", "60")["processes"] == 4
+
+
+def _recall_module():
+    spec = importlib.util.spec_from_file_location("recall", REPO / "bench" / "recall.py")
+    recall = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recall)
+    return recall
+
+
+def test_each_backend_is_asked_whether_it_runs_in_a_process_of_its_own(tmp_path):
+    """Two kernels whose modules cannot load into one process (tests/stacks): both entries are run, as each loads
+    alone; asked in one process, the second would be left out as unavailable."""
+    recall = _recall_module()
+    for name in ("a", "b"):
+        corpus_io.save(tmp_path, dataclasses.replace(ENTRY, backend=f"tests.stacks.stack_{name}:kernel"), repro=False)
+    chosen = recall.plan(str(tmp_path), "cpu", [])
+    assert chosen["not_run"] == {} and len(chosen["run"]) == 2, chosen
+    with pytest.raises(ImportError, match="cannot load beside"):   # the control: one process cannot hold both
+        importlib.import_module("tests.stacks.stack_a")
+        importlib.import_module("tests.stacks.stack_b")
+
+
+def test_a_child_imports_attnfuzz_from_its_build_and_keeps_the_rest_of_pythonpath(tmp_path):
+    """A build's child puts its folder first and keeps PYTHONPATH's other folders (a GPU runner's stack lives
+    there: dropping it left every FA4, TE and FlashInfer entry unavailable); with no build, the environment as is."""
+    recall = _recall_module()
+    env = recall.child_env(tmp_path, {"PYTHONPATH": f"/stack/site{os.pathsep}/other", "HOME": "/h"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/stack/site", "/other"]
+    assert env["PYTHONNOUSERSITE"] == "1" and env["HOME"] == "/h"
+    assert recall.child_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
+    assert recall.child_env(None, {"PYTHONPATH": "/stack/site"}) == {"PYTHONPATH": "/stack/site"}

@@ -3,6 +3,8 @@ way, the labels one output matches), and nothing else with the same label and me
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -292,6 +294,21 @@ def test_flexs_prescale_record_takes_the_prescale_knob_only():
     assert _taken("flex-compiled", one_key.replace(spelling="prescale+rows_safe"), lse) == record
     assert not _taken("flex-compiled", one_key.replace(spelling="triton"), lse)
     assert not _taken("flex-compiled", one_key, lse)
+
+
+def test_flexs_flash_backend_clamp_record_takes_packed_flash_cases_only():
+    """The FLASH backend cannot lower the packed mask's clamp (CuteDSL has no `maximum`): the record takes that
+    InductorError of a packed FLASH case, not a padded one, not the Triton backend's, nor another missing op."""
+    maximum = V.Verdict(V.CRASH, "InductorError", "InductorError: LoweringException: RuntimeError: CuteDSL template "
+                        "failed: ====\nUNSUPPORTED CUTEDSL OPERATION: 'maximum'\n====")
+    packed = Case(b=1, sq=1, skv=1, d_qk=16, d_v=16, dtype="float16", layout="thd", seqlens_q=(1,), seqlens_kv=(1,),
+                  spelling="flash")
+    record = "flex-compiled-CRASH-InductorError-e2cc7e0c437a"
+    assert _taken("flex-compiled", packed, maximum) == record
+    assert not _taken("flex-compiled", packed.replace(layout="bshd", seqlens_q=None, seqlens_kv=None), maximum)
+    assert not _taken("flex-compiled", packed.replace(spelling=""), maximum)
+    exp = dataclasses.replace(maximum, message=maximum.message.replace("'maximum'", "'exp2'"))
+    assert not _taken("flex-compiled", packed, exp)
 
 
 def test_flashinfer_paged_prefills_empty_row_record_and_te_unfuseds_fp16_overflow_record_stay_narrow():

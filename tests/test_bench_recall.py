@@ -49,6 +49,7 @@ def test_a_planted_bug_is_found_blind_and_a_record_it_cannot_match_is_not(tmp_pa
     assert miss["found"] == 0 and not miss["recalled"] and miss["median_seconds"] is None, miss
     assert all(r["cases_run"] == 30 and "error" not in r for r in miss["runs"]), miss
     assert out["builds"]["here"]["recalled"] == 1 and out["builds"]["here"]["run"] == 2
+    assert out["builds"]["here"]["median_cases"] == hit["median_cases"]   # over the recalled entries only
 
 
 def test_seeds_run_at_once_report_each_seed_in_order(tmp_path):

@@ -1,6 +1,6 @@
-"""Cases a known crash takes are mostly answered without running them: one in CHECK_EVERY still runs; a check that
-fails as no known bug does ends the skip at once, too few checks that fail as the bug end it after MIN_CHECKS; a
-seeded run meets the same cases with the skip as without."""
+"""Cases a known crash takes are mostly answered without running them, once a case has shown the bug: one in
+CHECK_EVERY still runs; a check that fails as no known bug does ends the skip at once, too few checks that fail as the
+bug end it after MIN_CHECKS; a seeded run meets the same cases with the skip as without."""
 
 from __future__ import annotations
 
@@ -61,17 +61,34 @@ def _checks(skip, n):
     return labels[::CHECK_EVERY]
 
 
-def test_a_kernel_fixed_since_ends_the_skip_after_min_checks_clean_checks():
+def _run(skip, n):
+    return [skip.run(CAUSAL.replace(seed=s)).label for s in range(n)]
+
+
+def test_a_kernel_fixed_since_skips_nothing_and_ends_the_skip_after_min_checks_clean_checks():
+    """No check has failed as the bug: every case runs (each is a check), and MIN_CHECKS clean ones end the skip."""
     known = _known()
     worker = Scripted(lambda n, case: PASS)
     skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
-    assert _checks(skip, MIN_CHECKS - 1) == ["PASS"] * (MIN_CHECKS - 1) and not skip.imprecise
-    assert _checks(skip, 1) == ["PASS"]
+    assert _run(skip, MIN_CHECKS - 1) == ["PASS"] * (MIN_CHECKS - 1) and not skip.imprecise
+    assert worker.ran == MIN_CHECKS - 1 and not skip.skipped
+    assert _run(skip, 1) == ["PASS"]
     assert skip.imprecise == {"segv"} and skip.checked["segv"] == MIN_CHECKS and skip.held["segv"] == 0
     ran = worker.ran
     labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(2 * CHECK_EVERY)]
     assert labels == ["PASS"] * 2 * CHECK_EVERY and worker.ran == ran + 2 * CHECK_EVERY, "every later case runs"
     assert "ran every case of segv" in skip.summary()
+
+
+def test_the_skip_starts_at_the_first_check_that_fails_as_the_bug():
+    """Two clean cases first (a record's condition wider than its bug): both run, nothing is answered unrun; the
+    third faults as the bug, and from then on one case in CHECK_EVERY runs."""
+    known = _known()
+    worker = Scripted(lambda n, case: PASS if n <= 2 else CRASH)
+    skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
+    assert _run(skip, 3) == ["PASS", "PASS", CRASH.label] and worker.ran == 3 and not skip.skipped
+    _run(skip, CHECK_EVERY - 2)   # the record's cases 4 .. CHECK_EVERY + 1: the last one is checked
+    assert worker.ran == 4 and skip.skipped["segv"] == CHECK_EVERY - 3 and skip.held["segv"] == 2
 
 
 def test_a_bug_that_fills_part_of_its_condition_keeps_the_skip():
@@ -114,9 +131,9 @@ def test_a_check_that_shows_another_known_bug_counts_as_clean_not_as_news():
     known = known_bugs_of([(Path("segv.json"), crash_entry), (Path("leak.json"), leak_entry)])
     worker = Scripted(lambda n, case: leak)
     skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
-    _checks(skip, MIN_CHECKS - 1)
+    _run(skip, MIN_CHECKS - 1)
     assert not skip.imprecise and skip.held["segv"] == 0, "a known leak under the condition is no news"
-    _checks(skip, 1)
+    _run(skip, 1)
     assert skip.imprecise == {"segv"}, "nor the crash: none of MIN_CHECKS held"
 
 

@@ -9,9 +9,9 @@ began with a misaligned-address fault of a known bug). Where a corpus known_bug 
 takes a case before it runs (its `when`, judged as store/known.py judges a failure, on the face the entry's own
 verdict shows), every such case runs until one fails as the bug; after that one in CHECK_EVERY still runs, and the
 others are answered with that face, marked "not run". A record is trusted only once a case has shown its bug here:
-one whose condition is far wider than the bug (an empty `when`) would otherwise answer seven cases in eight of its
-first checks unrun, cases that pass (in a 265-case flex-compiled stream, 63 cases answered as two crashes and a hang
-whose checks never failed as them).
+one whose condition is far wider than the bug (an empty `when`) would otherwise answer seven cases in eight unrun,
+cases that pass, until its clean checks end the skip (in a 265-case flex-compiled stream, 63 cases were answered as
+two crashes and a hang whose checks never failed as them).
 
 The checks keep the record honest. A check that fails in a way no known bug takes makes the record imprecise at
 once: something else lives under its condition, and every later case of it runs, so the search can find and shrink

@@ -175,8 +175,8 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
 
 def why_not(backend: str, kernel_path: str | None, device: str) -> dict:
     """{"why": why `backend` (a kernel of `kernel_path`) cannot run on `device`, or None}. plan asks it in a process
-    a backend: one process that imports every GPU stack can fail to load one that loads alone (TransformerEngine
-    did so on an H100 runner, an ImportError from a system library), which would leave its entries out."""
+    a backend, as replay and versiondiff do: TransformerEngine does not import in a process where cuDNN has loaded
+    (an ImportError from a system library, on an H100 runner), which would leave its entries out."""
     from types import SimpleNamespace
 
     from attnfuzz.store.replay import backend_of

@@ -21,7 +21,8 @@ new seeds (as a user re-runs `attnfuzz run` after a finding) until a failing ver
 Per entry: found in k of N seeds, the median cases and seconds to the match over the seeds that found it. An entry
 is recalled when found in at least half its seeds: then the lower median over all seeds, a seed that did not find
 counted as never, is within the budget. Overall: the recalled entries of those run, and the median of their median
-seconds. Entries not run are listed with why (backend unavailable, found on another device, an older release).
+seconds and cases. Entries not run are listed with why (backend unavailable, asked in a process a backend; found on
+another device; an older release).
 
 --jobs N runs N seeds at once (default 1), each in its own process; on a GPU each then keeps to an equal share of
 its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to a match include the contention.

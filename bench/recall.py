@@ -59,7 +59,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))   # bench.recall_report, wherever this file is run or imported from
-from bench.recall_report import show, summarize  # noqa: E402
+from bench.recall_report import show_all, summarize  # noqa: E402
 GRACE_S = 60.0   # past the budget, a seed's process is killed (a case that will not return)
 MARK = "RECALL "  # the prefix of a child's result line on stdout
 FAILED = "RECALL-FAILED "  # the prefix of a failure a seed met, for the parent to judge
@@ -389,18 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                           "isa": {e: w["isa"] for e, w in chosen["run"].items() if w.get("isa")},
                           "builds": summaries, "not_run": chosen["not_run"], "processes": len(tasks)}, indent=2))
         return 0
-    width = max([len(e) for e in chosen["run"]] + [5])
-    for name, summary in summaries.items():
-        print(show(name, summary, width))
-    for entry, what in chosen["run"].items():
-        if what.get("isa"):
-            print(f"{entry}: searched under ATEN_CPU_CAPABILITY={what['isa']}, the ISA it was recorded on")
-        if len(what["held_out"]) > 1:
-            print(f"{entry}: held out with {', '.join(n for n in what['held_out'] if n != entry)}")
-    for entry, why in chosen["not_run"].items():
-        print(f"{entry}: not run: {why}")
-    if not chosen["run"]:
-        print(f"no entry can run on {args.device}")
+    print(show_all(summaries, chosen, args.device))
     return 0
 
 

@@ -42,3 +42,18 @@ def show(build: str, summary: dict, width: int) -> str:
     lines.append(f"recalled (found in at least half the seeds): {summary['recalled']} of {summary['run']} entries; "
                  f"median seconds to the match over those: {med}; median cases: {cases}")
     return "\n".join(lines)
+
+
+def show_all(summaries: dict, chosen: dict, device: str) -> str:
+    """Each build's table, then what was searched how (an ISA, a held-out group) and the entries not run, with why."""
+    width = max([len(e) for e in chosen["run"]] + [5])
+    lines = [show(name, summary, width) for name, summary in summaries.items()]
+    for entry, what in chosen["run"].items():
+        if what.get("isa"):
+            lines.append(f"{entry}: searched under ATEN_CPU_CAPABILITY={what['isa']}, the ISA it was recorded on")
+        if len(what["held_out"]) > 1:
+            lines.append(f"{entry}: held out with {', '.join(n for n in what['held_out'] if n != entry)}")
+    lines += [f"{entry}: not run: {why}" for entry, why in chosen["not_run"].items()]
+    if not chosen["run"]:
+        lines.append(f"no entry can run on {device}")
+    return "\n".join(lines)

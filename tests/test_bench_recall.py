@@ -164,3 +164,15 @@ def test_a_child_imports_attnfuzz_from_its_build_and_keeps_the_rest_of_pythonpat
     assert env["PYTHONNOUSERSITE"] == "1" and env["HOME"] == "/h"
     assert recall.child_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
     assert recall.child_env(None, {"PYTHONPATH": "/stack/site"}) == {"PYTHONPATH": "/stack/site"}
+
+
+def test_the_tables_say_what_was_searched_how_and_what_was_not_run():
+    from bench.recall_report import show_all, summarize
+    runs = {"a.json": [{"seed": 1, "found": True, "matched": "a", "cases": 3, "seconds": 1.5}]}
+    chosen = {"run": {"a.json": {"backend": "x", "held_out": ["a.json", "b.json"], "isa": "avx2"}},
+              "not_run": {"c.json": "backend unavailable: no GPU"}}
+    text = show_all({"here": summarize(runs, 1)}, chosen, "cpu")
+    assert "[here]" in text and "1 of 1 entries" in text and "median cases: 3" in text, text
+    assert "a.json: searched under ATEN_CPU_CAPABILITY=avx2" in text and "a.json: held out with b.json" in text
+    assert "c.json: not run: backend unavailable: no GPU" in text
+    assert show_all({}, {"run": {}, "not_run": {}}, "cuda") == "no entry can run on cuda"

@@ -44,9 +44,9 @@ from attnfuzz.backends import get  # noqa: E402
 from attnfuzz.backends.custom import load_custom  # noqa: E402
 from attnfuzz.oracles.grade import Oracle, grade, gradient_check  # noqa: E402
 from attnfuzz.oracles.verdict import Output  # noqa: E402
+from attnfuzz.store import corpus as corpus_io  # noqa: E402
 from attnfuzz.strategies.cases import attention_cases  # noqa: E402
 from attnfuzz.strategies.materialize import materialize  # noqa: E402
-from attnfuzz.store import corpus as corpus_io  # noqa: E402
 from attnfuzz.strategies.space import Space  # noqa: E402
 from tests.fused_kernels import flash_algorithm_backward  # noqa: E402
 

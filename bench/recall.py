@@ -93,8 +93,8 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
     with ThreadPoolExecutor(max_workers=min(8, len(asked) or 1)) as pool:   # each waits on a process of its own
         whys = dict(zip(asked, pool.map(lambda b: child(None, "why_not", *b, device, timeout=300), asked)))
     for path, entry in chosen:
-        why = whys[(entry.backend, entry.kernel_path)]
-        why = why["why"] if "why" in why else why["error"]
+        asked_it = whys[(entry.backend, entry.kernel_path)]   # {"why": ...}, or {"error": ...} where the child failed
+        why = asked_it["why"] if "why" in asked_it else asked_it["error"]
         if why is not None:
             not_run[path.name] = f"backend unavailable: {why}"
         elif entry.device.split(":")[0] != kind:

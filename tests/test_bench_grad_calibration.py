@@ -15,8 +15,8 @@ from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
 from tests.fused_kernels import flash_algorithm_backward
 
-SPEC = importlib.util.spec_from_file_location("grad_calibration", Path(__file__).resolve().parents[1] / "bench" /
-                                              "grad_calibration.py")
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
+SPEC = importlib.util.spec_from_file_location("grad_calibration", BENCH)
 grad_calibration = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(grad_calibration)
 
@@ -43,8 +43,7 @@ def test_a_bf16_gradient_row_off_by_5_percent_is_caught_against_the_fused_baseli
 
 
 def test_min_len_grades_long_rows_only_and_lists_the_plants_that_passed():
-    bench = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
-    ran = subprocess.run([sys.executable, str(bench), "--cases", "6", "--max-len", "300", "--min-len", "200",
+    ran = subprocess.run([sys.executable, str(BENCH), "--cases", "6", "--max-len", "300", "--min-len", "200",
                           "--dtypes", "bfloat16", "--plant", "0.05", "--kernels", "bench.planted:correct",
                           "--show", "0"],
                          capture_output=True, text=True, timeout=300)
@@ -53,7 +52,7 @@ def test_min_len_grades_long_rows_only_and_lists_the_plants_that_passed():
     cases = [line for line in ran.stdout.splitlines() if "Case(" in line]
     assert cases and all(int(line.split("sq=")[1].split(",")[0]) >= 200 and int(line.split("skv=")[1].split(",")[0]) >= 200
                for line in cases), cases
-    bad = subprocess.run([sys.executable, str(bench), "--max-len", "64", "--min-len", "65"], capture_output=True,
+    bad = subprocess.run([sys.executable, str(BENCH), "--max-len", "64", "--min-len", "65"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "--min-len 65" in bad.stderr
 
@@ -79,14 +78,13 @@ def test_equal_head_dims_draws_no_split_head_dims():
     assert any(d_qk != d_v for d_qk, d_v in drawn(False))
 
 
+SPEC_X105 = "bench.planted:grads_1p05_all"
+
+
 def _calibrate(*args: str) -> subprocess.CompletedProcess:
-    bench = Path(__file__).resolve().parents[1] / "bench" / "grad_calibration.py"
-    return subprocess.run([sys.executable, str(bench), "--cases", "6", "--max-len", "300", "--min-len", "200",
+    return subprocess.run([sys.executable, str(BENCH), "--cases", "6", "--max-len", "300", "--min-len", "200",
                            "--dtypes", "bfloat16,float16", "--kernels", SPEC_X105, "--seed", "1", *args],
                           capture_output=True, text=True, timeout=600)
-
-
-SPEC_X105 = "bench.planted:grads_1p05_all"
 
 
 def test_a_known_bug_of_the_kernel_is_left_out_of_the_table_and_counted_under_its_record(tmp_path):

@@ -101,12 +101,17 @@ def test_an_entry_recorded_under_avx2_is_searched_under_avx2(tmp_path):
     assert hit["found"] == 1 and hit["runs"][0]["label"] == "FAIL:ALL_ZERO", hit
 
 
-def test_every_build_is_judged_by_the_first_builds_records(tmp_path):
-    """A seed prints each failure it meets and this process matches it: an older build's case (fewer fields) is
-    matched by today's record, another failure is not, and a field this build does not know is no match."""
+def _recall_module():
     spec = importlib.util.spec_from_file_location("recall", REPO / "bench" / "recall.py")
     recall = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recall)
+    return recall
+
+
+def test_every_build_is_judged_by_the_first_builds_records(tmp_path):
+    """A seed prints each failure it meets and this process matches it: an older build's case (fewer fields) is
+    matched by today's record, another failure is not, and a field this build does not know is no match."""
+    recall = _recall_module()
     entry = corpus_io.save(tmp_path, ENTRY, repro=False)
     judge = recall.judges(str(tmp_path), {entry.name: {"backend": SPEC, "held_out": [entry.name]}})[entry.name]
     older = {k: v for k, v in ENTRY.case.to_dict().items() if k in ("b", "sq", "skv", "d_qk", "d_v", "causal", "seed")}
@@ -133,13 +138,6 @@ def test_together_one_process_a_seed_finds_each_held_out_entry_of_the_backend(tm
     assert all(r["cases_run"] == 40 for r in table[never.name]["runs"]), table[never.name]
     assert out["processes"] == 2   # one a seed; entry by entry, one an entry and a seed:
     assert _recall(tmp_path, "--seeds", "2", "--budget-cases", "5", "--budget-s", "60")["processes"] == 4
-
-
-def _recall_module():
-    spec = importlib.util.spec_from_file_location("recall", REPO / "bench" / "recall.py")
-    recall = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recall)
-    return recall
 
 
 def test_each_backend_is_asked_whether_it_runs_in_a_process_of_its_own(tmp_path):

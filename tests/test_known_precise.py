@@ -4,7 +4,6 @@ way, the labels one output matches), and nothing else with the same label and me
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 

@@ -57,11 +57,11 @@ PASS = V.Verdict(V.PASS, None, "")
 
 def _checks(skip, n):
     """The labels of n checked cases (each the first of a run of CHECK_EVERY), the skipped ones between them dropped."""
-    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(n * CHECK_EVERY)]
-    return labels[::CHECK_EVERY]
+    return _run(skip, n * CHECK_EVERY)[::CHECK_EVERY]
 
 
 def _run(skip, n):
+    """The labels of n cases the record takes, run one after another."""
     return [skip.run(CAUSAL.replace(seed=s)).label for s in range(n)]
 
 
@@ -75,7 +75,7 @@ def test_a_kernel_fixed_since_skips_nothing_and_ends_the_skip_after_min_checks_c
     assert _run(skip, 1) == ["PASS"]
     assert skip.imprecise == {"segv"} and skip.checked["segv"] == MIN_CHECKS and skip.held["segv"] == 0
     ran = worker.ran
-    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(2 * CHECK_EVERY)]
+    labels = _run(skip, 2 * CHECK_EVERY)
     assert labels == ["PASS"] * 2 * CHECK_EVERY and worker.ran == ran + 2 * CHECK_EVERY, "every later case runs"
     assert "ran every case of segv" in skip.summary()
 
@@ -121,7 +121,7 @@ def test_a_check_that_fails_as_no_known_bug_does_ends_the_skip_at_once():
     assert _checks(skip, 2) == [CRASH.label, other.label] and skip.imprecise == {"segv"}
     assert skip.checked["segv"] == 2 < MIN_CHECKS
     ran = worker.ran
-    assert [skip.run(CAUSAL.replace(seed=s)).label for s in range(3)] == [other.label] * 3 and worker.ran == ran + 3
+    assert _run(skip, 3) == [other.label] * 3 and worker.ran == ran + 3
 
 
 def test_a_check_that_shows_another_known_bug_counts_as_clean_not_as_news():
@@ -179,7 +179,7 @@ def test_a_refused_check_is_no_check_and_the_next_case_is_checked():
     refused = V.Verdict(V.UNSUPPORTED, None, "p.query_ptr is not correctly aligned")
     worker = Scripted(lambda n, case: refused if n <= 2 * MIN_CHECKS else CRASH)
     skip = SkipKnownCrashes(worker, SEGFAULTS, known, faces(known, SEGFAULTS))
-    labels = [skip.run(CAUSAL.replace(seed=s)).label for s in range(2 * MIN_CHECKS + 1)]
+    labels = _run(skip, 2 * MIN_CHECKS + 1)
     assert labels == ["UNSUPPORTED"] * 2 * MIN_CHECKS + [CRASH.label] and worker.ran == 2 * MIN_CHECKS + 1
     assert not skip.imprecise and skip.checked["segv"] == 1 and skip.held["segv"] == 1
     skip.run(CAUSAL.replace(seed=99))

@@ -20,8 +20,9 @@ from attnfuzz.strategies.case import Case
 def fused_backward(case: Case, family: str) -> bool:
     """Whether this family's gradients are graded against the fused baseline (tolerance.FUSED_BACKWARD); in fp32 /
     fp64 a fused backward rounds nothing before the end, and the naive baseline is the same computation. ALiBi that
-    a family takes as a bias in the input dtype (tolerance.BIAS_IN_INPUT_DTYPE) keeps the textbook baseline."""
-    return (case.grads and case.dtype in LOW_PRECISION and family in FUSED_BACKWARD
+    a family takes as a bias in the input dtype (tolerance.BIAS_IN_INPUT_DTYPE) keeps the textbook baseline, as does
+    an FP8 case (its backward's rounding is allowed on top of the textbook one: oracles/fp8_grads.py)."""
+    return (case.grads and case.dtype in LOW_PRECISION and family in FUSED_BACKWARD and case.fp8 is None
             and not (case.alibi_slopes and family in BIAS_IN_INPUT_DTYPE))
 
 

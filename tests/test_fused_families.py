@@ -1,6 +1,7 @@
-"""SDPA's families are graded against the fused gradient baseline (oracles/tolerance.py, FUSED_BACKWARD): a bf16
-gradient row off by 5 % on a long row, which the textbook baseline in the dtype lets pass, is caught through the
-backend's own family; ALiBi, a bias SDPA takes in the input dtype, keeps the textbook baseline."""
+"""SDPA's, FA4's and TE's fused and flash families are graded against the fused gradient baseline
+(oracles/tolerance.py, FUSED_BACKWARD): a bf16 gradient row off by 5 % on a long row, which the textbook baseline in
+the dtype lets pass, is caught through the backend's own family; ALiBi, a bias SDPA takes in the input dtype, and an
+FP8 backward keep the textbook baseline."""
 
 from __future__ import annotations
 
@@ -33,14 +34,22 @@ def test_which_cases_take_the_fused_baseline():
     assert fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "fused")   # it takes ALiBi exactly
     assert not fused_backward(LONG.replace(dtype="float32"), "sdpa")          # nothing rounds before the end
     assert not fused_backward(LONG, "te-unfused") and not fused_backward(LONG, "flex")
+    assert fused_backward(LONG, "fa4") and fused_backward(LONG, "te")
+    assert fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "te")     # TE takes the slopes in fp32
+    assert not fused_backward(LONG, "fa2") and not fused_backward(LONG, "fa3")   # not calibrated on long rows
+    fp8 = LONG.replace(fp8=("e4m3", "e4m3", "e4m3"), fp8_dout="e5m2")
+    assert not fused_backward(fp8, "te")   # an FP8 backward: the textbook baseline and its FP8 allowance
 
 
-def test_sdpa_backends_declare_a_fused_family():
+def test_backends_declare_the_family_their_gradients_are_graded_by():
     assert get("sdpa-math", "cpu").family == get("sdpa-flash", "cpu").family == "sdpa"
+    assert get("fa4", "cuda").family == "fa4"
+    assert get("te-fused", "cuda").family == get("te-flash", "cuda").family == "te"
+    assert get("te-unfused", "cuda").family == "te-unfused"
 
 
-@pytest.mark.parametrize("family", ["sdpa", "sdpa-efficient"])
-def test_a_bf16_row_off_by_5_percent_fails_sdpa_through_its_own_family(family):
+@pytest.mark.parametrize("family", ["sdpa", "sdpa-efficient", "fa4", "te"])
+def test_a_bf16_row_off_by_5_percent_fails_through_the_backends_own_family(family):
     """The gradients come from FlashAttention's algorithm written out (tests/fused_kernels.py), not from torch's
     kernels, so the test does not bet on the host's torch rounding one way."""
     t = materialize(LONG)

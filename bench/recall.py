@@ -33,6 +33,11 @@ search is then harder (the other held-out bugs are not passed over as KNOWN: the
 time), and it costs one process a backend instead of one an entry: a bound from above on each entry's time, for a
 GPU corpus too large to run entry by entry.
 
+Before the search, each chosen entry's case is replayed (`--replays`, default 3 times; a FLAKY entry fails in some
+runs only) as `attnfuzz replay --isolate` replays it, one process a backend: an entry whose case passes every replay
+(a bug fixed in this stack's kernel) or is refused by every one is not run, with why. No search could find it, and
+counting it would measure the stack, not the search.
+
 A/B: NAME=DIR arguments, each DIR holding an installed attnfuzz (`pip wheel --no-deps --no-build-isolation -w W .`
 in a checkout, then `pip install --no-deps --target DIR W/*.whl`), run every seed of every entry once per build,
 taking turns from a rotating position; each process imports attnfuzz from its DIR alone. The entries and their
@@ -48,21 +53,15 @@ import argparse
 import fnmatch
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))   # bench.recall_report, wherever this file is run or imported from
+from bench.recall_child import FAILED, GRACE_S, MARK, child  # noqa: E402
 from bench.recall_report import show_all, summarize  # noqa: E402
-GRACE_S = 60.0   # past the budget, a seed's process is killed (a case that will not return)
-MARK = "RECALL "  # the prefix of a child's result line on stdout
-FAILED = "RECALL-FAILED "  # the prefix of a failure a seed met, for the parent to judge
 
 
 class Stop(BaseException):
@@ -187,69 +186,36 @@ def why_not(backend: str, kernel_path: str | None, device: str) -> dict:
         return {"why": f"{type(e).__name__}: {e}"}
 
 
-def child_env(site: Path | None, environ: dict) -> dict:
-    """A child's environment: attnfuzz from `site` first where given, ahead of what PYTHONPATH already holds (the
-    GPU stack a runner's env script puts there), and no user site-packages."""
-    if site is None:
-        return dict(environ)
-    path = [str(site)] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**environ, "PYTHONNOUSERSITE": "1", "PYTHONPATH": os.pathsep.join(path)}
-
-
-def kill(pid: int) -> None:
-    """SIGKILL a child's process group (its worker, its fork server), if it is still there."""
+def reproduces(corpus: str, names: list[str], device: str, case_timeout: float, tries: int) -> dict:
+    """{entry: None where its case still fails here, else why not}: each entry's case replayed as `attnfuzz replay
+    --isolate` does, up to `tries` times (a FLAKY entry fails in some runs only). An entry every replay passes, or
+    every replay is refused, is no bug of this stack (fixed, or another kernel version): a search could not find
+    it, and counting it would measure the stack, not the search. A replay that fails otherwise keeps the entry."""
+    from attnfuzz.oracles.verdict import PASS, UNSUPPORTED
+    from attnfuzz.store import corpus as corpus_io
+    from attnfuzz.store.replay import Replayer
+    from attnfuzz.engine.isolate import Workers
+    entries = {p.name: e for p, e in corpus_io.load_all(Path(corpus))[0] if p.name in names}
+    sys.path += sorted({e.kernel_path for e in entries.values() if e.kernel_path} - set(sys.path))  # (its workers too)
+    workers = Workers(timeout_s=case_timeout)
+    why: dict = {}
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def child(site: Path | None, task: str, *args, timeout: float | None = None, isa: str | None = None,
-          judge=None) -> dict:
-    """Run `task` (plan or search) in a fresh process from an empty folder, importing attnfuzz from `site` alone
-    where given, with torch's CPU kernels held to `isa` where given; its result, or {"error": ...} with the
-    process's last words. Killed after `timeout` seconds, or as soon as `judge` returns a result for one of the
-    failures it prints (then that result)."""
-    env = child_env(site, os.environ)
-    hold = (f"import os; from attnfuzz.store.isa import emulating; os.environ.update(emulating({isa!r}, "
-            f"dict(os.environ))); " if isa else "")   # before torch is imported: the child's own attnfuzz says how
-    code = (f"{hold}import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "
-            f"print(recall.MARK + json.dumps(recall.{task}(*json.loads(sys.argv[1]))), flush=True)")
-    with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=err, start_new_session=True)
-        timer = threading.Timer(timeout, kill, (proc.pid,)) if timeout else None
-        if timer:
-            timer.start()
-        lines, verdict = [], None
-        try:
-            for line in proc.stdout:
-                if line.startswith(MARK):
-                    lines.append(line[len(MARK):])
-                elif line.startswith(FAILED) and judge is not None and verdict is None:
-                    verdict = judge(json.loads(line[len(FAILED):]))
-                    if verdict is not None:
-                        kill(proc.pid)
-            proc.wait()
-        finally:
-            expired = timer is not None and not timer.is_alive() and verdict is None   # the timer killed it
-            if timer:
-                timer.cancel()
-            kill(proc.pid)   # what the process left behind (its worker, its fork server)
-        err.seek(0)
-        last_words = err.read().strip()
-    rows = [json.loads(line) for line in lines]
-    for row in rows[:1]:
-        if site and "module" in row and not Path(os.path.abspath(row["module"])).is_relative_to(os.path.abspath(site)):
-            raise SystemExit(f"recall.py: error: {site}: attnfuzz was imported from {row['module']}, not from this "
-                             f"folder")
-    if verdict is not None:
-        return verdict
-    if rows and set(rows[-1]) != {"module"}:   # its result, after the announcement
-        return rows[-1]
-    if expired:
-        return {"found": False, "error": f"killed {GRACE_S:.0f} s past the budget: {last_words[-300:]}"}
-    return {"found": False, "error": f"exited {proc.returncode}: {last_words[-600:]}"}
+        for name, entry in entries.items():
+            seen = []
+            for _ in range(tries):
+                verdict = Replayer(workers)(entry, device)
+                if verdict.status not in (PASS, UNSUPPORTED):
+                    break
+                seen.append(verdict)
+            if len(seen) < tries:
+                why[name] = None
+            elif all(v.status == PASS for v in seen):
+                why[name] = f"does not fail here: its case passed {tries} replay(s)"
+            else:
+                why[name] = f"its case is refused here: {seen[-1].message[:200]}"
+    finally:
+        workers.close()
+    return why
 
 
 def judges(corpus: str, chosen: dict):
@@ -304,6 +270,26 @@ def groups(run: dict, together: bool) -> list[list[str]]:
     return list(keyed.values())
 
 
+def leave_out_unreproduced(chosen: dict, site: Path | None, corpus: str, args) -> None:
+    """Moves the chosen entries whose cases do not fail here (reproduces, one process a backend, 4 at once) from
+    chosen["run"] to chosen["not_run"], with why."""
+    def ask(group: list[str]) -> dict:
+        what = chosen["run"][group[0]]
+        answer = child(site, "reproduces", corpus, group, args.device, args.case_timeout, args.replays, isa=what.get(
+            "isa"), timeout=120 + len(group) * args.replays * (args.case_timeout + 30))
+        if "error" in answer:   # a replay that could not finish keeps its entries
+            print(f"recall.py: replaying {', '.join(group)} did not finish ({answer['error'][-300:]}): searched for "
+                  f"all the same", file=sys.stderr)
+            return {}
+        return answer
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for answer in pool.map(ask, groups(chosen["run"], True)):
+            for name, why in answer.items():
+                if why is not None:
+                    chosen["not_run"][name] = why
+                    del chosen["run"][name]
+
+
 def gpu_share(device: str, jobs: int) -> int:
     """Bytes of the GPU's memory each of `jobs` seeds at once may hold (nine tenths of it, split evenly)."""
     import torch
@@ -331,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="seeds run at once, each in its own process (default 1)")
     p.add_argument("--together", action="store_true",
                    help="one process a seed for all the chosen entries of a backend, each held out (see above)")
+    p.add_argument("--replays", type=int, default=3, help="replays of each entry's case before it is searched for: "
+                   "an entry none fails is not run (default 3; 0: search for every entry)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cpu", "cuda"):
@@ -339,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--corpus {args.corpus}: not a folder")
     if min(args.seeds, args.budget_s, args.budget_cases or 1, args.max_examples or 1, args.jobs) <= 0:
         fail("--seeds, --budget-s, --budget-cases, --max-examples and --jobs must be above 0")
+    if args.replays < 0:
+        fail(f"--replays {args.replays}: give 0 or more")
     builds = []
     for spec in args.builds:
         name, sep, folder = spec.partition("=")
@@ -349,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = child(builds[0][1], "plan", str(args.corpus.resolve()), args.device, args.entries, args.profile)
     if "error" in chosen:
         fail(chosen["error"])
+    if args.replays:
+        leave_out_unreproduced(chosen, builds[0][1], str(args.corpus.resolve()), args)
     if builds[0][1] is not None:
         sys.path.insert(0, str(builds[0][1]))   # the first build judges every build's failures
     judge = judges(str(args.corpus.resolve()), chosen["run"])

@@ -52,6 +52,20 @@ def test_a_planted_bug_is_found_blind_and_a_record_it_cannot_match_is_not(tmp_pa
     assert out["builds"]["here"]["median_cases"] == hit["median_cases"]   # over the recalled entries only
 
 
+def test_an_entry_whose_case_no_longer_fails_here_is_not_run(tmp_path):
+    """An entry whose saved case the kernel now passes (its bug fixed in this stack) is not searched for: listed as not
+    run, with why; one whose case still fails is. --replays 0 searches for both."""
+    fails = corpus_io.save(tmp_path, ENTRY, repro=False)
+    fixed = corpus_io.save(tmp_path, dataclasses.replace(   # the kernel is right on non-causal cases
+        ENTRY, case=ENTRY.case.replace(causal=False, seed=3), known_bug={**ENTRY.known_bug, "note": "fixed"}),
+        repro=False)
+    out = _recall(tmp_path, "--seeds", "1", "--budget-cases", "5", "--budget-s", "60")
+    assert out["not_run"] == {fixed.name: "does not fail here: its case passed 3 replay(s)"}, out["not_run"]
+    assert list(out["builds"]["here"]["entries"]) == [fails.name]
+    everything = _recall(tmp_path, "--seeds", "1", "--budget-cases", "5", "--budget-s", "60", "--replays", "0")
+    assert everything["not_run"] == {} and len(everything["builds"]["here"]["entries"]) == 2
+
+
 def test_seeds_run_at_once_report_each_seed_in_order(tmp_path):
     found = corpus_io.save(tmp_path, ENTRY, repro=False)
     out = _recall(tmp_path, "--seeds", "3", "--jobs", "3", "--budget-cases", "30", "--budget-s", "60")
@@ -81,7 +95,7 @@ def test_a_record_that_answers_for_the_held_out_failure_is_held_out_with_it(tmp_
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for options in (["A=" + str(tmp_path / "missing")], ["--corpus", str(tmp_path / "no")], ["--seeds", "0"],
-                    ["--jobs", "0"]):
+                    ["--jobs", "0"], ["--replays", "-1"]):
         ran = subprocess.run([sys.executable, str(REPO / "bench" / "recall.py"), *options], capture_output=True,
                              text=True, timeout=60)
         assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, (options, ran.stderr)
@@ -156,12 +170,12 @@ def test_each_backend_is_asked_whether_it_runs_in_a_process_of_its_own(tmp_path)
 def test_a_child_imports_attnfuzz_from_its_build_and_keeps_the_rest_of_pythonpath(tmp_path):
     """A build's child puts its folder first and keeps PYTHONPATH's other folders (a GPU runner's stack lives
     there: dropping it left every FA4, TE and FlashInfer entry unavailable); with no build, the environment as is."""
-    recall = _recall_module()
-    env = recall.child_env(tmp_path, {"PYTHONPATH": f"/stack/site{os.pathsep}/other", "HOME": "/h"})
+    from bench.recall_child import child_env
+    env = child_env(tmp_path, {"PYTHONPATH": f"/stack/site{os.pathsep}/other", "HOME": "/h"})
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/stack/site", "/other"]
     assert env["PYTHONNOUSERSITE"] == "1" and env["HOME"] == "/h"
-    assert recall.child_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
-    assert recall.child_env(None, {"PYTHONPATH": "/stack/site"}) == {"PYTHONPATH": "/stack/site"}
+    assert child_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
+    assert child_env(None, {"PYTHONPATH": "/stack/site"}) == {"PYTHONPATH": "/stack/site"}
 
 
 def test_the_tables_say_what_was_searched_how_and_what_was_not_run():

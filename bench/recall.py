@@ -55,6 +55,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -148,12 +149,13 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     space, share = Space.for_device(device), share_bytes()
     if share is not None:
         space = space.replace(max_bytes=share)   # --jobs on a GPU: its share
-    cases, rounds = 0, 0
+    cases, rounds, statuses = 0, 0, Counter()
     print(MARK + json.dumps({"module": attnfuzz.__file__}), flush=True)   # which attnfuzz, before any failure
 
     def on_case(case, verdict, tally) -> None:
         nonlocal cases
         cases += 1
+        statuses[verdict.status] += 1
         if verdict.failed:
             print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": cases,
                                        "seconds": round(time.time() - started, 2)}), flush=True)
@@ -170,7 +172,7 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     finally:
         if worker is not None:
             worker.close()
-    return {"found": False, "rounds": rounds, "cases_run": cases, "module": attnfuzz.__file__}
+    return {"found": False, "rounds": rounds, "cases_run": cases, "statuses": dict(statuses), "module": attnfuzz.__file__}
 
 
 def why_not(backend: str, kernel_path: str | None, device: str) -> dict:
@@ -245,17 +247,21 @@ def judges(corpus: str, chosen: dict):
 
 
 def gather(judge_of: dict):
-    """A judge over several entries (name -> its judge): it keeps each entry's first match in `.found` and returns a
-    result, stopping the seed, once every entry has one."""
-    found = {}
+    """A judge over several entries (name -> its judge): it keeps each entry's first match in `.found`, counts the
+    labels of the failures no entry's records take in `.unmatched` (a new bug, or a record narrower than its bug),
+    and returns a result, stopping the seed, once every entry has one."""
+    found, unmatched = {}, Counter()
 
     def judge(failure: dict) -> dict | None:
-        for name, one in judge_of.items():
-            hit = None if name in found else one(failure)
-            if hit is not None:
+        hits = {name: one(failure) for name, one in judge_of.items()}
+        for name, hit in hits.items():
+            if hit is not None and name not in found:
                 found[name] = hit
+        if all(hit is None for hit in hits.values()):
+            status, diagnosis = failure["verdict"]["status"], failure["verdict"].get("diagnosis")
+            unmatched[f"{status}:{diagnosis}" if diagnosis else status] += 1   # (Verdict.label)
         return {"found": True} if len(found) == len(judge_of) else None
-    judge.found = found
+    judge.found, judge.unmatched = found, unmatched
     return judge
 
 
@@ -364,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for entry in group:
             row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items()
-                                                               if k in ("error", "rounds", "cases_run")}}
+                                                               if k in ("error", "rounds", "cases_run", "statuses")}}
+            row = {**row, **({"unmatched": dict(seen.unmatched)} if seen.unmatched else {})}
             print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
                   if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
             rows.append((name, entry, {"seed": seed, **row}))

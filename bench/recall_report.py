@@ -28,6 +28,15 @@ def summarize(runs: dict[str, list[dict]], seeds: int) -> dict:
             "median_cases": median_low([t["median_cases"] for t in recalled]) if recalled else None}
 
 
+def searched_note(row: dict) -> str:
+    """What a seed that did not find its entry graded: the verdicts of its cases, and the failures that no held-out
+    record took (a new bug, or a record narrower than its bug)."""
+    counts = ", ".join(f"{status} {n}" for status, n in sorted(row.get("statuses", {}).items()))
+    other = ", ".join(f"{label} x{n}" for label, n in sorted(row.get("unmatched", {}).items()))
+    return (f"seed {row['seed']}: {row['cases_run']} cases" + (f" ({counts})" if counts else "")
+            + (f", taken by no held-out record: {other}" if other else ""))
+
+
 def show(build: str, summary: dict, width: int) -> str:
     lines = [f"[{build}]", f"{'entry':<{width}}  found  med. cases  med. s  matched"]
     for name, t in summary["entries"].items():
@@ -35,7 +44,8 @@ def show(build: str, summary: dict, width: int) -> str:
         secs = "-" if t["median_seconds"] is None else f"{t['median_seconds']:.1f}"
         matched = sorted({r["matched"] for r in t["runs"] if r.get("matched")} - {Path(name).stem})
         errors = sorted({r["error"] for r in t["runs"] if r.get("error")})
-        note = "; ".join((["via " + ", ".join(matched)] if matched else []) + errors)
+        searched = [searched_note(r) for r in t["runs"] if not r.get("found") and "cases_run" in r]
+        note = "; ".join((["via " + ", ".join(matched)] if matched else []) + errors + searched)
         lines.append(f"{name:<{width}}  {t['found']}/{t['seeds']:<3}  {cases:>10}  {secs:>6}  {note}")
     med = "-" if summary["median_seconds"] is None else f"{summary['median_seconds']:.1f} s"
     cases = "-" if summary.get("median_cases") is None else str(summary["median_cases"])

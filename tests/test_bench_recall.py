@@ -48,6 +48,8 @@ def test_a_planted_bug_is_found_blind_and_a_record_it_cannot_match_is_not(tmp_pa
     # the unmatched record is searched to the end of its budget (the planted bug, known there, passed over)
     assert miss["found"] == 0 and not miss["recalled"] and miss["median_seconds"] is None, miss
     assert all(r["cases_run"] == 30 and "error" not in r for r in miss["runs"]), miss
+    # what it graded instead: the planted bug, known there, passed over; passing and refused cases
+    assert all(sum(r["statuses"].values()) == 30 and r["statuses"].get("KNOWN") for r in miss["runs"]), miss
     assert out["builds"]["here"]["recalled"] == 1 and out["builds"]["here"]["run"] == 2
     assert out["builds"]["here"]["median_cases"] == hit["median_cases"]   # over the recalled entries only
 
@@ -64,6 +66,18 @@ def test_an_entry_whose_case_no_longer_fails_here_is_not_run(tmp_path):
     assert list(out["builds"]["here"]["entries"]) == [fails.name]
     everything = _recall(tmp_path, "--seeds", "1", "--budget-cases", "5", "--budget-s", "60", "--replays", "0")
     assert everything["not_run"] == {} and len(everything["builds"]["here"]["entries"]) == 2
+
+
+def test_failures_no_held_out_record_takes_are_counted_by_label(tmp_path):
+    """With only the LSE record in the corpus, the planted kernel's all-zero failures are taken by no record: the
+    seed that searched in vain says so, by label, as a new bug or a record narrower than its bug would show."""
+    never = corpus_io.save(tmp_path, dataclasses.replace(
+        ENTRY, verdict=V.Verdict(V.FAIL, V.LSE, "lse: got=-0.27 expected=-0.19"),
+        known_bug={"link": "https://example.org/lse", "match": "lse"}), repro=False)
+    out = _recall(tmp_path, "--seeds", "1", "--budget-cases", "20", "--budget-s", "60", "--replays", "0")
+    run, = out["builds"]["here"]["entries"][never.name]["runs"]
+    assert not run["found"] and set(run["unmatched"]) == {"FAIL:ALL_ZERO"} and run["unmatched"]["FAIL:ALL_ZERO"] >= 1
+    assert run["statuses"]["FAIL"] == run["unmatched"]["FAIL:ALL_ZERO"], run
 
 
 def test_seeds_run_at_once_report_each_seed_in_order(tmp_path):
@@ -183,8 +197,12 @@ def test_the_tables_say_what_was_searched_how_and_what_was_not_run():
     runs = {"a.json": [{"seed": 1, "found": True, "matched": "a", "cases": 3, "seconds": 1.5}]}
     chosen = {"run": {"a.json": {"backend": "x", "held_out": ["a.json", "b.json"], "isa": "avx2"}},
               "not_run": {"c.json": "backend unavailable: no GPU"}}
+    runs["b.json"] = [{"seed": 1, "found": False, "cases_run": 9, "statuses": {"PASS": 7, "FAIL": 2},
+                       "unmatched": {"FAIL:LSE": 2}}]
+    chosen["run"]["b.json"] = {"backend": "x", "held_out": ["b.json"]}
     text = show_all({"here": summarize(runs, 1)}, chosen, "cpu")
-    assert "[here]" in text and "1 of 1 entries" in text and "median cases: 3" in text, text
+    assert "seed 1: 9 cases (FAIL 2, PASS 7), taken by no held-out record: FAIL:LSE x2" in text, text
+    assert "[here]" in text and "1 of 2 entries" in text and "median cases: 3" in text, text
     assert "a.json: searched under ATEN_CPU_CAPABILITY=avx2" in text and "a.json: held out with b.json" in text
     assert "c.json: not run: backend unavailable: no GPU" in text
     assert show_all({}, {"run": {}, "not_run": {}}, "cuda") == "no entry can run on cuda"

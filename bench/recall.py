@@ -29,9 +29,14 @@ its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to
 
 --together runs one process a seed for all the chosen entries of a backend (and of a kernel folder and an ISA): it
 holds them all out at once and records the first match of each, until each is found or the budget runs out. The
-search is then harder (the other held-out bugs are not passed over as KNOWN: their failures and crashes cost it
-time), and it costs one process a backend instead of one an entry: a bound from above on each entry's time, for a
-GPU corpus too large to run entry by entry.
+search is then harder (a held-out bug is passed over as KNOWN only once a seed has met it, and its crashes are never
+answered unrun), and it costs one process a backend instead of one an entry: a bound from above on each entry's
+time, for a GPU corpus too large to run entry by entry.
+
+A seed passes over the failures of the records not held out as KNOWN (and answers most cases of their known crashes
+unrun, engine/skip_known.py), as `attnfuzz run` does with the corpus known. A failure a held-out record takes is
+printed for the parent the first time the seed meets that record's bug, then passed over too: a shrink would spend
+the budget on a bug already found.
 
 Before the search, each chosen entry's case is replayed (`--replays`, default 3 times; a FLAKY entry fails in some
 runs only) as `attnfuzz replay --isolate` replays it, one process a backend: an entry whose case passes every replay
@@ -62,6 +67,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))   # bench.recall_report, wherever this file is run or imported from
 from bench.recall_child import FAILED, GRACE_S, MARK, child  # noqa: E402
+from bench.recall_replay import leave_out_unreproduced  # noqa: E402
 from bench.recall_report import show_all, summarize  # noqa: E402
 
 
@@ -134,11 +140,23 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     import torch
     torch.set_num_threads(1)
     entries, _ = corpus_io.load_all(Path(corpus))   # a record this build cannot read is not known to it
-    held = known_bugs_of([(p, e) for p, e in entries if p.name in held_out])
+    held = {p.name: known_bugs_of([(p, e)]) for p, e in entries if p.name in held_out}
     rest = known_bugs_of([(p, e) for p, e in entries if p.name not in held_out])
+    met: set[str] = set()
 
     def known(backend, case, verdict):
-        return None if held(backend, case, verdict) is not None else rest(backend, case, verdict)
+        """The other records' failures are known, as in any run. A failure that held-out records take is printed
+        for the parent the first time one of them meets it, and passed over as known: the parent has its match, and
+        a shrink of it would spend the budget on a bug already found."""
+        hits = {name: hit for name, take in held.items() if (hit := take(backend, case, verdict)) is not None}
+        if not hits:
+            return rest(backend, case, verdict)
+        if set(hits) - met:
+            met.update(hits)
+            print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": cases + 1,
+                                       "seconds": round(time.time() - started, 2)}), flush=True)
+        return next(iter(hits.values()))
+    known.crash_faces, known.takes = rest.crash_faces, rest.takes   # the others' known crashes skipped as in a run
 
     if kernel_path and kernel_path not in sys.path:
         sys.path.append(kernel_path)   # (a worker started later inherits it)
@@ -186,38 +204,6 @@ def why_not(backend: str, kernel_path: str | None, device: str) -> dict:
         return {"why": backend_of(SimpleNamespace(backend=backend, kernel_path=kernel_path), device).available()}
     except Exception as e:  # an unknown name, a kernel's module that does not import
         return {"why": f"{type(e).__name__}: {e}"}
-
-
-def reproduces(corpus: str, names: list[str], device: str, case_timeout: float, tries: int) -> dict:
-    """{entry: None where its case still fails here, else why not}: each entry's case replayed as `attnfuzz replay
-    --isolate` does, up to `tries` times (a FLAKY entry fails in some runs only). An entry every replay passes, or
-    every replay is refused, is no bug of this stack (fixed, or another kernel version): a search could not find
-    it, and counting it would measure the stack, not the search. A replay that fails otherwise keeps the entry."""
-    from attnfuzz.oracles.verdict import PASS, UNSUPPORTED
-    from attnfuzz.store import corpus as corpus_io
-    from attnfuzz.store.replay import Replayer
-    from attnfuzz.engine.isolate import Workers
-    entries = {p.name: e for p, e in corpus_io.load_all(Path(corpus))[0] if p.name in names}
-    sys.path += sorted({e.kernel_path for e in entries.values() if e.kernel_path} - set(sys.path))  # (its workers too)
-    workers = Workers(timeout_s=case_timeout)
-    why: dict = {}
-    try:
-        for name, entry in entries.items():
-            seen = []
-            for _ in range(tries):
-                verdict = Replayer(workers)(entry, device)
-                if verdict.status not in (PASS, UNSUPPORTED):
-                    break
-                seen.append(verdict)
-            if len(seen) < tries:
-                why[name] = None
-            elif all(v.status == PASS for v in seen):
-                why[name] = f"does not fail here: its case passed {tries} replay(s)"
-            else:
-                why[name] = f"its case is refused here: {seen[-1].message[:200]}"
-    finally:
-        workers.close()
-    return why
 
 
 def judges(corpus: str, chosen: dict):
@@ -276,26 +262,6 @@ def groups(run: dict, together: bool) -> list[list[str]]:
     return list(keyed.values())
 
 
-def leave_out_unreproduced(chosen: dict, site: Path | None, corpus: str, args) -> None:
-    """Moves the chosen entries whose cases do not fail here (reproduces, one process a backend, 4 at once) from
-    chosen["run"] to chosen["not_run"], with why."""
-    def ask(group: list[str]) -> dict:
-        what = chosen["run"][group[0]]
-        answer = child(site, "reproduces", corpus, group, args.device, args.case_timeout, args.replays, isa=what.get(
-            "isa"), timeout=120 + len(group) * args.replays * (args.case_timeout + 30))
-        if "error" in answer:   # a replay that could not finish keeps its entries
-            print(f"recall.py: replaying {', '.join(group)} did not finish ({answer['error'][-300:]}): searched for "
-                  f"all the same", file=sys.stderr)
-            return {}
-        return answer
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        for answer in pool.map(ask, groups(chosen["run"], True)):
-            for name, why in answer.items():
-                if why is not None:
-                    chosen["not_run"][name] = why
-                    del chosen["run"][name]
-
-
 def gpu_share(device: str, jobs: int) -> int:
     """Bytes of the GPU's memory each of `jobs` seeds at once may hold (nine tenths of it, split evenly)."""
     import torch
@@ -346,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     if "error" in chosen:
         fail(chosen["error"])
     if args.replays:
-        leave_out_unreproduced(chosen, builds[0][1], str(args.corpus.resolve()), args)
+        leave_out_unreproduced(chosen, groups(chosen["run"], True), builds[0][1], str(args.corpus.resolve()),
+                               args)
     if builds[0][1] is not None:
         sys.path.insert(0, str(builds[0][1]))   # the first build judges every build's failures
     judge = judges(str(args.corpus.resolve()), chosen["run"])

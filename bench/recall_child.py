@@ -37,15 +37,18 @@ def kill(pid: int) -> None:
 
 def child(site: Path | None, task: str, *args, timeout: float | None = None, isa: str | None = None,
           judge=None) -> dict:
-    """Run `task` (one of bench/recall.py's: plan, why_not, reproduces, search) in a fresh process from an empty folder, importing attnfuzz from `site` alone
+    """Run `task` (a function of bench/recall.py: plan, why_not, search; or "module.function" of another module in
+    bench/: recall_replay.reproduces) in a fresh process from an empty folder, importing attnfuzz from `site` alone
     where given, with torch's CPU kernels held to `isa` where given; its result, or {"error": ...} with the
     process's last words. Killed after `timeout` seconds, or as soon as `judge` returns a result for one of the
     failures it prints (then that result)."""
     env = child_env(site, os.environ)
     hold = (f"import os; from attnfuzz.store.isa import emulating; os.environ.update(emulating({isa!r}, "
             f"dict(os.environ))); " if isa else "")   # before torch is imported: the child's own attnfuzz says how
-    code = (f"{hold}import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall; "
-            f"print(recall.MARK + json.dumps(recall.{task}(*json.loads(sys.argv[1]))), flush=True)")
+    module, _, function = task.rpartition(".")
+    code = (f"{hold}import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import recall_child, "
+            f"{module or 'recall'} as tasks; print(recall_child.MARK + json.dumps(tasks.{function}("
+            f"*json.loads(sys.argv[1]))), flush=True)")
     with tempfile.TemporaryDirectory() as cwd, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], cwd=cwd, env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=err, start_new_session=True)

@@ -152,9 +152,9 @@ def test_every_build_is_judged_by_the_first_builds_records(tmp_path):
 
 
 def test_together_one_process_a_seed_finds_each_held_out_entry_of_the_backend(tmp_path):
-    """--together: the planted kernel's all-zero bug and its causal-only NaN face (two entries of one backend) are
-    searched by one process a seed, each held out, each found with its own case count; a record no failure matches
-    stays not found, and the seed runs to its budget for it."""
+    """--together: the planted kernel's all-zero bug and an LSE record (two entries of one backend) are searched by
+    one process a seed, each held out; the all-zero bug is found, and a record no failure matches stays not found,
+    the seed running to its budget for it."""
     zeros = corpus_io.save(tmp_path, ENTRY, repro=False)
     never = corpus_io.save(tmp_path, dataclasses.replace(
         ENTRY, verdict=V.Verdict(V.FAIL, V.LSE, "lse: got=-0.27 expected=-0.19"),
@@ -164,6 +164,8 @@ def test_together_one_process_a_seed_finds_each_held_out_entry_of_the_backend(tm
     assert table[zeros.name]["found"] == 2 and table[never.name]["found"] == 0, table
     assert [r["seed"] for r in table[never.name]["runs"]] == [1, 2]
     assert all(r["cases_run"] == 40 for r in table[never.name]["runs"]), table[never.name]
+    # the all-zero bug, once met, is passed over as known: no shrink ends the first Hypothesis run, nor is it news
+    assert all(r["rounds"] == 1 and "unmatched" not in r for r in table[never.name]["runs"]), table[never.name]
     assert out["processes"] == 2   # one a seed; entry by entry, one an entry and a seed:
     assert _recall(tmp_path, "--seeds", "2", "--budget-cases", "5", "--budget-s", "60")["processes"] == 4
 

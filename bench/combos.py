@@ -23,6 +23,7 @@ from attnfuzz.backends import get
 from attnfuzz.engine.harness import cases_for
 from attnfuzz.report.combos import Combos, describe, feasible_of
 from attnfuzz.strategies.space import Space
+from attnfuzz.strategies.streams import seed_only_streams
 
 
 def drawn(backend, space: Space, n: int, seed: int) -> list:
@@ -36,7 +37,8 @@ def drawn(backend, space: Space, n: int, seed: int) -> list:
     def collect(case) -> None:
         out.append(case)
 
-    collect()
+    with seed_only_streams():   # as `attnfuzz run` draws: whatever else this process imported (strategies/streams.py)
+        collect()
     return out
 
 

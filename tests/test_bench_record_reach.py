@@ -40,3 +40,27 @@ def test_each_records_condition_is_counted_on_the_cases_that_meet_it(tmp_path):
     bad = subprocess.run([sys.executable, str(BENCH), str(tmp_path / "none")], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "none" in bad.stderr
+
+
+def test_drawn_cases_are_measured_and_a_gradient_record_needs_gradients(tmp_path):
+    """--draw measures the cases `attnfuzz run` would draw for a backend, without a log; a record whose labels are
+    all GRADIENT is met only by cases with gradients, whatever its `when` says."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    causal = corpus_io.save(corpus, corpus_io.Entry("sdpa-math", Case(sq=2, skv=2, causal=True), V.Verdict(
+        V.FAIL, V.TOLERANCE, "x"), known_bug={"link": "https://example.org/c", "when": {"causal": True}}), repro=False)
+    grad = corpus_io.save(corpus, corpus_io.Entry("sdpa-math", Case(sq=2, skv=2, causal=True, grads=True), V.Verdict(
+        V.FAIL, V.GRADIENT, "dq"), known_bug={"link": "https://example.org/g", "when": {"causal": True}}), repro=False)
+    ran = subprocess.run([sys.executable, str(BENCH), "--draw", "sdpa-math", "--cases", "200", "--corpus",
+                          str(corpus), "--json"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    (source, result), = json.loads(ran.stdout).items()
+    assert source == "sdpa-math: 200 drawn on cpu"
+    records = result["sdpa-math"]["records"]
+    assert result["sdpa-math"]["cases"] == 200
+    assert records[grad.stem]["when"] == {"causal": True, "grads": True}
+    assert 0 < records[grad.stem]["met"] < records[causal.stem]["met"] < 200, records
+    for bad in (["--draw", "no-such-backend"], []):
+        ran = subprocess.run([sys.executable, str(BENCH), *bad, "--corpus", str(corpus)], capture_output=True,
+                             text=True, timeout=120)
+        assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, (bad, ran.stderr)

@@ -156,7 +156,9 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
             print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": cases + 1,
                                        "seconds": round(time.time() - started, 2)}), flush=True)
         return next(iter(hits.values()))
-    known.crash_faces, known.takes = rest.crash_faces, rest.takes   # the others' known crashes skipped as in a run
+    for name in ("crash_faces", "takes"):   # the others' known crashes skipped as in a run (a build that can)
+        if hasattr(rest, name):
+            setattr(known, name, getattr(rest, name))
 
     if kernel_path and kernel_path not in sys.path:
         sys.path.append(kernel_path)   # (a worker started later inherits it)
@@ -190,7 +192,8 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     finally:
         if worker is not None:
             worker.close()
-    return {"found": False, "rounds": rounds, "cases_run": cases, "statuses": dict(statuses), "module": attnfuzz.__file__}
+    return {"found": False, "rounds": rounds, "cases_run": cases, "statuses": dict(statuses),
+            "module": attnfuzz.__file__}
 
 
 def why_not(backend: str, kernel_path: str | None, device: str) -> dict:

@@ -49,8 +49,8 @@ def leave_out_unreproduced(chosen: dict, batches: list[list[str]], site: Path | 
     `reproduces` asked in one process a batch (the entries of a backend), 4 at once."""
     def ask(group: list[str]) -> dict:
         what = chosen["run"][group[0]]
-        answer = child(site, "recall_replay.reproduces", corpus, group, args.device, args.case_timeout, args.replays, isa=what.get(
-            "isa"), timeout=120 + len(group) * args.replays * (args.case_timeout + 30))
+        answer = child(site, "recall_replay.reproduces", corpus, group, args.device, args.case_timeout, args.replays,
+                       isa=what.get("isa"), timeout=120 + len(group) * args.replays * (args.case_timeout + 30))
         if "error" in answer:   # a replay that could not finish keeps its entries
             print(f"recall.py: replaying {', '.join(group)} did not finish ({answer['error'][-300:]}): searched for "
                   f"all the same", file=sys.stderr)

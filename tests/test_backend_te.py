@@ -224,6 +224,11 @@ REFUSALS = [
     ("te-fused", Case(d_qk=12, d_v=16, **BF16), "needs multiples of 8"),
     ("te-fused", Case(d_qk=16, d_v=3, **BF16), "needs multiples of 8"),
     ("te-flash", Case(d_qk=1, d_v=1, dtype="float16"), "FA4 needs 8..256"),
+    # H100 ci streams: refused by TE at run time, now declared (te-fused 71 of its 500 cases, te-flash 21 of 427,
+    # te-unfused 29 of 904)
+    *[(name, Case(storage=("plain", "strided", "plain"), **BF16), "stride 1 in their last dimension")
+      for name in ("te-flash", "te-fused", "te-unfused")],
+    ("te-fused", Case(sq=1, skv=9, softmax="off_by_one", **BF16), "no decode-only mode with a sink token"),
 ]
 
 
@@ -255,6 +260,16 @@ def test_a_case_the_static_rules_refuse_is_refused_without_importing_te(monkeypa
     assert asked == []
     assert "TE does not pass softcap to FA4" in backend("te-flash").unsupported(Case(softcap=5.0, **BF16))
     assert asked
+
+
+def test_storage_and_sink_rules_are_narrow(fake):
+    """Controls: an offset or padded-rows buffer (last stride 1) is TE's to judge, and sink softmax with one query
+    is refused by te-fused alone (te-unfused ran such cases and passed them on the H100)."""
+    for storage in (("offset",) * 3, ("padded_rows",) * 3):
+        assert backend("te-fused").unsupported(Case(storage=storage, **BF16)) is None, storage
+    assert backend("te-unfused").unsupported(Case(sq=1, skv=9, softmax="off_by_one", **BF16)) is None
+    assert backend("te-fused").unsupported(Case(sq=2, skv=9, softmax="off_by_one", **BF16)) is None
+    assert backend("te-fused").unsupported(Case(sq=1, skv=9, **BF16)) is None
 
 
 def test_head_dim_rules_are_narrow(fake):

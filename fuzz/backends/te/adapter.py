@@ -128,6 +128,8 @@ def capability_refusals(case: Case, backend: str, flash_major: str | None = None
          f"explicit boolean mask ('arbitrary' mask type): TE runs it only on {sel.UNFUSED}"),
         (case.mask_density is not None and case.layout == "thd",
          "explicit boolean mask with thd: TE's thd needs a padding mask type, 'arbitrary' is not one"),
+        ("strided" in case.storage, f"storage={case.storage!r}: a head dim with stride 2, and TE asserts 'q, k and v "
+                                    f"must have stride 1 in their last dimension' before any backend"),
     ]
     if backend == sel.FLASH:
         rows += [
@@ -150,6 +152,9 @@ def capability_refusals(case: Case, backend: str, flash_major: str | None = None
              f"'hidden_dim should be multiple of 8')"),
             (case.softcap is not None, "softcap: TE's FusedAttention does not support it"),
             (sliding and case.sq > case.skv, "sliding window with sq > skv: TE's FusedAttention does not support it"),
+            (case.softmax != "vanilla" and case.sq == 1,
+             f"softmax={case.softmax} with sq = 1: cuDNN's SDPA has no decode-only mode with a sink token (TE logs "
+             f"'decode only mode, i.e. s_q == 1, not supported with sink_token')"),
         ]
     return rows
 

@@ -14,8 +14,9 @@ measured with `grads` on too, which its bug needs whatever its `when` says.
 
 `--draw BACKEND` measures the cases `attnfuzz run` would draw for a backend instead of a log, without running them
 (bench/combos.py's drawing: the device's default Space, one seed, no compiled configuration to draw from), a case
-the backend's capability rules refuse counted as not graded: on a machine without the backend's device, the reach
-of a GPU backend whose rules do not ask the device (FA4, TE, FlashInfer read the architecture from a table).
+the backend's capability rules refuse counted as not graded. On a machine without the device it measures the GPU
+backends whose rules do not ask it (FA4, TE and FlashInfer read the architecture from a table); SDPA's and flex's
+refuse every case there.
 """
 
 from __future__ import annotations
@@ -114,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if not args.corpus.is_dir():
         print(f"record_reach.py: error: --corpus {args.corpus}: not a folder", file=sys.stderr)
+        return 2
+    if args.cases <= 0:
+        print(f"record_reach.py: error: --cases {args.cases}: give 1 or more", file=sys.stderr)
         return 2
     if not args.sources and not args.draw:
         print("record_reach.py: error: give a LOG_SOURCE or --draw BACKEND", file=sys.stderr)

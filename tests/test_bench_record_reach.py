@@ -60,7 +60,7 @@ def test_drawn_cases_are_measured_and_a_gradient_record_needs_gradients(tmp_path
     assert result["sdpa-math"]["cases"] == 200
     assert records[grad.stem]["when"] == {"causal": True, "grads": True}
     assert 0 < records[grad.stem]["met"] < records[causal.stem]["met"] < 200, records
-    for bad in (["--draw", "no-such-backend"], []):
+    for bad in (["--draw", "no-such-backend"], [], ["--draw", "sdpa-math", "--cases", "0"]):
         ran = subprocess.run([sys.executable, str(BENCH), *bad, "--corpus", str(corpus)], capture_output=True,
                              text=True, timeout=120)
         assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1, (bad, ran.stderr)

@@ -144,6 +144,11 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     rest = known_bugs_of([(p, e) for p, e in entries if p.name not in held_out])
     met: set[str] = set()
 
+    def tell(case, verdict, number: int) -> None:
+        """A failure, printed for the parent to judge (FAILED)."""
+        print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": number,
+                                   "seconds": round(time.time() - started, 2)}), flush=True)
+
     def known(backend, case, verdict):
         """The other records' failures are known, as in any run. A failure that held-out records take is printed
         for the parent the first time one of them meets it, and passed over as known: the parent has its match, and
@@ -153,8 +158,7 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
             return rest(backend, case, verdict)
         if set(hits) - met:
             met.update(hits)
-            print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": cases + 1,
-                                       "seconds": round(time.time() - started, 2)}), flush=True)
+            tell(case, verdict, cases + 1)   # (this case is counted after its verdict)
         return next(iter(hits.values()))
     for name in ("crash_faces", "takes"):   # the others' known crashes skipped as in a run (a build that can)
         if hasattr(rest, name):
@@ -177,8 +181,7 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
         cases += 1
         statuses[verdict.status] += 1
         if verdict.failed:
-            print(FAILED + json.dumps({"case": case.to_dict(), "verdict": verdict.to_dict(), "cases": cases,
-                                       "seconds": round(time.time() - started, 2)}), flush=True)
+            tell(case, verdict, cases)
         if time.time() - started >= budget_s or (budget_cases is not None and cases >= budget_cases):
             raise Stop()
 
@@ -239,6 +242,7 @@ def gather(judge_of: dict):
     """A judge over several entries (name -> its judge): it keeps each entry's first match in `.found`, counts the
     labels of the failures no entry's records take in `.unmatched` (a new bug, or a record narrower than its bug),
     and returns a result, stopping the seed, once every entry has one."""
+    from attnfuzz.oracles.verdict import Verdict
     found, unmatched = {}, Counter()
 
     def judge(failure: dict) -> dict | None:
@@ -247,8 +251,7 @@ def gather(judge_of: dict):
             if hit is not None and name not in found:
                 found[name] = hit
         if all(hit is None for hit in hits.values()):
-            status, diagnosis = failure["verdict"]["status"], failure["verdict"].get("diagnosis")
-            unmatched[f"{status}:{diagnosis}" if diagnosis else status] += 1   # (Verdict.label)
+            unmatched[Verdict.from_dict(failure["verdict"]).label] += 1
         return {"found": True} if len(found) == len(judge_of) else None
     judge.found, judge.unmatched = found, unmatched
     return judge

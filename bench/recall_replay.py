@@ -24,12 +24,13 @@ def reproduces(corpus: str, names: list[str], device: str, case_timeout: float, 
     entries = {p.name: e for p, e in corpus_io.load_all(Path(corpus))[0] if p.name in names}
     sys.path += sorted({e.kernel_path for e in entries.values() if e.kernel_path} - set(sys.path))  # (its workers too)
     workers = Workers(timeout_s=case_timeout)
+    replayed = Replayer(workers)
     why: dict = {}
     try:
         for name, entry in entries.items():
             seen = []
             for _ in range(tries):
-                verdict = Replayer(workers)(entry, device)
+                verdict = replayed(entry, device)
                 if verdict.status not in (PASS, UNSUPPORTED):
                     break
                 seen.append(verdict)

@@ -22,7 +22,9 @@ Per entry: found in k of N seeds, the median cases and seconds to the match over
 is recalled when found in at least half its seeds: then the lower median over all seeds, a seed that did not find
 counted as never, is within the budget. Overall: the recalled entries of those run, and the median of their median
 seconds and cases. Entries not run are listed with why (backend unavailable, asked in a process a backend; found on
-another device; an older release).
+another device; an older release). A seed that did not find its entry reports its verdicts by status and the
+failures no held-out record took, by label (a new bug, or a record narrower than its bug), each label with the
+smallest such case it met (`unmatched_examples` in --json; a line each in the table), to replay and look at.
 
 --jobs N runs N seeds at once (default 1), each in its own process; on a GPU each then keeps to an equal share of
 its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to a match include the contention.
@@ -240,10 +242,13 @@ def judges(corpus: str, chosen: dict):
 
 def gather(judge_of: dict):
     """A judge over several entries (name -> its judge): it keeps each entry's first match in `.found`, counts the
-    labels of the failures no entry's records take in `.unmatched` (a new bug, or a record narrower than its bug),
+    labels of the failures no entry's records take in `.unmatched` (a new bug, or a record narrower than its bug) and
+    keeps the smallest such case of each label (the oracle's work) in `.examples`, for a look at what the search met,
     and returns a result, stopping the seed, once every entry has one."""
     from attnfuzz.oracles.verdict import Verdict
-    found, unmatched = {}, Counter()
+    from attnfuzz.strategies.case import Case
+    from attnfuzz.strategies.lengths import work
+    found, unmatched, examples, sizes = {}, Counter(), {}, {}
 
     def judge(failure: dict) -> dict | None:
         hits = {name: one(failure) for name, one in judge_of.items()}
@@ -251,9 +256,17 @@ def gather(judge_of: dict):
             if hit is not None and name not in found:
                 found[name] = hit
         if all(hit is None for hit in hits.values()):
-            unmatched[Verdict.from_dict(failure["verdict"]).label] += 1
+            verdict = Verdict.from_dict(failure["verdict"])
+            unmatched[verdict.label] += 1
+            try:
+                size = work(Case.from_dict(failure["case"]))
+            except ValueError:   # an older build's field this one does not have: kept only as a first example
+                size = float("inf")
+            if verdict.label not in examples or size < sizes[verdict.label]:
+                examples[verdict.label], sizes[verdict.label] = {
+                    "case": failure["case"], "message": verdict.message, "cases": failure["cases"]}, size
         return {"found": True} if len(found) == len(judge_of) else None
-    judge.found, judge.unmatched = found, unmatched
+    judge.found, judge.unmatched, judge.examples = found, unmatched, examples
     return judge
 
 
@@ -344,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         for entry in group:
             row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items()
                                                                if k in ("error", "rounds", "cases_run", "statuses")}}
-            row = {**row, **({"unmatched": dict(seen.unmatched)} if seen.unmatched else {})}
+            if seen.unmatched:
+                row = {**row, "unmatched": dict(seen.unmatched), "unmatched_examples": dict(seen.examples)}
             print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"
                   if row.get("found") else row.get("error", "not found")), file=sys.stderr, flush=True)
             rows.append((name, entry, {"seed": seed, **row}))

@@ -3,6 +3,7 @@ entry is recalled when found in at least half its seeds."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -37,6 +38,26 @@ def searched_note(row: dict) -> str:
             + (f", taken by no held-out record: {other}" if other else ""))
 
 
+def examples_met(summary: dict) -> list[str]:
+    """One line per seed and label of the failures no held-out record took: the smallest case met (a seed searching
+    for several entries reports them under each, shown once here)."""
+    from attnfuzz.strategies.case import Case
+    lines, shown = [], set()
+    for name, t in summary["entries"].items():
+        for r in t["runs"]:
+            for label, ex in sorted(r.get("unmatched_examples", {}).items()):
+                if (r["seed"], label, json.dumps(ex, sort_keys=True)) in shown:
+                    continue
+                shown.add((r["seed"], label, json.dumps(ex, sort_keys=True)))
+                try:
+                    case = repr(Case.from_dict(ex["case"]))
+                except ValueError:
+                    case = json.dumps(ex["case"], sort_keys=True)
+                lines.append(f"  seed {r['seed']} ({name}), smallest {label} taken by no held-out record, at case "
+                             f"{ex['cases']}: {case}: {ex['message'][:300]}")
+    return lines
+
+
 def show(build: str, summary: dict, width: int) -> str:
     lines = [f"[{build}]", f"{'entry':<{width}}  found  med. cases  med. s  matched"]
     for name, t in summary["entries"].items():
@@ -47,6 +68,7 @@ def show(build: str, summary: dict, width: int) -> str:
         searched = [searched_note(r) for r in t["runs"] if not r.get("found") and "cases_run" in r]
         note = "; ".join((["via " + ", ".join(matched)] if matched else []) + errors + searched)
         lines.append(f"{name:<{width}}  {t['found']}/{t['seeds']:<3}  {cases:>10}  {secs:>6}  {note}")
+    lines += examples_met(summary)
     med = "-" if summary["median_seconds"] is None else f"{summary['median_seconds']:.1f} s"
     cases = "-" if summary.get("median_cases") is None else str(summary["median_cases"])
     lines.append(f"recalled (found in at least half the seeds): {summary['recalled']} of {summary['run']} entries; "

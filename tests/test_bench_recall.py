@@ -78,6 +78,9 @@ def test_failures_no_held_out_record_takes_are_counted_by_label(tmp_path):
     run, = out["builds"]["here"]["entries"][never.name]["runs"]
     assert not run["found"] and set(run["unmatched"]) == {"FAIL:ALL_ZERO"} and run["unmatched"]["FAIL:ALL_ZERO"] >= 1
     assert run["statuses"]["FAIL"] == run["unmatched"]["FAIL:ALL_ZERO"], run
+    example = run["unmatched_examples"]["FAIL:ALL_ZERO"]   # the smallest such case, to look at
+    assert Case.from_dict(example["case"]).causal and 1 <= example["cases"] <= 20, example
+    assert example["message"], example
 
 
 def test_seeds_run_at_once_report_each_seed_in_order(tmp_path):
@@ -204,6 +207,13 @@ def test_the_tables_say_what_was_searched_how_and_what_was_not_run():
     chosen["run"]["b.json"] = {"backend": "x", "held_out": ["b.json"]}
     text = show_all({"here": summarize(runs, 1)}, chosen, "cpu")
     assert "seed 1: 9 cases (FAIL 2, PASS 7), taken by no held-out record: FAIL:LSE x2" in text, text
+    assert "smallest" not in text   # no example kept: none shown
+    runs["b.json"][0]["unmatched_examples"] = {"FAIL:LSE": {"case": Case(sq=3, skv=5).to_dict(), "cases": 4,
+                                                            "message": "lse: got=1 expected=2"}}
+    runs["a.json"].append({**runs["b.json"][0], "seed": 1})   # the same seed's example under another entry: once
+    text = show_all({"here": summarize(runs, 1)}, chosen, "cpu")
+    assert text.count("smallest FAIL:LSE") == 1, text
+    assert "at case 4: Case(sq=3, skv=5): lse: got=1 expected=2" in text, text
     assert "[here]" in text and "1 of 2 entries" in text and "median cases: 3" in text, text
     assert "a.json: searched under ATEN_CPU_CAPABILITY=avx2" in text and "a.json: held out with b.json" in text
     assert "c.json: not run: backend unavailable: no GPU" in text

@@ -215,6 +215,19 @@ def test_the_tables_say_what_was_searched_how_and_what_was_not_run():
     assert text.count("smallest FAIL:LSE") == 1, text
     assert "at case 4: Case(sq=3, skv=5): lse: got=1 expected=2" in text, text
     assert "[here]" in text and "1 of 2 entries" in text and "median cases: 3" in text, text
+    assert "found by any seed: 1 of 2 entries" in text, text
     assert "a.json: searched under ATEN_CPU_CAPABILITY=avx2" in text and "a.json: held out with b.json" in text
     assert "c.json: not run: backend unavailable: no GPU" in text
     assert show_all({}, {"run": {}, "not_run": {}}, "cuda") == "no entry can run on cuda"
+
+
+def test_an_entry_one_seed_of_three_found_is_found_by_the_machine_but_not_recalled():
+    """Seeds run at once are one machine's lanes: the machine found what one of them found, while recall asks for
+    at least half the seeds."""
+    from bench.recall_report import summarize
+    rows = [{"seed": 1, "found": True, "matched": "x", "cases": 9, "seconds": 40.0},
+            {"seed": 2, "found": False, "cases_run": 50}, {"seed": 3, "found": False, "cases_run": 60}]
+    summary = summarize({"x.json": rows, "y.json": [{**r, "found": False} for r in rows]}, 3)
+    assert summary["recalled"] == 0 and summary["found_by_any"] == 1 and summary["run"] == 2, summary
+    two = summarize({"x.json": rows[:2] + [{**rows[0], "seed": 3}]}, 3)
+    assert two["recalled"] == 1 and two["found_by_any"] == 1, two

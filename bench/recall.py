@@ -31,14 +31,17 @@ its memory (ATTNFUZZ_GPU_MEMORY_SHARE, as campaign lanes do), and the seconds to
 
 --together runs one process a seed for all the chosen entries of a backend (and of a kernel folder and an ISA): it
 holds them all out at once and records the first match of each, until each is found or the budget runs out. The
-search is then harder (a held-out bug is passed over as KNOWN only once a seed has met it, and its crashes are never
-answered unrun), and it costs one process a backend instead of one an entry: a bound from above on each entry's
-time, for a GPU corpus too large to run entry by entry.
+search is then harder (a held-out bug is passed over as KNOWN only once a seed has met it), and it costs one
+process a backend instead of one an entry: a bound from above on each entry's time, for a GPU corpus too large to
+run entry by entry.
 
 A seed passes over the failures of the records not held out as KNOWN (and answers most cases of their known crashes
 unrun, engine/skip_known.py), as `attnfuzz run` does with the corpus known. A failure a held-out record takes is
 printed for the parent the first time the seed meets that record's bug, then passed over too: a shrink would spend
-the budget on a bug already found.
+the budget on a bug already found. From then on most cases of a held-out crash are answered unrun as well (the skip
+trusts a record only once a case has shown its bug in the process; that first case is the match): each crash costs a
+new worker, seconds on a GPU, which the other held-out entries' search would pay for a bug already found. The
+seed's row counts the cases so answered (`unrun`).
 
 Before the search, each chosen entry's case is replayed (`--replays`, default 3 times; a FLAKY entry fails in some
 runs only) as `attnfuzz replay --isolate` replays it, one process a backend: an entry whose case passes every replay
@@ -162,9 +165,15 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
             met.update(hits)
             tell(case, verdict, cases + 1)   # (this case is counted after its verdict)
         return next(iter(hits.values()))
-    for name in ("crash_faces", "takes"):   # the others' known crashes skipped as in a run (a build that can)
-        if hasattr(rest, name):
-            setattr(known, name, getattr(rest, name))
+    if hasattr(rest, "crash_faces"):   # known crashes answered unrun as in a run (a build that can): the others',
+        # and a held-out record's once this seed has met its bug (engine/skip_known.py trusts a record only after a
+        # case showed its bug here, and that first case is the match the parent is told of)
+        every = known_bugs_of(entries)
+        known.crash_faces, known.takes = every.crash_faces, every.takes
+    try:
+        from attnfuzz.engine.skip_known import answered_unrun
+    except ImportError:   # an older build answers nothing unrun
+        answered_unrun = lambda message: False   # noqa: E731
 
     if kernel_path and kernel_path not in sys.path:
         sys.path.append(kernel_path)   # (a worker started later inherits it)
@@ -175,13 +184,14 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     space, share = Space.for_device(device), share_bytes()
     if share is not None:
         space = space.replace(max_bytes=share)   # --jobs on a GPU: its share
-    cases, rounds, statuses = 0, 0, Counter()
+    cases, rounds, statuses, unrun = 0, 0, Counter(), 0
     print(MARK + json.dumps({"module": attnfuzz.__file__}), flush=True)   # which attnfuzz, before any failure
 
     def on_case(case, verdict, tally) -> None:
-        nonlocal cases
+        nonlocal cases, unrun
         cases += 1
         statuses[verdict.status] += 1
+        unrun += answered_unrun(verdict.message)
         if verdict.failed:
             tell(case, verdict, cases)
         if time.time() - started >= budget_s or (budget_cases is not None and cases >= budget_cases):
@@ -197,7 +207,7 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     finally:
         if worker is not None:
             worker.close()
-    return {"found": False, "rounds": rounds, "cases_run": cases, "statuses": dict(statuses),
+    return {"found": False, "rounds": rounds, "cases_run": cases, "statuses": dict(statuses), "unrun": unrun,
             "module": attnfuzz.__file__}
 
 
@@ -356,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for entry in group:
             row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items()
-                                                               if k in ("error", "rounds", "cases_run", "statuses")}}
+                                                               if k in ("error", "rounds", "cases_run", "statuses", "unrun")}}
             if seen.unmatched:
                 row = {**row, "unmatched": dict(seen.unmatched), "unmatched_examples": dict(seen.examples)}
             print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"

@@ -37,7 +37,8 @@ def searched_note(row: dict) -> str:
     record took (a new bug, or a record narrower than its bug)."""
     counts = ", ".join(f"{status} {n}" for status, n in sorted(row.get("statuses", {}).items()))
     other = ", ".join(f"{label} x{n}" for label, n in sorted(row.get("unmatched", {}).items()))
-    return (f"seed {row['seed']}: {row['cases_run']} cases" + (f" ({counts})" if counts else "")
+    unrun = f", {row['unrun']} of them answered unrun" if row.get("unrun") else ""
+    return (f"seed {row['seed']}: {row['cases_run']} cases" + (f" ({counts}{unrun})" if counts else "")
             + (f", taken by no held-out record: {other}" if other else ""))
 
 

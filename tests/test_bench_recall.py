@@ -207,7 +207,9 @@ def test_the_tables_say_what_was_searched_how_and_what_was_not_run():
     chosen["run"]["b.json"] = {"backend": "x", "held_out": ["b.json"]}
     text = show_all({"here": summarize(runs, 1)}, chosen, "cpu")
     assert "seed 1: 9 cases (FAIL 2, PASS 7), taken by no held-out record: FAIL:LSE x2" in text, text
-    assert "smallest" not in text   # no example kept: none shown
+    assert "smallest" not in text and "unrun" not in text   # no example kept, no case answered unrun: none shown
+    runs["b.json"][0]["unrun"] = 1
+    assert "(FAIL 2, PASS 7, 1 of them answered unrun)" in show_all({"here": summarize(runs, 1)}, chosen, "cpu")
     runs["b.json"][0]["unmatched_examples"] = {"FAIL:LSE": {"case": Case(sq=3, skv=5).to_dict(), "cases": 4,
                                                             "message": "lse: got=1 expected=2"}}
     runs["a.json"].append({**runs["b.json"][0], "seed": 1})   # the same seed's example under another entry: once
@@ -231,3 +233,26 @@ def test_an_entry_one_seed_of_three_found_is_found_by_the_machine_but_not_recall
     assert summary["recalled"] == 0 and summary["found_by_any"] == 1 and summary["run"] == 2, summary
     two = summarize({"x.json": rows[:2] + [{**rows[0], "seed": 3}]}, 3)
     assert two["recalled"] == 1 and two["found_by_any"] == 1, two
+
+
+def test_a_held_out_crash_once_met_is_answered_unrun_for_the_rest_of_the_search(tmp_path):
+    """--together with a kernel that segfaults on every causal case: the crash record, held out, is matched at its
+    first crash; after that most of its cases are answered without a new worker, as a run answers a known crash,
+    while the search for the other held-out entry (an LSE bug it cannot show) goes on to its budget."""
+    crash = corpus_io.save(tmp_path, corpus_io.Entry(
+        "tests.misbehaving:segfault_when_causal", ENTRY.case,
+        V.Verdict(V.CRASH, "SIGSEGV", "the worker process died (SIGSEGV) while running this case"),
+        known_bug={"link": "tests/misbehaving.py", "note": "segfaults on causal cases", "when": {"causal": True}},
+        kernel_path=str(REPO)), repro=False)
+    never = corpus_io.save(tmp_path, corpus_io.Entry(
+        "tests.misbehaving:segfault_when_causal", ENTRY.case.replace(causal=False),
+        V.Verdict(V.FAIL, V.LSE, "lse: got=-0.27 expected=-0.19"),
+        known_bug={"link": "https://example.org/lse", "match": "lse"}, kernel_path=str(REPO)), repro=False)
+    out = _recall(tmp_path, "--seeds", "1", "--budget-cases", "60", "--budget-s", "100", "--together",
+                  "--replays", "0")
+    table = out["builds"]["here"]["entries"]
+    assert table[crash.name]["found"] == 1 and table[crash.name]["runs"][0]["label"] == "CRASH:SIGSEGV", table
+    run, = table[never.name]["runs"]
+    assert not run["found"] and run["cases_run"] == 60, run
+    # causal cases after the match: most answered unrun (one in CHECK_EVERY still runs), all known
+    assert run["unrun"] >= 2 and run["statuses"]["KNOWN"] > run["unrun"], run

@@ -365,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                     args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"), judge=seen)
         rows = []
         for entry in group:
-            row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items()
-                                                               if k in ("error", "rounds", "cases_run", "statuses", "unrun")}}
+            searched = ("error", "rounds", "cases_run", "statuses", "unrun")
+            row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items() if k in searched}}
             if seen.unmatched:
                 row = {**row, "unmatched": dict(seen.unmatched), "unmatched_examples": dict(seen.examples)}
             print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"

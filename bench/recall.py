@@ -363,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         end = child(site, "search", str(args.corpus.resolve()), what["backend"], what.get("kernel_path"), held_out,
                     args.device, args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
                     args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"), judge=seen)
+        searched = {k: v for k, v in end.items() if k in ("error", "rounds", "cases_run", "statuses", "unrun")}
         rows = []
         for entry in group:
-            searched = ("error", "rounds", "cases_run", "statuses", "unrun")
-            row = seen.found.get(entry) or {"found": False, **{k: v for k, v in end.items() if k in searched}}
+            row = seen.found.get(entry) or {"found": False, **searched}
             if seen.unmatched:
                 row = {**row, "unmatched": dict(seen.unmatched), "unmatched_examples": dict(seen.examples)}
             print(f"  {name} {entry} seed {seed}: " + (f"found at case {row['cases']}, {row['seconds']} s"

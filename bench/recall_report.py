@@ -50,9 +50,10 @@ def examples_met(summary: dict) -> list[str]:
     for name, t in summary["entries"].items():
         for r in t["runs"]:
             for label, ex in sorted(r.get("unmatched_examples", {}).items()):
-                if (r["seed"], label, json.dumps(ex, sort_keys=True)) in shown:
+                key = (r["seed"], label, json.dumps(ex, sort_keys=True))
+                if key in shown:
                     continue
-                shown.add((r["seed"], label, json.dumps(ex, sort_keys=True)))
+                shown.add(key)
                 try:
                     case = repr(Case.from_dict(ex["case"]))
                 except ValueError:

@@ -34,18 +34,22 @@ class Progress:
 
 
 def examples(tally: Tally, budget: int) -> str:
-    """'57/100 examples' while that is all there is to say; where Hypothesis ran more than its budget of new draws,
-    what the others did: replay failures from the example database, shrink failures and report them."""
+    """'57/100 examples' while that is all there is to say; the cases the backend refused, which the budget
+    (max_examples) does not count; where Hypothesis ran more than its budget of new draws, what the others did:
+    replay failures from the example database, shrink failures and report them."""
+    refused = sum(tally.unsupported.values())
+    ran = tally.examples - refused
+    also = f", {refused} refused" if refused else ""
     if tally.new is None:  # during the search: only the budget is known
-        if tally.examples <= budget:
-            return f"{tally.examples}/{budget} examples"
-        return f"{tally.examples} examples (at most {budget} new; the rest replay or shrink failures)"
-    shrinking = tally.examples - tally.new - tally.replayed
-    if not tally.replayed and not shrinking:
-        return f"{tally.examples}/{budget} examples"
+        if ran <= budget:
+            return f"{ran}/{budget} examples{also}"
+        return f"{ran} examples (at most {budget} new; the rest replay or shrink failures){also}"
+    shrinking = ran - tally.new - tally.replayed
+    if not tally.replayed and shrinking <= 0:
+        return f"{ran}/{budget} examples{also}"
     parts = [f"{tally.new} new of {budget}"] + [f"{tally.replayed} from the example database"] * bool(
         tally.replayed) + [f"{shrinking} shrinking"] * bool(shrinking)
-    return f"{tally.examples} examples ({', '.join(parts)})"
+    return f"{ran} examples ({', '.join(parts)}){also}"
 
 
 class CaseLog:

@@ -6,10 +6,12 @@ import pytest
 import torch
 from hypothesis import settings
 
+from attnfuzz.backends.base import Unsupported
 from attnfuzz.engine.harness import fuzz, run_case
 from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.verdict import Output
+from attnfuzz.progress import examples
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
 from attnfuzz.backends.layout import visibility_mask
@@ -124,6 +126,35 @@ def test_refused_features_are_not_drawn():
     fuzz(Correct(), space=SPACE, settings=settings(SHRINK, max_examples=200),
          on_case=lambda case, verdict, tally: seen.append(case))
     assert seen and not any(c.softcap is not None or c.layout != "bshd" or c.grads for c in seen)
+
+
+class RefusesOddKeys(Correct):
+    """Takes every feature, but refuses a case of odd skv when it runs: a combination narrow_to cannot see."""
+
+    def run(self, case, t):
+        if case.skv % 2:
+            raise Unsupported("odd key lengths")
+        return super().run(case, t)
+
+
+class RefusesAll(Correct):
+    def run(self, case, t):
+        raise Unsupported("nothing")
+
+
+def test_refusals_do_not_spend_the_budget():
+    """A case the backend refuses is not graded, so the budget (max_examples) does not count it: 60 graded cases
+    besides the refusals."""
+    tally, findings = fuzz(RefusesOddKeys(), space=SPACE, settings=settings(SHRINK, max_examples=60))
+    assert not findings
+    assert tally.unsupported["odd key lengths"] >= 10, tally.to_dict()
+    assert tally.labels["PASS"] == 60 == tally.new, tally.to_dict()
+    assert examples(tally, 60) == f"60/60 examples, {tally.unsupported['odd key lengths']} refused"
+
+
+def test_a_backend_that_refuses_every_case_ends_its_search_with_no_finding():
+    tally, findings = fuzz(RefusesAll(), space=SPACE, settings=settings(SHRINK, max_examples=20))
+    assert not findings and tally.examples == tally.unsupported["nothing"] > 20, tally.to_dict()
 
 
 @pytest.mark.parametrize("examples", EXAMPLES)

@@ -245,6 +245,8 @@ def fuzz_property(backend: Backend, *, device: str, space: Space, tally: Tally, 
         tally.add(verdict)
         if on_case is not None:
             on_case(case, verdict, tally)
+        if verdict.status == V.UNSUPPORTED:  # refused: no graded case, so it spends none of max_examples
+            hypothesis.reject()
         if verdict.status == V.PASS and scores:
             hypothesis.target(min(verdict.ratio, 1e9), label="error / bound")
         if verdict.failed:
@@ -372,6 +374,8 @@ def _search(prop, tally: Tally) -> list[Finding]:
             flaky = V.Verdict(V.FLAKY, f.verdict.label, f"did not reproduce on a second run: {f.verdict.message}",
                               f.verdict.worst, f.verdict.ratio)
             findings.append(Finding(f.backend, f.case, flaky))
+    except hypothesis.errors.Unsatisfiable:  # the backend refused every case it was offered: the tally says why
+        pass
     except (Finding, BaseExceptionGroup) as e:
         stop = e.subgroup(KeyboardInterrupt) if isinstance(e, BaseExceptionGroup) else None
         if stop is not None:  # an interruption travelling with findings: the run was stopped, keep none

@@ -15,7 +15,8 @@ if sys.version_info < (3, 11):  # Python 3.10: the backport Hypothesis depends o
 
 def phase_counts(stats: dict) -> tuple[int, int]:
     """(new, replayed): the calls of the generate and target phases, which the budget (max_examples) counts, and of
-    the reuse phase, which replays the example database's failures. A call whose draw was rejected never ran."""
+    the reuse phase, which replays the example database's failures. Rejected calls (a draw a filter took, a case
+    the backend refused: engine/harness.py) are not counted."""
     def ran(phase: str) -> int:
         calls = stats.get(f"{phase}-phase", {}).get("test-cases", ())
         return sum(call.get("status") in ("valid", "interesting") for call in calls)

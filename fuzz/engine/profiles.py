@@ -24,7 +24,10 @@ PROFILES = {
     "ci": dict(max_examples=300, derandomize=True, database=None, print_blob=True, phases=_NO_TARGET),
     "campaign": dict(max_examples=100_000, phases=tuple(Phase), derandomize=False),
 }
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+# filter_too_much: a backend's refusals are rejected draws (engine/harness.py), and a backend may refuse most of a
+# narrow space's first draws; its Tally says what it refused
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                     HealthCheck.filter_too_much],
                report_multiple_bugs=True)
 
 for _name, _options in PROFILES.items():

@@ -16,9 +16,9 @@ class Tally:
     """What a fuzz run saw: examples per verdict label, refusals per reason, the worst passing ratio (error / bound;
     error / floor where a case was graded within its floor: oracles/tolerance.py, floor_first), how many of the
     batch-checked cases were batch invariant (attnfuzz.engine.batch), the KNOWN ones per label and entry, and once
-    the search has ended, how many of the examples were new draws (the budget, max_examples, counts these) and how
-    many replayed failures from the example database; the rest shrank failures, and ran each shrunk one once more to
-    report it (engine/hooks.py)."""
+    the search has ended, how many of the examples were new draws the backend did not refuse (the budget,
+    max_examples, counts these) and how many replayed failures from the example database; the rest shrank failures,
+    and ran each shrunk one once more to report it (engine/hooks.py)."""
 
     examples: int = 0
     labels: Counter = field(default_factory=Counter)

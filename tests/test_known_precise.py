@@ -372,3 +372,22 @@ def test_one_record_per_root_cause_takes_its_gradient_and_lse_faces():
         assert _taken(backend, ring, grad).startswith(f"{backend}-FAIL-TOLERANCE-")
         assert _taken(backend, ring, lse) == _taken(backend, ring, grad)
         assert not _taken(backend, ring.replace(dtype="float32"), grad)
+
+
+def test_tes_unpacked_strides_record_takes_padded_rows_nan_and_not_a_packed_case():
+    """TE classes q, k, v by k's and v's strides alone and hands cuDNN packed strides: one record takes what that
+    does to padded rows (NaN read from the padding), head-major q and expanded K/V; a NaN of packed tensors is not
+    it, and a NaN of a buffer one element off (misaligned, another bug) is taken by that bug's record."""
+    nan = V.Verdict(V.FAIL, "NONFINITE", "non-finite output, first at [0, 1, 0, 0]: nan")
+    packed = Case(b=1, sq=2, skv=1, h=1, hk=1, d_qk=8, d_v=8, dtype="float16")
+    record = "te-fused-FAIL-TOLERANCE-8158dad798b0"
+    assert _taken("te-fused", packed.replace(storage=("padded_rows", "plain", "plain")), nan) == record
+    assert _taken("te-fused", packed.replace(storage=("plain", "padded_rows", "padded_rows")), nan) == record
+    leak = V.Verdict(V.FAIL, "MASK_LEAK", "a masked key leaks")
+    assert _taken("te-fused", packed.replace(h=2, hk=2, memory="transposed"), leak) in (
+        record, "te-fused-FAIL-TOLERANCE-22f8143f4afd")
+    assert not _taken("te-fused", packed, nan)
+    assert _taken("te-fused", packed.replace(storage=("plain", "plain", "offset")), nan) == (
+        "te-fused-FAIL-NONFINITE-020da46bcd3d")
+    assert not _taken("te-unfused", packed.replace(storage=("padded_rows", "plain", "plain")), nan)
+

@@ -109,6 +109,9 @@ TRAITS = {
     "paged": lambda c: c.page_size is not None,         # the keys held in a paged KV cache, any page size
     # q, k or v one element into its buffer (Case.storage): a pointer off the 16-byte alignment vector loads assume
     "offset_storage": lambda c: "offset" in c.storage,
+    # q, k or v whose strides are not the packed strides of its layout, its last dim still of stride 1: head-major
+    # (transposed), stride-0 heads (expanded K/V), or rows with a gap after each (padded_rows)
+    "unpacked_strides": lambda c: c.memory != "contiguous" or "padded_rows" in c.storage,
     "alibi": lambda c: c.alibi_slopes is not None,
     # a right bound that, measured from the bottom-right diagonal, reaches skv yet still hides keys from the first rows
     # (sq > skv + 1): flash-attn 2 reads a right bound >= seqlen_k as unbounded, and puts seqlen_k in for an unbounded

@@ -391,3 +391,14 @@ def test_tes_unpacked_strides_record_takes_padded_rows_nan_and_not_a_packed_case
         "te-fused-FAIL-NONFINITE-020da46bcd3d")
     assert not _taken("te-unfused", packed.replace(storage=("padded_rows", "plain", "plain")), nan)
 
+
+def test_flexs_flash_lse_record_takes_the_flash_backend_only():
+    """torch 2.11's compiled FLASH backend returns the LSE times ln 2: the record takes an LSE failure of a case
+    spelled with BACKEND="FLASH" (alone or with other knobs), not the Triton backend's nor the default spelling's."""
+    lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 16 rows")
+    case = Case(b=2, sq=1, skv=1, h=8, hk=2, d_qk=72, d_v=72, dtype="bfloat16")
+    record = "flex-compiled-FAIL-LSE-e5a350cdfc9b"
+    assert _taken("flex-compiled", case.replace(spelling="flash"), lse) == record
+    assert not _taken("flex-compiled", case.replace(spelling="triton"), lse)
+    assert not _taken("flex-compiled", case, lse)
+    assert not _taken("flex-eager", case.replace(spelling="triton"), lse)

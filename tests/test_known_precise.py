@@ -415,3 +415,31 @@ def test_tes_expanded_kv_fault_is_known_and_its_nan_face_stays_with_the_stride_r
     assert _taken("te-fused", long.replace(memory="expanded_kv"), nan) in (
         "te-fused-FAIL-TOLERANCE-8158dad798b0", "te-fused-FAIL-NONFINITE-2cc25dc45a0f")   # both of that root cause
     assert not _taken("te-fused", long, fault)
+
+
+def test_fa4s_sink_varlen_backward_record_takes_full_sequences_and_its_other_build_failure_is_its_own():
+    """FA4's varlen backward with a sink leaves a later sequence's dq at 0 with or without an empty sequence before
+    it, and not without a sink; head dim 104's backward build failure has its own record, d_v < d_qk's stays."""
+    zero_dq = V.Verdict(V.FAIL, "GRADIENT", "dq: worst of 2 rows at [1, 0, 0, 3]: diff_max=3.079e-02 "
+                        "baseline_max=6.299e-06 k=4 floor=1.057e-02 (ratio 2.91): got=0 expected=-0.0307859")
+    full = Case(b=2, sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", seqlens_q=(1, 1), seqlens_kv=(1, 1),
+                softmax="off_by_one", softcap=0.5, grads=True)
+    record = "fa4-FAIL-GRADIENT-107394195030"
+    assert _taken("fa4", full, zero_dq) == record
+    assert _taken("fa4", full.replace(softcap=None, softmax="learnable"), zero_dq) in (
+        record, "fa4-FAIL-GRADIENT-c4673f818155")
+    assert not _taken("fa4", full.replace(softmax="vanilla"), zero_dq)
+    assert not _taken("fa4", full.replace(b=1, seqlens_q=None, seqlens_kv=None), zero_dq)
+    partition = V.Verdict(V.CRASH, "MLIRError", "MLIRError: Operation creation failed:\nerror: unknown: failed to "
+                          "partition `input` '!cute.shape<\"(112,80)\">' with `tiled_mma`")
+    d104 = Case(sq=1, skv=1, d_qk=104, d_v=104, dtype="float16", grads=True)
+    assert _taken("fa4", d104, partition) == "fa4-CRASH-MLIRError-f05d086f0304"
+    assert not _taken("fa4", d104.replace(grads=False), partition)
+    assert _taken("fa4", d104.replace(d_qk=32, d_v=8), partition) == "fa4-CRASH-MLIRError-1ea4e7441de5"
+
+
+def test_fa4s_paged_record_takes_head_dim_144_and_its_dropped_keys():
+    drop = V.Verdict(V.FAIL, "MASK_DROP", "probe: a key the row sees was dropped")
+    paged = Case(b=2, sq=49, skv=49, d_qk=144, d_v=176, dtype="bfloat16", page_size=64)
+    assert _taken("fa4", paged, drop) == "fa4-FAIL-TOLERANCE-e015b8aca2c3"
+    assert not _taken("fa4", paged.replace(d_qk=128, d_v=128), drop)

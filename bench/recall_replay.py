@@ -45,9 +45,23 @@ def reproduces(corpus: str, names: list[str], device: str, case_timeout: float, 
     return why
 
 
+AT_ONCE = 4   # replay processes at once
+
+
+def spread(batches: list[list[str]], ways: int = AT_ONCE) -> list[list[str]]:
+    """The batches cut so that `ways` processes share the replays: none holds more than its share of all the
+    entries (a backend's nine entries, each compiling its kernel, ran one after another in one process for minutes
+    before the search began)."""
+    share = max(1, -(-sum(map(len, batches)) // ways))
+    return [batch[i:i + share] for batch in batches for i in range(0, len(batch), share)]
+
+
 def leave_out_unreproduced(chosen: dict, batches: list[list[str]], site: Path | None, corpus: str, args) -> None:
     """Moves the chosen entries whose cases do not fail here from chosen["run"] to chosen["not_run"], with why:
-    `reproduces` asked in one process a batch (the entries of a backend), 4 at once."""
+    `reproduces` asked in one process a batch (entries of one backend), AT_ONCE processes at once."""
+    batches = spread(batches)
+    print(f"recall.py: replaying {sum(map(len, batches))} entries ({args.replays} tries each, {AT_ONCE} processes at "
+          f"once) before the search", file=sys.stderr)
     def ask(group: list[str]) -> dict:
         what = chosen["run"][group[0]]
         answer = child(site, "recall_replay.reproduces", corpus, group, args.device, args.case_timeout, args.replays,
@@ -57,7 +71,7 @@ def leave_out_unreproduced(chosen: dict, batches: list[list[str]], site: Path | 
                   f"all the same", file=sys.stderr)
             return {}
         return answer
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=AT_ONCE) as pool:
         for answer in pool.map(ask, batches):
             for name, why in answer.items():
                 if why is not None:

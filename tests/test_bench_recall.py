@@ -68,6 +68,18 @@ def test_an_entry_whose_case_no_longer_fails_here_is_not_run(tmp_path):
     assert everything["not_run"] == {} and len(everything["builds"]["here"]["entries"]) == 2
 
 
+def test_a_backends_replays_are_shared_between_the_replay_processes(monkeypatch):
+    """Nine entries of one backend and one of another: four processes replay at most three each, every entry once,
+    each process one backend's."""
+    monkeypatch.syspath_prepend(str(REPO))
+    from bench.recall_replay import spread
+    nine, one = [f"a{i}" for i in range(9)], ["b0"]
+    batches = spread([nine, one], ways=4)
+    assert max(map(len, batches)) == 3 and sorted(sum(batches, [])) == sorted(nine + one)
+    assert all(len({name[0] for name in batch}) == 1 for batch in batches)
+    assert spread([["a0"]], ways=4) == [["a0"]]
+
+
 def test_failures_no_held_out_record_takes_are_counted_by_label(tmp_path):
     """With only the LSE record in the corpus, the planted kernel's all-zero failures are taken by no record: the
     seed that searched in vain says so, by label, as a new bug or a record narrower than its bug would show."""

@@ -50,8 +50,8 @@ AT_ONCE = 4   # replay processes at once
 
 def spread(batches: list[list[str]], ways: int = AT_ONCE) -> list[list[str]]:
     """The batches cut so that `ways` processes share the replays: none holds more than its share of all the
-    entries (a backend's nine entries, each compiling its kernel, ran one after another in one process for minutes
-    before the search began)."""
+    entries (else a backend's entries, each compiling its kernel, replay one after another in one process, for
+    minutes before the search begins)."""
     share = max(1, -(-sum(map(len, batches)) // ways))
     return [batch[i:i + share] for batch in batches for i in range(0, len(batch), share)]
 

@@ -180,9 +180,8 @@ def cmd_run(args) -> int:
         if args.json:   # which feature combinations the graded cases reached, of those the backend can take
             summary[name]["combinations"] = graded.report(feasible_of(backend, space))
             print(f"[{name}] {describe(summary[name]['combinations'])}", file=sys.stderr)
-        refused = sum(tally.unsupported.values())
-        print(f"[{name}] {tally.examples - refused} examples" + f" (and {refused} refused)" * bool(refused)
-              + f" in {tally.seconds:.1f}s; "
+        refused = f" (and {tally.refused} refused)" if tally.refused else ""
+        print(f"[{name}] {tally.examples - tally.refused} examples{refused} in {tally.seconds:.1f}s; "
               f"{len(saved)} finding(s) saved to {args.corpus}", file=sys.stderr)
         if tally.batch_checked:  # the property as observed; a backend that claims it fails where it breaks
             claim = "claimed" if backend.batch_invariant else "observed, not claimed"

@@ -37,9 +37,8 @@ def examples(tally: Tally, budget: int) -> str:
     """'57/100 examples' while that is all there is to say; the cases the backend refused, which the budget
     (max_examples) does not count; where Hypothesis ran more than its budget of new draws, what the others did:
     replay failures from the example database, shrink failures and report them."""
-    refused = sum(tally.unsupported.values())
-    ran = tally.examples - refused
-    also = f", {refused} refused" if refused else ""
+    ran = tally.examples - tally.refused
+    also = f", {tally.refused} refused" if tally.refused else ""
     if tally.new is None:  # during the search: only the budget is known
         if ran <= budget:
             return f"{ran}/{budget} examples{also}"

@@ -32,6 +32,11 @@ class Tally:
     replayed: int = 0
     not_run: str | None = None   # the cases a known crash or hang took without running (engine/skip_known.py)
 
+    @property
+    def refused(self) -> int:
+        """The examples the backend refused (UNSUPPORTED): not graded, and not counted by the budget."""
+        return sum(self.unsupported.values())
+
     def add(self, verdict: V.Verdict) -> None:
         self.examples += 1
         if verdict.batch_invariant is not None:

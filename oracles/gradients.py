@@ -13,7 +13,7 @@ from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_keys, valid_rows, wrong_shape
 from attnfuzz.oracles.reference import reference
 from attnfuzz.oracles.tolerance import (BIAS_IN_INPUT_DTYPE, FUSED_BACKWARD, LOW_PRECISION, P_ROUNDING_SIGMAS,
-                                        UNIFORM_SD, Check, check, dominated_dot)
+                                        SCALED_DS_ROUNDING, UNIFORM_SD, Check, check, dominated_dot)
 from attnfuzz.strategies.case import Case
 
 
@@ -109,7 +109,7 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
         if name == "dv":
             inherited = o.gradient_terms["dv_underflow"]
         elif out is not None and o.ref.row_d_size is not None:
-            inherited = d_inherited(o, name, out) + o.gradient_terms[f"{name}_underflow"]
+            inherited = d_inherited(o, name, out) + underflow(o, name, family)
         # The floor for terms that cancel (tolerance.check: fp32 rounding and each logit's, times a bound on the sum
         # of |terms|) per key row for dK: sum_i |P_ij (dP_ij - D_i) Q_i| <= 2 max|dP| max|Q| sum_i P_ij, with each
         # key's own P mass (reference.key_mass) for the tensor's largest. Key 3889 of a causal bf16 case of 4096,
@@ -130,6 +130,15 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
                  scale_of_terms=terms_floor, inherited=inherited, bias_max=o.ref.bias_max, row_terms=row_terms,
                  softcap=o.case.softcap, final_eps=final_eps, floor_first=floor_first,
                  dot_terms=dominated_dot(o.case), quantised=fp8_grads.allowance(o, name, out))
+
+
+def underflow(o, name: str, family: str) -> float:
+    """What dQ or dK may carry from dS rounded among fp16's subnormals (gradient_terms): 1 / scale times more for a
+    family that rounds dS with the softmax scale folded in (tolerance.SCALED_DS_ROUNDING), whose rounding error is
+    then not multiplied by the scale after the sum."""
+    allowed = o.gradient_terms[f"{name}_underflow"]
+    scale = o.case.softmax_scale
+    return allowed / scale if family in SCALED_DS_ROUNDING and scale else allowed
 
 
 def d_inherited(o, name: str, out: torch.Tensor) -> torch.Tensor:

@@ -111,7 +111,14 @@ LOGITS_IN_INPUT_DTYPE = ("te-unfused",)
 # calibrated and keeps the textbook baseline with its FP8 allowance. FA2 and FA3 wait for a long-row calibration;
 # te-unfused computes in the input dtype (baddbmm in bf16, autograd through it) and stays textbook, as do custom,
 # flex, flashinfer and default (context-parallel merges).
-FUSED_BACKWARD = ("fused", "sdpa", "sdpa-efficient", "fa4", "te")
+FUSED_BACKWARD = ("fused", "sdpa", "sdpa-efficient", "fa4", "te", "te-fused")
+# Families whose backward rounds dS to the dtype with the softmax scale already folded in (scale * P (dP - D)), then
+# takes dQ = dS K and dK = dS^T Q without it: cuDNN's fused attention (TE's fused backend). In fp16 a small dS * scale
+# sits among the subnormals, whose absolute spacing 2^-24 is then 1 / scale times what FlashAttention's rounding of dS
+# (the scale applied after the sum) gives: gradients.underflow. On an H100 TE's fused dQ was 8.34e-7 where 0 is right
+# (keys tied, K's channel constant, dS * scale ~ 1e-5), 1.35x the unscaled allowance, and that rounding written out
+# (tests/fused_kernels.py, scaled_ds) gives the same value to the bit.
+SCALED_DS_ROUNDING = ("te-fused",)
 # Families whose LSE sums P as its P V matmul takes it, rounded to the input dtype: FlashInfer's prefill kernels take
 # a row's denominator from P cast to fp16 / bf16 through an MMA with a ones vector (m16k16_rowsum_f16f16f32 in its
 # prefill.cuh), so log(d) carries P's rounding (up to 2^-11 in fp16, 2^-8 in bf16) where an fp32 row sum carries

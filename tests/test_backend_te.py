@@ -370,7 +370,7 @@ def test_gpu_check_cases_cover_every_backend():
 def test_the_unfused_backend_is_graded_as_computing_its_logits_in_the_input_dtype():
     from attnfuzz.oracles.tolerance import LOGITS_IN_INPUT_DTYPE
     families = {name: factories()[name]().family for name in NAMES}
-    assert families == {"te-flash": "te", "te-fused": "te", "te-unfused": "te-unfused"}
+    assert families == {"te-flash": "te", "te-fused": "te-fused", "te-unfused": "te-unfused"}
     assert "te-unfused" in LOGITS_IN_INPUT_DTYPE and "te" not in LOGITS_IN_INPUT_DTYPE
 
 

@@ -34,7 +34,7 @@ def test_which_cases_take_the_fused_baseline():
     assert fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "fused")   # it takes ALiBi exactly
     assert not fused_backward(LONG.replace(dtype="float32"), "sdpa")          # nothing rounds before the end
     assert not fused_backward(LONG, "te-unfused") and not fused_backward(LONG, "flex")
-    assert fused_backward(LONG, "fa4") and fused_backward(LONG, "te")
+    assert fused_backward(LONG, "fa4") and fused_backward(LONG, "te") and fused_backward(LONG, "te-fused")
     assert fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "te")     # TE takes the slopes in fp32
     assert not fused_backward(LONG, "fa2") and not fused_backward(LONG, "fa3")   # not calibrated on long rows
     fp8 = LONG.replace(fp8=("e4m3", "e4m3", "e4m3"), fp8_dout="e5m2")
@@ -44,11 +44,12 @@ def test_which_cases_take_the_fused_baseline():
 def test_backends_declare_the_family_their_gradients_are_graded_by():
     assert get("sdpa-math", "cpu").family == get("sdpa-flash", "cpu").family == "sdpa"
     assert get("fa4", "cuda").family == "fa4"
-    assert get("te-fused", "cuda").family == get("te-flash", "cuda").family == "te"
+    assert get("te-flash", "cuda").family == "te"
+    assert get("te-fused", "cuda").family == "te-fused"   # cuDNN: dS rounded with the scale in it
     assert get("te-unfused", "cuda").family == "te-unfused"
 
 
-@pytest.mark.parametrize("family", ["sdpa", "sdpa-efficient", "fa4", "te"])
+@pytest.mark.parametrize("family", ["sdpa", "sdpa-efficient", "fa4", "te", "te-fused"])
 def test_a_bf16_row_off_by_5_percent_fails_through_the_backends_own_family(family):
     """The gradients come from FlashAttention's algorithm written out (tests/fused_kernels.py), not from torch's
     kernels, so the test does not bet on the host's torch rounding one way."""
@@ -62,3 +63,23 @@ def test_a_bf16_row_off_by_5_percent_fails_through_the_backends_own_family(famil
         assert caught.status == "FAIL" and name in caught.message, (name, caught.message)
         # the textbook baseline in the dtype, which this family had before, lets the same row pass
         assert grade(LONG, t, wrong, family="te-unfused").status == "PASS", name
+
+
+# TE's fused dQ on an H100 (cuDNN): keys tied in the ties family, K's channel 0 constant at 2.0, so dQ's channel 0 is
+# exactly 0; dS * scale ~ 1e-5 is among fp16's subnormals
+TIED = Case(b=3, sq=126, skv=126, h=3, hk=3, d_qk=144, d_v=104, dtype="float16", grads=True, causal=True,
+            alignment="bottom_right", layout="sbhd", spelling="padding", values="ties", mean=(0.0, 3.0, 0.0),
+            std=(4.0, 4.0, 0.001), scale=1 / 24, seed=2915893028)
+
+
+def test_cudnn_rounding_ds_with_the_scale_in_it_passes_its_own_family_only():
+    t = materialize(TIED)
+    out, *grads = flash_algorithm_backward(TIED, t, scaled_ds=True)
+    output = Output(out, **{name: g.to(t.q.dtype) for name, g in zip(("dq", "dk", "dv"), grads)})
+    assert output.dq[1, 107, 0, 0].item() == pytest.approx(8.34465e-07, rel=1e-4)   # the H100's value
+    assert grade(TIED, t, output, family="te-fused").status == "PASS"
+    assert grade(TIED, t, output, family="te").label == "FAIL:GRADIENT"   # FlashAttention's rounding allows less
+    for name in ("dq", "dk", "dv"):   # and the wider allowance still catches a row 5 % off
+        wrong = dataclasses.replace(output, **{name: grad_calibration.planted_row(getattr(output, name), 0.05)})
+        caught = grade(TIED, t, wrong, family="te-fused")
+        assert caught.status == "FAIL" and name in caught.message, (name, caught.message)

@@ -177,6 +177,8 @@ class TransformerEngineAttention(Backend):
         self.name, self.te_backend, self.device = name, te_backend, device
         if te_backend == sel.UNFUSED:  # its logits are a matmul in the input dtype (oracles/tolerance.py)
             self.family = "te-unfused"
+        elif te_backend == sel.FUSED:  # cuDNN rounds dS with the softmax scale in it (oracles/tolerance.py)
+            self.family = "te-fused"
 
     def _te(self):
         return import_te()

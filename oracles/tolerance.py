@@ -78,7 +78,8 @@ UNIFORM_SD = 3.0 ** -0.5
 # 1.2e-4, is the allowance. (CUDA's efficient kernel was 2.4e-4 off on fp16, but on a row with large logits, which
 # the per-row logit term now carries: 2 * eps(fp32) * L_i.)
 FAST_EXP = 2.0**-13
-BIAS_IN_INPUT_DTYPE = ("sdpa", "sdpa-efficient")  # families whose API takes ALiBi only as a bias in the input dtype
+# families whose API takes ALiBi only as a bias in the input dtype
+BIAS_IN_INPUT_DTYPE = ("sdpa", "sdpa-efficient", "sdpa-cudnn")
 # Families whose fp32 matmuls run as 3xTF32 on tensor cores (CUTLASS's OpMultiplyAddFastF32): torch's memory-efficient
 # SDPA kernel on sm80 and later (DefaultGemmType<float> in its mem_eff_attention/gemm_kernel_utils.h). Each operand
 # x is split into two tf32 parts, big + small, which leaves |x - big - small| <= 2^-22 |x|, and the small x small
@@ -111,14 +112,17 @@ LOGITS_IN_INPUT_DTYPE = ("te-unfused",)
 # calibrated and keeps the textbook baseline with its FP8 allowance. FA2 and FA3 wait for a long-row calibration;
 # te-unfused computes in the input dtype (baddbmm in bf16, autograd through it) and stays textbook, as do custom,
 # flex, flashinfer and default (context-parallel merges).
-FUSED_BACKWARD = ("fused", "sdpa", "sdpa-efficient", "fa4", "te", "te-fused")
+FUSED_BACKWARD = ("fused", "sdpa", "sdpa-efficient", "sdpa-cudnn", "fa4", "te", "te-fused")
 # Families whose backward rounds dS to the dtype with the softmax scale already folded in (scale * P (dP - D)), then
-# takes dQ = dS K and dK = dS^T Q without it: cuDNN's fused attention (TE's fused backend). In fp16 a small dS * scale
-# sits among the subnormals, whose absolute spacing 2^-24 is then 1 / scale times what FlashAttention's rounding of dS
-# (the scale applied after the sum) gives: gradients.underflow. On an H100 TE's fused dQ was 8.34e-7 where 0 is right
-# (keys tied, K's channel constant, dS * scale ~ 1e-5), 1.35x the unscaled allowance, and that rounding written out
-# (tests/fused_kernels.py, scaled_ds) gives the same value to the bit.
-SCALED_DS_ROUNDING = ("te-fused",)
+# takes dQ = dS K and dK = dS^T Q without it: cuDNN's fused attention (TE's fused backend and torch's cuDNN SDPA) and
+# torch's memory-efficient kernel. In fp16 a small dS * scale sits among the subnormals, whose absolute spacing 2^-24
+# is then 1 / scale times what FlashAttention's rounding of dS (the scale applied after the sum) gives:
+# gradients.underflow. On an H100, fp16, keys tied so that a dQ channel is exactly 0 and dS * scale ~ 1e-5: TE's fused
+# and torch's cuDNN dQ there were 8.34e-7 (1.35x the unscaled allowance), the efficient kernel's 9.54e-7 (1.54x), FA4's
+# 0; that rounding written out (tests/fused_kernels.py, `scaled_ds`) matched 89 % of cuDNN's dQ and 91 % of its dK to
+# the bit (FlashAttention's order 15 % and 16 %), 54 % and 60 % of the efficient kernel's (15 %, 16 %), and FA4's the
+# other way round (15 %, 16 % against 83 %, 91 %).
+SCALED_DS_ROUNDING = ("sdpa-cudnn", "sdpa-efficient", "te-fused")
 # Families whose LSE sums P as its P V matmul takes it, rounded to the input dtype: FlashInfer's prefill kernels take
 # a row's denominator from P cast to fp16 / bf16 through an MMA with a ones vector (m16k16_rowsum_f16f16f32 in its
 # prefill.cuh), so log(d) carries P's rounding (up to 2^-11 in fp16, 2^-8 in bf16) where an fp32 row sum carries

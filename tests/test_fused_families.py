@@ -28,9 +28,9 @@ LONG = Case(sq=512, skv=512, h=2, d_qk=64, d_v=64, dtype="bfloat16", grads=True,
 
 
 def test_which_cases_take_the_fused_baseline():
-    assert fused_backward(LONG, "sdpa") and fused_backward(LONG, "sdpa-efficient")
-    assert not fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "sdpa")
-    assert not fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "sdpa-efficient")
+    assert all(fused_backward(LONG, sdpa) for sdpa in ("sdpa", "sdpa-efficient", "sdpa-cudnn"))
+    for sdpa in ("sdpa", "sdpa-efficient", "sdpa-cudnn"):
+        assert not fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), sdpa)
     assert fused_backward(LONG.replace(alibi_slopes=(0.5, 0.25)), "fused")   # it takes ALiBi exactly
     assert not fused_backward(LONG.replace(dtype="float32"), "sdpa")          # nothing rounds before the end
     assert not fused_backward(LONG, "te-unfused") and not fused_backward(LONG, "flex")
@@ -43,13 +43,14 @@ def test_which_cases_take_the_fused_baseline():
 
 def test_backends_declare_the_family_their_gradients_are_graded_by():
     assert get("sdpa-math", "cpu").family == get("sdpa-flash", "cpu").family == "sdpa"
+    assert get("sdpa-cudnn", "cuda").family == "sdpa-cudnn"   # cuDNN: dS rounded with the scale in it
     assert get("fa4", "cuda").family == "fa4"
     assert get("te-flash", "cuda").family == "te"
     assert get("te-fused", "cuda").family == "te-fused"   # cuDNN: dS rounded with the scale in it
     assert get("te-unfused", "cuda").family == "te-unfused"
 
 
-@pytest.mark.parametrize("family", ["sdpa", "sdpa-efficient", "fa4", "te", "te-fused"])
+@pytest.mark.parametrize("family", ["sdpa", "sdpa-efficient", "sdpa-cudnn", "fa4", "te", "te-fused"])
 def test_a_bf16_row_off_by_5_percent_fails_through_the_backends_own_family(family):
     """The gradients come from FlashAttention's algorithm written out (tests/fused_kernels.py), not from torch's
     kernels, so the test does not bet on the host's torch rounding one way."""
@@ -65,21 +66,24 @@ def test_a_bf16_row_off_by_5_percent_fails_through_the_backends_own_family(famil
         assert grade(LONG, t, wrong, family="te-unfused").status == "PASS", name
 
 
-# TE's fused dQ on an H100 (cuDNN): keys tied in the ties family, K's channel 0 constant at 2.0, so dQ's channel 0 is
-# exactly 0; dS * scale ~ 1e-5 is among fp16's subnormals
+# TE's fused and torch's cuDNN dQ on an H100: keys tied in the ties family, K's channel 0 constant at 2.0, so dQ's
+# channel 0 is exactly 0; dS * scale ~ 1e-5 is among fp16's subnormals
 TIED = Case(b=3, sq=126, skv=126, h=3, hk=3, d_qk=144, d_v=104, dtype="float16", grads=True, causal=True,
             alignment="bottom_right", layout="sbhd", spelling="padding", values="ties", mean=(0.0, 3.0, 0.0),
             std=(4.0, 4.0, 0.001), scale=1 / 24, seed=2915893028)
 
 
-def test_cudnn_rounding_ds_with_the_scale_in_it_passes_its_own_family_only():
-    t = materialize(TIED)
-    out, *grads = flash_algorithm_backward(TIED, t, scaled_ds=True)
+@pytest.mark.parametrize("family, spelling", [("te-fused", "padding"), ("sdpa-cudnn", ""), ("sdpa-efficient", "")])
+def test_rounding_ds_with_the_scale_in_it_passes_the_families_that_do(family, spelling):
+    case = TIED.replace(spelling=spelling)
+    t = materialize(case)
+    out, *grads = flash_algorithm_backward(case, t, scaled_ds=True)
     output = Output(out, **{name: g.to(t.q.dtype) for name, g in zip(("dq", "dk", "dv"), grads)})
     assert output.dq[1, 107, 0, 0].item() == pytest.approx(8.34465e-07, rel=1e-4)   # the H100's value
-    assert grade(TIED, t, output, family="te-fused").status == "PASS"
-    assert grade(TIED, t, output, family="te").label == "FAIL:GRADIENT"   # FlashAttention's rounding allows less
+    assert grade(case, t, output, family=family).status == "PASS"
+    for scaled_after in ("te", "sdpa", "fa4"):   # FlashAttention's rounding of dS allows 24x less here
+        assert grade(case, t, output, family=scaled_after).label == "FAIL:GRADIENT", scaled_after
     for name in ("dq", "dk", "dv"):   # and the wider allowance still catches a row 5 % off
         wrong = dataclasses.replace(output, **{name: grad_calibration.planted_row(getattr(output, name), 0.05)})
-        caught = grade(TIED, t, wrong, family="te-fused")
+        caught = grade(case, t, wrong, family=family)
         assert caught.status == "FAIL" and name in caught.message, (name, caught.message)

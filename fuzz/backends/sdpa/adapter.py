@@ -58,6 +58,8 @@ class SdpaBackend(Backend):
         self.deterministic = self.kernel == "MATH"  # plain aten ops, no atomics: the same bits on every run
         if self.kernel == "EFFICIENT_ATTENTION":   # its fp32 matmuls are 3xTF32 (oracles/tolerance.py, TF32X3)
             self.family = "sdpa-efficient"
+        elif self.kernel == "CUDNN_ATTENTION":  # dS rounded with the softmax scale in it (oracles/tolerance.py)
+            self.family = "sdpa-cudnn"
         self._device_type = torch.device(self.device).type
         self._probed: dict[tuple, str | None] = {}
         self._kept_mask: tuple | None = None  # (the inputs, weakly; the case; the spelling; the mask)

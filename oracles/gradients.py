@@ -81,7 +81,7 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
     rows = valid_rows(o.case, o.ref.out.device) if name == "dq" else valid_keys(o.case, o.ref.out.device)
     terms, inherited = o.gradient_terms[name]
     if name != "dv":  # the family's subnormal allowance for dS in place of FlashAttention's
-        inherited += underflow(o, name, family) - o.gradient_terms[f"{name}_underflow"]
+        inherited += subnormal_allowance(o, name, family) - o.gradient_terms[f"{name}_underflow"]
     terms_floor = terms  # the sum of |terms| the cancellation floor takes: the tensor's largest, or per row (below)
     # (Against the textbook baseline dQ_i keeps the worst row's D shift: a bound from row i's D shift alone failed
     # the cuDNN bf16 case of tests/test_tolerance_calibration.py by 1.18x: dS rounded to bf16 where dP - D cancels
@@ -111,7 +111,7 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
         if name == "dv":
             inherited = o.gradient_terms["dv_underflow"]
         elif out is not None and o.ref.row_d_size is not None:
-            inherited = d_inherited(o, name, out) + underflow(o, name, family)
+            inherited = d_inherited(o, name, out) + subnormal_allowance(o, name, family)
         # The floor for terms that cancel (tolerance.check: fp32 rounding and each logit's, times a bound on the sum
         # of |terms|) per key row for dK: sum_i |P_ij (dP_ij - D_i) Q_i| <= 2 max|dP| max|Q| sum_i P_ij, with each
         # key's own P mass (reference.key_mass) for the tensor's largest. Key 3889 of a causal bf16 case of 4096,
@@ -134,7 +134,7 @@ def gradient_check(o, name: str, got: torch.Tensor, family: str, out: torch.Tens
                  dot_terms=dominated_dot(o.case), quantised=fp8_grads.allowance(o, name, out))
 
 
-def underflow(o, name: str, family: str) -> float:
+def subnormal_allowance(o, name: str, family: str) -> float:
     """What dQ or dK may carry from dS rounded among fp16's subnormals (gradient_terms): 1 / scale times more for a
     family that rounds dS with the softmax scale folded in (tolerance.SCALED_DS_ROUNDING), whose rounding error is
     then not multiplied by the scale after the sum."""

@@ -116,12 +116,12 @@ FUSED_BACKWARD = ("fused", "sdpa", "sdpa-efficient", "sdpa-cudnn", "fa4", "te", 
 # Families whose backward rounds dS to the dtype with the softmax scale already folded in (scale * P (dP - D)), then
 # takes dQ = dS K and dK = dS^T Q without it: cuDNN's fused attention (TE's fused backend and torch's cuDNN SDPA) and
 # torch's memory-efficient kernel. In fp16 a small dS * scale sits among the subnormals, whose absolute spacing 2^-24
-# is then 1 / scale times what FlashAttention's rounding of dS (the scale applied after the sum) gives:
-# gradients.underflow. On an H100, fp16, keys tied so that a dQ channel is exactly 0 and dS * scale ~ 1e-5: TE's fused
-# and torch's cuDNN dQ there were 8.34e-7 (1.35x the unscaled allowance), the efficient kernel's 9.54e-7 (1.54x), FA4's
-# 0; that rounding written out (tests/fused_kernels.py, `scaled_ds`) matched 89 % of cuDNN's dQ and 91 % of its dK to
-# the bit (FlashAttention's order 15 % and 16 %), 54 % and 60 % of the efficient kernel's (15 %, 16 %), and FA4's the
-# other way round (15 %, 16 % against 83 %, 91 %).
+# is then 1 / scale times what FlashAttention's rounding of dS (the scale applied after the sum) gives
+# (gradients.subnormal_allowance). On an H100, fp16, keys tied so that a dQ channel is exactly 0 and dS * scale
+# ~ 1e-5: TE's fused and torch's cuDNN dQ there were 8.34e-7 (1.35x the unscaled allowance), the efficient kernel's
+# 9.54e-7 (1.54x), FA4's 0; that rounding written out (tests/fused_kernels.py, `scaled_ds`) matched 89 % of cuDNN's
+# dQ and 91 % of its dK to the bit (FlashAttention's order 15 % and 16 %), 54 % and 60 % of the efficient kernel's
+# (15 %, 16 %), and FA4's the other way round (15 %, 16 % against 83 %, 91 %).
 SCALED_DS_ROUNDING = ("sdpa-cudnn", "sdpa-efficient", "te-fused")
 # Families whose LSE sums P as its P V matmul takes it, rounded to the input dtype: FlashInfer's prefill kernels take
 # a row's denominator from P cast to fp16 / bf16 through an MMA with a ones vector (m16k16_rowsum_f16f16f32 in its

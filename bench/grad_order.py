@@ -29,15 +29,15 @@ from attnfuzz.backends.base import Unsupported  # noqa: E402
 from attnfuzz.oracles.grade import grade  # noqa: E402
 from attnfuzz.oracles.verdict import Output  # noqa: E402
 from attnfuzz.strategies.case import Case  # noqa: E402
-from attnfuzz.strategies.materialize import materialize  # noqa: E402
+from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage  # noqa: E402
 from tests.fused_kernels import flash_algorithm_backward  # noqa: E402
 
 ORDERS = {"flash": False, "scaled": True}   # name -> flash_algorithm_backward's scaled_ds
 
 
-def bit_shares(case: Case, grads: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
-    """Per order, per gradient (dq, dk): the share of the kernel's elements equal bit for bit to that order's."""
-    t = materialize(case, "cpu")
+def bit_shares(case: Case, t: Tensors, grads: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+    """Per order, per gradient (dq, dk): the share of the kernel's elements equal bit for bit to that order's, both
+    written out from `t`, the case's plain inputs on the CPU."""
     shares = {}
     for order, scaled in ORDERS.items():
         _, dq, dk, _ = flash_algorithm_backward(case, t, scaled_ds=scaled)
@@ -60,16 +60,18 @@ def examine(case: Case, name: str, device: str) -> dict:
     reason = backend.available() or backend.unsupported(case)
     if reason is not None:
         return {"backend": name, "refused": reason}
+    drawn = draw(case, draw_device(case, device))   # as the harness draws: a large case on the device itself
     try:
-        output = backend.run(case, materialize(case, device))
+        output = backend.run(case, with_storage(case, drawn.to(device)))
     except Unsupported as e:   # a refusal at call time
         return {"backend": name, "refused": str(e)}
     if output.dq is None:
         return {"backend": name, "refused": "no gradients returned"}
     on_cpu = Output(*(None if x is None else x.cpu() for x in (output.out, output.lse, output.dq, output.dk,
                                                                    output.dv)))
-    shares = bit_shares(case, {"dq": on_cpu.dq, "dk": on_cpu.dk})
-    verdict = grade(case, materialize(case, "cpu"), on_cpu, family=backend.family)
+    plain = drawn.to("cpu")
+    shares = bit_shares(case, plain, {"dq": on_cpu.dq, "dk": on_cpu.dk})
+    verdict = grade(case, plain, on_cpu, family=backend.family)
     return {"backend": name, "family": backend.family, "shares": shares, "closer": closer_order(shares),
             "label": verdict.label, "ratio": verdict.ratio}
 

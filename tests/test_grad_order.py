@@ -25,7 +25,7 @@ SPEC.loader.exec_module(grad_order)
 def test_each_order_written_out_is_recognised_as_itself(scaled, order):
     t = materialize(TIED)
     _, dq, dk, _ = flash_algorithm_backward(TIED, t, scaled_ds=scaled)
-    shares = grad_order.bit_shares(TIED, {"dq": dq.to(t.q.dtype), "dk": dk.to(t.q.dtype)})
+    shares = grad_order.bit_shares(TIED, t, {"dq": dq.to(t.q.dtype), "dk": dk.to(t.q.dtype)})
     assert shares[order] == {"dq": 1.0, "dk": 1.0}
     other = "scaled" if order == "flash" else "flash"
     assert shares[other]["dq"] < 0.5 and shares[other]["dk"] < 0.5   # the subnormal dS of this case tells them apart

@@ -15,6 +15,7 @@ the entry's spelling runs the case with its first spelling for it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,7 +28,6 @@ import torch  # noqa: E402
 from attnfuzz.backends import get  # noqa: E402
 from attnfuzz.backends.base import Unsupported  # noqa: E402
 from attnfuzz.oracles.grade import grade  # noqa: E402
-from attnfuzz.oracles.verdict import Output  # noqa: E402
 from attnfuzz.strategies.case import Case  # noqa: E402
 from attnfuzz.strategies.materialize import Tensors, draw, draw_device, with_storage  # noqa: E402
 from tests.fused_kernels import flash_algorithm_backward  # noqa: E402
@@ -67,8 +67,8 @@ def examine(case: Case, name: str, device: str) -> dict:
         return {"backend": name, "refused": str(e)}
     if output.dq is None:
         return {"backend": name, "refused": "no gradients returned"}
-    on_cpu = Output(*(None if x is None else x.cpu() for x in (output.out, output.lse, output.dq, output.dk,
-                                                                   output.dv)))
+    on_cpu = dataclasses.replace(output, **{n: getattr(output, n).cpu() for n in ("out", "lse", "dq", "dk", "dv")
+                                            if getattr(output, n) is not None})
     plain = drawn.to("cpu")
     shares = bit_shares(case, plain, {"dq": on_cpu.dq, "dk": on_cpu.dk})
     verdict = grade(case, plain, on_cpu, family=backend.family)

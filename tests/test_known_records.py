@@ -167,7 +167,7 @@ def test_fa4s_sink_varlen_backward_record_takes_full_sequences_and_its_other_bui
     record = "fa4-FAIL-GRADIENT-107394195030"
     assert _taken("fa4", full, zero_dq) == record
     assert _taken("fa4", full.replace(softcap=None, softmax="learnable", layout="thd"), zero_dq) == record
-    assert not _taken("fa4", full.replace(softmax="vanilla"), zero_dq)
+    assert _taken("fa4", full.replace(softmax="vanilla"), zero_dq) != record
     assert not _taken("fa4", full.replace(b=1, seqlens_q=None, seqlens_kv=None), zero_dq)
     partition = V.Verdict(V.CRASH, "MLIRError", "MLIRError: Operation creation failed:\nerror: unknown: failed to "
                           "partition `input` '!cute.shape<\"(112,80)\">' with `tiled_mma`")
@@ -182,3 +182,48 @@ def test_fa4s_paged_record_takes_head_dim_144_and_its_dropped_keys():
     paged = Case(b=2, sq=49, skv=49, d_qk=144, d_v=176, dtype="bfloat16", page_size=64)
     assert _taken("fa4", paged, drop) == "fa4-FAIL-TOLERANCE-e015b8aca2c3"
     assert not _taken("fa4", paged.replace(d_qk=128, d_v=128), drop)
+
+
+def test_fa4s_small_head_dim_varlen_backward_record_takes_later_sequences_without_gqa_or_sink():
+    """FA4's sm90 varlen backward zeroes dq of a later sequence at head dims 8 and 16 with neither GQA nor a sink: its
+    record takes that (a batch of lengths or thd), not one sequence, not head dim 32; the key-64 record takes dV's face
+    past the first 64 keys, not a case of 64 keys."""
+    zero_dq = V.Verdict(V.FAIL, "GRADIENT", "dq: worst of 2 rows at [1, 0, 0, 5]: got=0 expected=0.244077")
+    varlen = Case(b=2, sq=1, skv=2, d_qk=8, d_v=8, dtype="float16", seqlens_q=(1, 1), seqlens_kv=(2, 2), grads=True)
+    record = "fa4-FAIL-GRADIENT-b8ce46c52d0f"
+    assert _taken("fa4", varlen, zero_dq) == record
+    assert _taken("fa4", varlen.replace(d_qk=16, d_v=16, layout="thd", dtype="bfloat16"), zero_dq) == record
+    assert not _taken("fa4", varlen.replace(d_qk=32, d_v=32), zero_dq)
+    assert not _taken("fa4", varlen.replace(b=1, seqlens_q=None, seqlens_kv=None), zero_dq)
+    dv = V.Verdict(V.FAIL, "GRADIENT", "dv: worst of 195 rows at [0, 64, 0, 7]: got=0 expected=0.0708187")
+    gqa = Case(sq=1, skv=65, h=6, hk=3, d_qk=8, d_v=8, dtype="bfloat16", grads=True)
+    assert _taken("fa4", gqa, dv) == "fa4-FAIL-GRADIENT-e32a1f0db3ed"
+    assert not _taken("fa4", gqa.replace(skv=64), dv)
+
+
+def test_fa4s_minus_one_bound_record_takes_its_probe_leak_only_when_spelled_so():
+    """A left bound spelled -1 beside a right one keeps only the keys after the row's own: on probe values a kept key
+    reads as a leak. The record takes that with the -1 spelling, not the same leak of a window spelled None."""
+    leak = V.Verdict(V.FAIL, "MASK_LEAK", "probe: a key the row must not see was counted")
+    case = Case(b=1, sq=156, skv=156, h=2, hk=1, d_qk=136, d_v=136, dtype="bfloat16", window=(None, 4),
+                values="probe", spelling="neg")
+    assert _taken("fa4", case, leak) == "fa4-FAIL-ALL_ZERO-2bcd89f2de1d"
+    assert not _taken("fa4", case.replace(spelling=""), leak)
+
+
+def test_tes_unfused_records_take_the_window_face_and_both_sides_of_a_zero_max_seqlen():
+    """TE's get_full_mask drops keys of top-left rows whose lengths differ: with a right bound that reads as the bound
+    one short (WINDOW_OFF_BY_ONE), equal lengths are not it. Without max_seqlen, a thd side whose every sequence is
+    empty gets a max_seqlen of 0: IndexError on dimension 2 (queries) or 3 (keys), one record; with max_seqlen given
+    it is not that record's."""
+    short = V.Verdict(V.FAIL, "WINDOW_OFF_BY_ONE", "matches the right bound 1 instead of 2")
+    case = Case(sq=1, skv=3, h=4, hk=2, d_qk=8, d_v=8, dtype="float16", window=(None, 2), mask_density=0.5)
+    assert _taken("te-unfused", case, short) == "te-unfused-FAIL-TOLERANCE-24bde40818b5"
+    assert not _taken("te-unfused", case.replace(skv=1), short)
+    record = "te-unfused-CRASH-IndexError-94b663686a23"
+    for lens_q, lens_kv, dim in (((0,), (1,), 2), ((1,), (0,), 3)):
+        crash = V.Verdict(V.CRASH, "IndexError", f"IndexError: index 0 is out of bounds for dimension {dim} with size 0")
+        empty = Case(sq=1, skv=1, d_qk=8, d_v=8, dtype="float16", layout="thd", seqlens_q=lens_q, seqlens_kv=lens_kv,
+                     spelling="no-max-seqlen")
+        assert _taken("te-unfused", empty, crash) == record
+        assert not _taken("te-unfused", empty.replace(spelling=""), crash)

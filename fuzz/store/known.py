@@ -87,6 +87,7 @@ TRAITS = {
     "d_v_narrower": lambda c: c.d_v < c.d_qk,          # the value head dim below the query / key one
     "head_dim_under_16": lambda c: min(c.d_qk, c.d_v) < 16,   # a query / key or value head dim below 16
     "sq_over_64": lambda c: c.sq > 64,                  # a query row past the first 64-row tile (FA's sm90 tiles)
+    "skv_over_64": lambda c: c.skv > 64,                # ... a key past the first 64-key tile
     # an unbounded window side spelled as the legacy -1 sentinel, whatever else the spelling says ("seqused+neg")
     "negative_bound": lambda c: "neg" in c.spelling.split("+"),
     # more than one sequence passed as varlen: packed (thd), with lengths, or as TE's padding mask type

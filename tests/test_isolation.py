@@ -254,6 +254,51 @@ def test_an_isolated_run_killed_from_outside_leaves_the_case_it_was_running(tmp_
     assert not left.exists() and not list(tmp_path.glob(".inflight-*"))
 
 
+
+PARENT = """
+import sys, threading, time
+from attnfuzz.engine.isolate import Worker
+from attnfuzz.strategies.case import Case
+worker = Worker("tests.misbehaving:hangs", timeout_s=600, confirm_factor=None, spares=0)
+threading.Thread(target=worker.run, args=(Case(sq=4, skv=4, d_qk=8, d_v=8),), daemon=True).start()
+while worker._process is None or worker._process.pid is None:
+    time.sleep(0.05)
+print(worker._process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_worker_whose_run_is_killed_exits_instead_of_hanging_on():
+    """A run killed by SIGKILL alone (the OOM killer, a limit on one pid) cannot take its worker along: the worker is
+    the fork server's child. It watches its run and exits within seconds, so a hung case holds no GPU memory, and
+    keeps no fork server alive, after the run; while the run lives, the worker stays at its case."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from attnfuzz.engine.worker_process import PARENT_POLL_S, _alive
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.Popen([sys.executable, "-c", PARENT], cwd=root, stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(root)})
+    worker = None
+    try:
+        worker = int(run.stdout.readline())
+        time.sleep(3 * PARENT_POLL_S)
+        assert _alive(worker), "the worker stays while its run lives"
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 30
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker), "the worker outlived its run"
+    finally:
+        run.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
 def _corpus_with_a_segfault_first(directory):
     from attnfuzz.store import corpus as corpus_io
     from attnfuzz.oracles.verdict import Verdict

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import os
 import signal
 import time
 
@@ -113,7 +114,8 @@ class Worker:
         """A new worker process and the parent's end of its pipe; it builds its backend while the caller goes on."""
         parent, child = self._context.Pipe()
         process = self._context.Process(target=serve, daemon=True,
-                                        args=(child, self.spec, self.device, self.threads, poison.enabled(), self.env))
+                                        args=(child, self.spec, self.device, self.threads, poison.enabled(), self.env,
+                                              os.getpid()))
         _start_fork_server()
         process.start()
         child.close()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import traceback
 
 from attnfuzz.engine import memshare, poison
@@ -13,7 +15,13 @@ from attnfuzz.engine.deaths import HarnessError
 from attnfuzz.oracles import verdict as V
 
 
-def serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict | None = None) -> None:
+PARENT_POLL_S = 1.0   # how often a worker looks whether the process that hands it cases is still there
+
+
+def serve(conn, spec: str, device: str, threads: int, poisoned: bool, env: dict | None = None,
+          parent: int | None = None) -> None:
+    if parent is not None:
+        exit_when_gone(parent)
     # Ctrl-C reaches the whole foreground process group: the parent stops the run and then this worker, which must
     # not die of it first (the parent would see a worker that died on its case: a CRASH). The fork server ignores it
     # already (isolate._start_fork_server); this holds for a server started elsewhere.
@@ -59,3 +67,29 @@ def warm_cuda(device: str) -> None:
         (x @ x).sum().item()
     except Exception:  # noqa: BLE001 - the first case reports what is wrong with the device
         pass
+
+
+def exit_when_gone(parent: int) -> None:
+    """Exit this process once `parent` is gone. A worker is the fork server's child, not its run's: a run killed by
+    SIGKILL (the OOM killer, a job's limit on one pid) cannot take it along, and a worker in a hung or sleeping case
+    would then hold its GPU memory, and keep the fork server alive, for good. A thread looks every PARENT_POLL_S."""
+    def watch() -> None:
+        while _alive(parent):
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+    threading.Thread(target=watch, name="attnfuzz-parent-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs: neither gone nor a zombie (killed, not yet reaped by its own parent)."""
+    if os.path.isdir("/proc/self"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+    try:  # no /proc (macOS): ask the kernel
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # gone, or the pid is another user's process now
+        return False
+    return True

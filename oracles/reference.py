@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from attnfuzz.oracles.fold import fold, unfold
-from attnfuzz.oracles.grad_terms import FP8_TERMS, add_d_terms, add_fp8_terms, add_grad_terms
+from attnfuzz.oracles.grad_terms import FP8_TERMS, add_d_terms, add_fp8_terms, add_grad_terms, repeats_rows
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import saturate
@@ -291,6 +291,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
         q_n = t.q[n, :sq_n].to(device, dtype)
         k_n = t.k[n, :skv_n].to(device, dtype).requires_grad_(grads)
         v_n = t.v[n, :skv_n].to(device, dtype).requires_grad_(grads)
+        equal_ds = grads and terms and repeats_rows(v_n.detach())   # only then can a row's dS repeat
         per_row = max(1, case.h * max(skv_n, 1) * torch.finfo(dtype).bits // 8 * 3)
         step = max(1, min(sq_n, chunk_bytes // per_row))
         for r0 in range(0, sq_n, step):
@@ -331,7 +332,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 if terms:
                     g_q, g_k, g_v, g_s = torch.autograd.grad(o_c, (*wrt, s_c), d_c)
                     add_grad_terms(case, grad_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
-                                   g_s, p_c, q_c.detach(), k_c.detach(), d_c)
+                                   g_s, p_c, q_c.detach(), k_c.detach(), d_c, equal_ds)
                     if fp8_terms is not None:
                         add_fp8_terms(case, fp8_terms, n, r0, r1, case.softmax_scale if scale is None else scale,
                                       g_s, p_c, q_c.detach(), k_c.detach(), d_c)

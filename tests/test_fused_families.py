@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnfuzz.backends import get
 from attnfuzz.oracles.gradients import fused_backward
@@ -87,3 +88,30 @@ def test_rounding_ds_with_the_scale_in_it_passes_the_families_that_do(family, sp
         wrong = dataclasses.replace(output, **{name: grad_calibration.planted_row(getattr(output, name), 0.05)})
         caught = grade(case, t, wrong, family=family)
         assert caught.status == "FAIL" and name in caught.message, (name, caught.message)
+
+
+# probe values weigh every key of a row alike and give V d_v distinct rows, so a row's dS takes d_v values, each on
+# skv / d_v keys; K near 3 (its mean) turns their equal roundings into one sum (an sdpa-cudnn kernel on an H100 read
+# 1.73x over on a bf16 case so, 5,942 queries over 11,905 keys)
+EQUAL_DS = Case(sq=128, skv=11905, d_qk=32, d_v=32, dtype="bfloat16", grads=True, values="probe", scale=1.0,
+                mean=(0.0, 3.0, 0.0), std=(0.01, 0.01, 100.0), seed=1456659665)
+
+
+def test_equal_ds_of_a_row_round_alike_and_a_wrong_gradient_still_fails(monkeypatch):
+    from attnfuzz.oracles import grad_terms
+    t = materialize(EQUAL_DS)
+    out, *grads = flash_algorithm_backward(EQUAL_DS, t, scaled_ds=True)
+    output = Output(out, **{name: g.to(t.q.dtype) for name, g in zip(("dq", "dk", "dv"), grads)})
+    assert grade(EQUAL_DS, t, output, family="sdpa-cudnn").status == "PASS"
+    _, *forgot = flash_algorithm_backward(EQUAL_DS, t, forget_d=True, scaled_ds=True)   # D never subtracted
+    wrong = Output(out, **{name: g.to(t.q.dtype) for name, g in zip(("dq", "dk", "dv"), forgot)})
+    assert grade(EQUAL_DS, t, wrong, family="sdpa-cudnn").label == "FAIL:GRADIENT"
+    monkeypatch.setattr(grad_terms, "equal_counts", torch.ones_like)   # each rounding a step of its own walk
+    assert grade(EQUAL_DS, t, output, family="sdpa-cudnn").label == "FAIL:GRADIENT"
+
+
+def test_equal_counts_counts_each_rows_equal_values():
+    from attnfuzz.oracles.grad_terms import equal_counts
+    x = torch.tensor([[[1.0, 2.0, 1.0, 3.0, 1.0], [0.0, 0.0, 5.0, 5.0, 7.0]]])
+    assert equal_counts(x).tolist() == [[[3, 1, 3, 1, 3], [2, 2, 2, 2, 1]]]
+    assert equal_counts(torch.zeros(1, 2, 0)).shape == (1, 2, 0)

@@ -227,3 +227,14 @@ def test_tes_unfused_records_take_the_window_face_and_both_sides_of_a_zero_max_s
                      spelling="no-max-seqlen")
         assert _taken("te-unfused", empty, crash) == record
         assert not _taken("te-unfused", empty.replace(spelling=""), crash)
+
+
+def test_flashinfers_lse_drift_record_takes_long_rows_only():
+    """FlashInfer's FA2 prefill moves the LSE once per 64-key tile after a row's maximum: the record takes an LSE
+    failure over more than 1024 keys, not a short row's, nor another label."""
+    lse = V.Verdict(V.FAIL, "LSE", "lse: worst of 8919 rows at [0, 0, 7439]: diff_max=1.884e-04")
+    long = Case(sq=2048, skv=2048, d_qk=64, d_v=64, dtype="float16", std=(4.0, 4.0, 1.0))
+    record = "flashinfer-single-prefill-FAIL-LSE-c7683dff792e"
+    assert _taken("flashinfer-single-prefill", long, lse) == record
+    assert not _taken("flashinfer-single-prefill", long.replace(sq=1024, skv=1024), lse)
+    assert not _taken("flashinfer-single-prefill", long, V.Verdict(V.FAIL, "TOLERANCE", "out: worst of 2048 rows"))

@@ -97,6 +97,8 @@ TRAITS = {
     "kv_len_mod_16": lambda c: _call_kv_len(c) % 16,
     # ... modulo 128: where the last 128-key tile of a kernel is part padding (64: half of it)
     "kv_len_mod_128": lambda c: _call_kv_len(c) % 128,
+    # ... past 1024 keys: more than 16 of the 64-key tiles an online softmax rescales its running sum between
+    "kv_len_over_1024": lambda c: _call_kv_len(c) > 1024,
     # a value family that puts whole rows' logits far below 0 (strategies/materialize.py: shifts down to -1024, or
     # every key anti-aligned at -16384): LSEs below -88.7, where exp(-lse) overflows fp32
     "very_negative_rows": lambda c: c.values in ("far_negative", "anti_aligned"),

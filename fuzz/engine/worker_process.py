@@ -72,7 +72,9 @@ def warm_cuda(device: str) -> None:
 def exit_when_gone(parent: int) -> None:
     """Exit this process once `parent` is gone. A worker is the fork server's child, not its run's: a run killed by
     SIGKILL (the OOM killer, a job's limit on one pid) cannot take it along, and a worker in a hung or sleeping case
-    would then hold its GPU memory, and keep the fork server alive, for good. A thread looks every PARENT_POLL_S."""
+    would then hold its GPU memory, and keep the fork server alive, for good. PR_SET_PDEATHSIG, which ties a campaign
+    lane to its campaign (campaign.supervisor), watches the fork server here, not the run. A thread looks every
+    PARENT_POLL_S."""
     def watch() -> None:
         while _alive(parent):
             time.sleep(PARENT_POLL_S)
@@ -86,7 +88,7 @@ def _alive(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 return f.read().rpartition(")")[2].split()[0] != "Z"
-        except (FileNotFoundError, ProcessLookupError):
+        except FileNotFoundError:
             return False
     try:  # no /proc (macOS): ask the kernel
         os.kill(pid, 0)

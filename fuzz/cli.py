@@ -1,4 +1,4 @@
-"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, triage, shrink, backends.
+"""attnfuzz command line: run, campaign, report, snapshot, diff, replay, known, triage, shrink, vary, backends.
 
 Exit codes: 0 nothing found, 1 a failure found, 2 bad usage."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from attnfuzz import exits
 from attnfuzz.progress import CaseLog, Progress
 from attnfuzz.exits import UsageError
-from attnfuzz.tools import bugreport, shrink, versiondiff
+from attnfuzz.tools import bugreport, shrink, vary, versiondiff
 from attnfuzz.campaign import supervisor as campaign
 from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.report.combos import Combos, describe, feasible_of
@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     triage.add_parser(sub)
     shrink.add_parser(sub)
+    vary.add_parser(sub)
     catalog.add_parser(sub)
     bugreport.add_parser(sub)
     backends = sub.add_parser("backends", help="list backends, whether they can run here, and why not")
@@ -379,7 +380,8 @@ def _main(argv: list[str] | None) -> int:
     commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
                 "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
-                "shrink": shrink.cmd_shrink, "catalog": catalog.cmd_catalog, "report-bug": bugreport.cmd_report_bug}
+                "shrink": shrink.cmd_shrink, "vary": vary.cmd_vary, "catalog": catalog.cmd_catalog,
+                "report-bug": bugreport.cmd_report_bug}
     if getattr(args, "poison_memory", False):
         poison.enable()  # before any worker process or campaign lane starts, so they run with it
     if args.command in ("run", "replay"):

@@ -10,7 +10,7 @@ from attnfuzz.engine import skip_known
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.isolate import Worker
 from attnfuzz.engine.profiles import profile
-from attnfuzz.engine.skip_known import CHECK_EVERY, HOLDS_ONE_IN, MIN_CHECKS, SkipKnownCrashes, faces
+from attnfuzz.engine.skip_known import CHECK_EVERY, HOLDS_ONE_IN, MIN_CHECKS, SkipKnownCrashes, costly, faces
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store.known import known_bugs_of
@@ -150,6 +150,25 @@ def test_only_the_crash_and_hang_labels_of_bugs_that_failed_every_run_are_skippe
     flaky = corpus_io.Entry(SEGFAULTS, CAUSAL, V.Verdict(V.FLAKY, "CRASH:SIGSEGV", "in 2 of 4 runs"), known_bug=BUG)
     assert faces(known_bugs_of([(Path("flaky.json"), flaky)]), SEGFAULTS) == []
     assert faces(_known(), "another-backend") == [] and faces(lambda *a: None, SEGFAULTS) == []
+
+
+def test_an_exception_the_kernel_survives_is_not_skipped_a_costly_crash_is():
+    """Skipping saves a worker, a GPU stall or a build; a RuntimeError of the kernel's own checks costs none of them,
+    so its record's cases all run (a bug under its condition stays findable), while the costly faces still skip."""
+    raised = V.Verdict(V.CRASH, "RuntimeError", "RuntimeError: Input tensor must have contiguous last dimension")
+    cuda = V.Verdict(V.CRASH, "AcceleratorError", "AcceleratorError: CUDA error: misaligned address")
+    build = V.Verdict(V.CRASH, "CompilerDiagnosticError", "PTX assembly failed: Insufficient registers")
+    assert costly(CRASH) and costly(cuda) and costly(V.Verdict(V.HANG, "HANG", "")) and costly(
+        V.Verdict(V.CRASH, "EXIT_1", "")) and costly(build, ("CompilerDiagnosticError",))
+    assert not costly(raised) and not costly(build), "an exception that is neither a CUDA error nor a build's"
+    entry = corpus_io.Entry(SEGFAULTS, CAUSAL, raised, known_bug=BUG)
+    known = known_bugs_of([(Path("raises.json"), entry)])
+    assert faces(known, SEGFAULTS) == []
+    worker = Scripted(lambda n, case: raised)
+    assert skip_known.skipping(worker, SEGFAULTS, known) is worker, "nothing to skip: the worker runs every case"
+    built = corpus_io.Entry(SEGFAULTS, CAUSAL, build, known_bug=BUG)
+    assert faces(known_bugs_of([(Path("b.json"), built)]), SEGFAULTS, ("CompilerDiagnosticError",)) != []
+    assert faces(known_bugs_of([(Path("b.json"), built)]), SEGFAULTS) == []
 
 
 def test_a_seeded_isolated_run_meets_the_same_cases_with_fewer_workers():

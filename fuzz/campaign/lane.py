@@ -250,7 +250,8 @@ class Lane:
             runners = {}
             crashes = corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir)   # the known bugs at the start
             for b in backends:
-                worker = skipping(workers[b.name], b.name, crashes)   # a precise known crash's cases, mostly unrun
+                # a precise known crash's cases, mostly unrun
+                worker = skipping(workers[b.name], b.name, crashes, b.build_errors)
                 inner = worker.run if worker else (lambda c, b=b: run_case(b, c, device=self.device))
                 runners[b.name] = Resumable(b.name, inner, log, self.inflight, done, self.deadline, self.index)
             try:

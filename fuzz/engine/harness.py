@@ -300,7 +300,7 @@ def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), setti
     twin_known_by = known if known is not None else getattr(worker, "known", None)  # a campaign's runner holds it
     if worker is not None and inflight is not None:
         worker = WrittenAhead(worker, inflight, backend.name, device)
-    worker = skipping(worker, backend.name, known)   # a precise known crash's cases, mostly not run
+    worker = skipping(worker, backend.name, known, backend.build_errors)   # a precise known crash's cases, mostly unrun
     skip = worker if isinstance(worker, SkipKnownCrashes) else None
     evidence = Evidence()
     configs = compiled_configs(backend) if is_compile_aware(backend, space) else None

@@ -13,6 +13,10 @@ one whose condition is far wider than the bug (an empty `when`) would otherwise 
 cases that pass, until its clean checks end the skip (in a 265-case flex-compiled stream, 63 cases were answered as
 two crashes and a hang whose checks never failed as them).
 
+Only a costly face is skipped (`costly`): a worker's death or hang, a CUDA error (a fresh worker, and on a GPU the
+stall), a kernel that fails to build. A record of an exception the kernel raises and survives (its own check, an
+IndexError) saves nothing by skipping, and a skip would hide the bugs under its condition: its cases all run.
+
 The checks keep the record honest. A check that fails in a way no known bug takes makes the record imprecise at
 once: something else lives under its condition, and every later case of it runs, so the search can find and shrink
 it. A check the kernel refuses at call time ran nothing and is no check (the next case is checked instead), and a
@@ -33,6 +37,7 @@ import dataclasses
 from collections import Counter
 from typing import Callable
 
+from attnfuzz.engine.cuda_errors import raised_cuda_error
 from attnfuzz.oracles import verdict as V
 from attnfuzz.strategies.case import Case
 
@@ -47,17 +52,31 @@ def answered_unrun(message: str) -> bool:
     return message.startswith(f"{NOT_RUN}:")
 
 
-def skipping(worker, backend: str, known: Callable | None):
-    """`worker` wrapped in SkipKnownCrashes where `known` lists crash or hang faces of `backend`, else `worker`."""
-    crash_faces = faces(known, backend) if worker is not None else []
+def skipping(worker, backend: str, known: Callable | None, build_errors: tuple[str, ...] = ()):
+    """`worker` wrapped in SkipKnownCrashes where `known` lists costly crash or hang faces of `backend` (`costly`,
+    with the exception types of a kernel build that fails, Backend.build_errors), else `worker`."""
+    crash_faces = faces(known, backend, build_errors) if worker is not None else []
     return SkipKnownCrashes(worker, backend, known, crash_faces) if crash_faces else worker
 
 
-def faces(known: Callable | None, backend: str) -> list[tuple[str, V.Verdict]]:
-    """(entry id, the verdict a skipped case is answered with) for `backend`'s known bugs that crash or hang, as the
-    `known` predicate (store/known.py's known_bugs_of) lists them: each crash or hang label, or the entry's own
-    failure where it mostly reads wrong and crashes at times; none for a predicate that does not list its faces."""
-    return [(entry_id, face) for b, entry_id, face in getattr(known, "crash_faces", ()) if b == backend]
+def faces(known: Callable | None, backend: str, build_errors: tuple[str, ...] = ()) -> list[tuple[str, V.Verdict]]:
+    """(entry id, the verdict a skipped case is answered with) for `backend`'s known bugs that crash or hang at a
+    cost, as the `known` predicate (store/known.py's known_bugs_of) lists them: each crash or hang label, or the
+    entry's own failure where it mostly reads wrong and crashes at times; none for a predicate that does not list
+    its faces."""
+    return [(entry_id, face) for b, entry_id, face in getattr(known, "crash_faces", ())
+            if b == backend and costly(face, build_errors)]
+
+
+def costly(face: V.Verdict, build_errors: tuple[str, ...] = ()) -> bool:
+    """Whether a case of this face costs more than its own run: a worker (a death, a hang), a fresh worker and the
+    GPU's stall (a CUDA error), or a kernel build (one of the backend's `build_errors`). An exception the kernel
+    raises otherwise (a RuntimeError of its own checks, an IndexError) costs milliseconds and leaves the worker fit:
+    skipping it saves nothing, so its cases all run, and each checks the record."""
+    if face.status != V.CRASH:   # a HANG, or a failure that crashes at times
+        return True
+    died = (face.diagnosis or "").startswith(("EXIT_", "SIG", "PROCESS_DIED"))
+    return died or face.diagnosis in build_errors or raised_cuda_error(face)
 
 
 class SkipKnownCrashes:

@@ -133,6 +133,14 @@ TRAITS = {
     # the last query tile of torch's memory-efficient kernel holds one row: its tiles are 64 queries where both head
     # dims are at most 64, else 32 (the fmha_64x128x64 / fmha_32x128x* kernels of mem_eff_attention)
     "last_query_tile_one_row": lambda c: c.sq % (64 if max(c.d_qk, c.d_v) <= 64 else 32) == 1,
+    # q, k or v one element into its buffer where its head dim is a multiple of 8: torch's flash and memory-efficient
+    # SDPA copy a tensor whose head dim is not one to pad it (an aligned copy), and read the others in place
+    "offset_storage_dim_8": lambda c: any(kind == "offset" and d % 8 == 0
+                                          for kind, d in zip(c.storage, (c.d_qk, c.d_qk, c.d_v))),
+    # d_v more than twice d_qk, and below 256: where FA4's sm90 forward reads out of bounds (FA4 4.0.0b36 on an
+    # H100, d_qk 8 / 16 / 32 against d_v 64 / 72 / 128); at d_v 256 its build fails first
+    "d_v_over_twice_d_qk": lambda c: 2 * c.d_qk < c.d_v,
+    "d_v_under_256": lambda c: c.d_v < 256,
     # q, k or v with a head dim of 1 laid out by a storage kind other than plain: the size-1 last dim then has a
     # stride other than 1 (Case.storage puts a size-1 dim outermost in its buffer)
     "head_dim_1_strided": lambda c: any(kind != "plain" and d == 1

@@ -184,15 +184,16 @@ def test_fa4s_paged_record_takes_head_dim_144_and_its_dropped_keys():
     assert not _taken("fa4", paged.replace(d_qk=128, d_v=128), drop)
 
 
-def test_fa4s_small_head_dim_varlen_backward_record_takes_later_sequences_without_gqa_or_sink():
-    """FA4's sm90 varlen backward zeroes dq of a later sequence at head dims 8 and 16 with neither GQA nor a sink: its
-    record takes that (a batch of lengths or thd), not one sequence, not head dim 32; the key-64 record takes dV's face
-    past the first 64 keys, not a case of 64 keys."""
+def test_fa4s_varlen_backward_record_takes_later_sequences_off_the_32_grain_with_gqa_or_without():
+    """FA4's sm90 varlen backward gets later sequences' gradients wrong at head dims off the 32-column grain, with GQA
+    or without (one root cause): its record takes that (a batch of lengths or thd), not one sequence, not head dim
+    32; the key-64 record takes dV's face past the first 64 keys, not a case of 64 keys."""
     zero_dq = V.Verdict(V.FAIL, "GRADIENT", "dq: worst of 2 rows at [1, 0, 0, 5]: got=0 expected=0.244077")
     varlen = Case(b=2, sq=1, skv=2, d_qk=8, d_v=8, dtype="float16", seqlens_q=(1, 1), seqlens_kv=(2, 2), grads=True)
-    record = "fa4-FAIL-GRADIENT-b8ce46c52d0f"
+    record = "fa4-FAIL-GRADIENT-6e7f38b6bdc4"
     assert _taken("fa4", varlen, zero_dq) == record
-    assert _taken("fa4", varlen.replace(d_qk=16, d_v=16, layout="thd", dtype="bfloat16"), zero_dq) == record
+    assert _taken("fa4", varlen.replace(h=2, hk=1), zero_dq) == record
+    assert _taken("fa4", varlen.replace(d_qk=48, d_v=48, layout="thd", dtype="bfloat16"), zero_dq) == record
     assert not _taken("fa4", varlen.replace(d_qk=32, d_v=32), zero_dq)
     assert not _taken("fa4", varlen.replace(b=1, seqlens_q=None, seqlens_kv=None), zero_dq)
     dv = V.Verdict(V.FAIL, "GRADIENT", "dv: worst of 195 rows at [0, 64, 0, 7]: got=0 expected=0.0708187")
@@ -238,3 +239,64 @@ def test_flashinfers_lse_drift_record_takes_long_rows_only():
     assert _taken("flashinfer-single-prefill", long, lse) == record
     assert not _taken("flashinfer-single-prefill", long.replace(sq=1024, skv=1024), lse)
     assert not _taken("flashinfer-single-prefill", long, V.Verdict(V.FAIL, "TOLERANCE", "out: worst of 2048 rows"))
+
+
+def test_fa4s_split_head_dim_crash_records_take_their_own_regions_only():
+    """On an H100 FA4's forward read out of bounds exactly where d_v is more than twice d_qk (below 256) and failed to
+    build at d_v 256 with d_qk up to 64: each record takes its region, not its neighbours', so a crash of another
+    split pair (a launch refused for its shared memory) is news, not a known illegal address."""
+    illegal = V.Verdict(V.CRASH, V.CUDA_ILLEGAL_ADDRESS, "AcceleratorError: CUDA error: an illegal memory access")
+    registers = V.Verdict(V.CRASH, "CompilerDiagnosticError", "PTX assembly failed: Insufficient registers (128)")
+    case = Case(sq=64, skv=64, h=2, hk=2, d_qk=16, d_v=64, dtype="bfloat16")
+    for d_qk, d_v in ((8, 64), (16, 128), (32, 72)):
+        assert _taken("fa4", case.replace(d_qk=d_qk, d_v=d_v), illegal), (d_qk, d_v)
+        assert _taken("te-flash", case.replace(d_qk=d_qk, d_v=d_v), illegal), (d_qk, d_v)
+    for d_qk, d_v in ((32, 64), (64, 128), (128, 16), (8, 256)):
+        assert not _taken("fa4", case.replace(d_qk=d_qk, d_v=d_v), illegal), (d_qk, d_v)
+    assert _taken("fa4", case.replace(d_qk=64, d_v=256), registers) == "fa4-CRASH-CompilerDiagnosticError-35286a1b5f35"
+    assert _taken("te-flash", case.replace(d_qk=8, d_v=256), registers)
+    assert not _taken("fa4", case.replace(d_qk=128, d_v=256), registers)
+
+
+def test_sdpas_offset_fault_records_take_head_dims_torch_reads_in_place():
+    """Flash and memory-efficient SDPA fault on an offset tensor they read in place (head dim a multiple of 8); one
+    whose head dim torch pads into an aligned copy does not fault, so a failure there is not that record's: the
+    head-dim-1 RuntimeError keeps its own."""
+    fault = V.Verdict(V.CRASH, "AcceleratorError", "AcceleratorError: CUDA error: misaligned address")
+    case = Case(d_qk=8, d_v=8, storage=("plain", "plain", "offset"))
+    assert _taken("sdpa-flash", case, fault) == "sdpa-flash-CRASH-EXIT_1-fac5df0cfa14"
+    assert _taken("sdpa-flash", case.replace(d_qk=72, d_v=72, storage=("offset", "plain", "plain")), fault)
+    assert _taken("sdpa-efficient", case.replace(d_qk=24, d_v=24), fault)
+    assert not _taken("sdpa-flash", case.replace(d_qk=3, d_v=3), fault)
+    assert not _taken("sdpa-flash", case.replace(d_qk=100, d_v=100), fault)
+    raised = V.Verdict(V.CRASH, "RuntimeError", "RuntimeError: Input tensor must have contiguous last dimension")
+    assert _taken("sdpa-flash", case.replace(d_qk=1, d_v=1, h=2, hk=2), raised) == \
+        "sdpa-flash-CRASH-RuntimeError-22a75f8a68c6"
+
+
+def test_records_of_the_triaged_campaign_findings_take_their_faces_not_their_neighbours():
+    """te-unfused's -10000 mask fill takes its TOLERANCE face on anti-aligned rows, not far-negative ones (they stay
+    above the fill); te-fused's thd ALiBi dV needs ALiBi; FA4's paged head dim 80 takes its lost key and its LSE, not
+    head dim 64 or an unpaged case; FA4's refused launch takes d_v 256 above a narrower d_qk, not d_v 192 below 256."""
+    tolerance = V.Verdict(V.FAIL, "TOLERANCE", "out: worst of 69 rows")
+    rows = Case(b=2, sq=65, skv=65, d_qk=8, d_v=8, dtype="float32", seqlens_q=(4, 65), seqlens_kv=(4, 65),
+                window=(4, 4), layout="sbhd", values="anti_aligned")
+    assert _taken("te-unfused", rows, tolerance) == "te-unfused-FAIL-ALL_ZERO-af19f0b928e6"
+    assert not _taken("te-unfused", rows.replace(values="far_negative"), tolerance)
+    dv = V.Verdict(V.FAIL, "GRADIENT", "dv: worst of 4 rows at [0, 0, 0, 61]: got=0 expected=3.67188")
+    thd = Case(b=2, sq=1, skv=1, h=2, hk=2, d_qk=72, d_v=72, layout="thd", seqlens_q=(1, 1), seqlens_kv=(1, 1),
+               alibi_slopes=(0.0625, 0.00390625), grads=True)
+    assert _taken("te-fused", thd, dv) == "te-fused-FAIL-GRADIENT-137123b13ef1"
+    assert not _taken("te-fused", thd.replace(alibi_slopes=None), dv)
+    lost = V.Verdict(V.FAIL, "TOLERANCE", "probe: the row is off by -1 of one key's weight")
+    lse = V.Verdict(V.FAIL, "LSE", "row [0, 0, 0] has every logit shifted by -1023.22")
+    paged = Case(sq=1, skv=64, d_qk=80, d_v=80, dtype="bfloat16", page_size=17, values="probe")
+    assert _taken("fa4", paged, lost) == _taken("fa4", paged, lse) == "fa4-FAIL-TOLERANCE-e93be4fa9d88"
+    assert not _taken("fa4", paged.replace(d_qk=64, d_v=64), lost)
+    assert not _taken("fa4", paged.replace(page_size=None), lost)
+    launch = V.Verdict(V.CRASH, "CUDADialectError", "CUDADialectError: CUDA launch failed: cudaErrorInvalidValue")
+    wide = Case(sq=1, skv=1, h=2, hk=2, d_qk=160, d_v=256, grads=True)
+    assert _taken("fa4", wide, launch) == "fa4-CRASH-CUDADialectError-7d20072f25bf"
+    assert _taken("fa4", wide.replace(d_qk=128, d_v=192), V.Verdict(V.CRASH, "RuntimeError", "CUDA Error Code: 1"))
+    assert not _taken("fa4", wide.replace(d_qk=256, d_v=192), launch)
+    assert not _taken("fa4", wide.replace(d_qk=64, d_v=128), launch)

@@ -137,7 +137,7 @@ TRAITS = {
     # SDPA copy a tensor whose head dim is not one to pad it (an aligned copy), and read the others in place
     "offset_storage_dim_8": lambda c: any(kind == "offset" and d % 8 == 0
                                           for kind, d in zip(c.storage, (c.d_qk, c.d_qk, c.d_v))),
-    # d_v more than twice d_qk, and below 256: where FA4's sm90 forward reads out of bounds (FA4 4.0.0b36 on an
+    # d_v more than twice d_qk; with d_v under 256, where FA4's sm90 forward reads out of bounds (FA4 4.0.0b36 on an
     # H100, d_qk 8 / 16 / 32 against d_v 64 / 72 / 128); at d_v 256 its build fails first
     "d_v_over_twice_d_qk": lambda c: 2 * c.d_qk < c.d_v,
     "d_v_under_256": lambda c: c.d_v < 256,

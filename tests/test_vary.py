@@ -97,3 +97,9 @@ def test_bad_input_exits_2_naming_it(tmp_path, capsys):
     (tmp_path / "junk.json").write_text("not json")
     assert main(["vary", str(tmp_path / "junk.json"), "--no-isolate"]) == 2
     assert "junk.json" in capsys.readouterr().err
+
+
+def test_a_refused_variant_says_why(tmp_path, capsys):
+    path = _entry(tmp_path, "tests.misbehaving:segfault_when_causal", CAUSAL.replace(causal=False), "CRASH:SIGSEGV")
+    assert main(["vary", str(path), "--set", "window=[2,2]", "--no-isolate"]) == 0
+    assert "a plain kernel: no windows" in _rows(capsys.readouterr().out)["window=[2, 2]"]

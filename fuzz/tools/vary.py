@@ -158,5 +158,6 @@ def _summary(case: Case | str, verdicts: list[V.Verdict]) -> str:
     labels = "/".join(dict.fromkeys(v.label for v in verdicts))
     worst = max(verdicts, key=lambda v: (v.failed, v.ratio or 0.0))
     ratio = f"  {worst.ratio:.3g}" if worst.ratio else ""
-    message = f"  {worst.message[:MESSAGE_CHARS]}" if worst.message and worst.failed else ""
+    shown = worst.failed or worst.status == V.UNSUPPORTED   # what failed, or why the backend refused it
+    message = f"  {worst.message[:MESSAGE_CHARS]}" if worst.message and shown else ""
     return f"{labels}{ratio}{message}".replace("\n", " ")

@@ -45,7 +45,8 @@ def main() -> int:
         return 0
     print(f"{s['lanes']} lanes over {s['span_s']} s: {s['stalls']} stalls of {args.share:.0%} of the lanes or more, "
           f"{s['stalled_s']} s in all ({s['stalled_share']:.1%} of the span); "
-          f"{s['stalls_without_a_crash']} without a crash beside them")
+          f"{s['stalls_without_a_crash']} without a crash beside them; {s['overlaps']} spans ({s['overlaps_s']} s) "
+          f"whose slow cases did not end together: lanes slow each on its own (compiles), not stalls")
     if s["lengths_s"]:
         print("lengths (s):", " ".join(str(x) for x in s["lengths_s"]))
     for title, counts in (("crashes beside a stall", s["crashes_near_a_stall"]), ("crashes apart", s["crashes_apart"])):

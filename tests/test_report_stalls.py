@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from attnfuzz.report.build import build_report
-from attnfuzz.report.stalls import MIN_S, Stalls
+from attnfuzz.report.stalls import MIN_S, RELEASE_S, Stalls
 from attnfuzz.strategies.case import Case
 
 CASE = Case(sq=4, skv=4, d_qk=8, d_v=8).to_dict()
@@ -54,3 +54,16 @@ def test_the_report_shows_the_table_only_where_there_was_a_stall(tmp_path):
         build_report(tmp_path / name)
     assert "## Whole-GPU stalls" in (tmp_path / "stalled" / "report" / "report.md").read_text()
     assert "Whole-GPU stalls" not in (tmp_path / "calm" / "report" / "report.md").read_text()
+
+
+def test_lanes_slow_each_on_its_own_are_an_overlap_not_a_stall():
+    """A fault's recovery releases every lane at once, so a stall's slow cases end together; lanes compiling kernels
+    on their own overlap as long but end apart: that span is counted as an overlap, not a stall (the control: the
+    same slow cases ending within RELEASE_S of each other are one)."""
+    base = [_row(lane, 1000 + t / 10, 0.05) for lane in range(5) for t in range(1, 300)]
+    apart = base + [_row(lane, 1024.0 + 2.0 * lane, 8.0, backend="fa4") for lane in range(5)]   # ends 2 s apart
+    s = _stalls(apart).summary()
+    assert (s["stalls"], s["overlaps"]) == (0, 1) and _stalls(apart).table() is None
+    together = base + [_row(lane, 1030.0 + RELEASE_S * lane / 10, 6.0 + lane) for lane in range(5)]
+    s = _stalls(together).summary()
+    assert (s["stalls"], s["overlaps"]) == (1, 0)

@@ -115,7 +115,7 @@ class Stalls:
                      rows, f"spans in which {SHARE:.0%} of the lanes or more sat in one case slower than {SLOW_S} s "
                      f"at once; on a GPU, a CUDA fault stalls every process on the device while the driver recovers. "
                      f"{s['stalls_without_a_crash']} stall(s) had no crash beside them; crashes apart from any "
-                     f"stall: {sum(s['crashes_apart'].values())}. Spans whose slow cases did not end together (lanes slow "
-                     f"each on its own, such as kernels compiling) are no stalls: {s['overlaps']} "
+                     f"stall: {sum(s['crashes_apart'].values())}. Spans whose slow cases did not end together "
+                     f"(lanes slow each on its own, such as kernels compiling) are no stalls: {s['overlaps']} "
                      f"({s['overlaps_s']:.0f} s). The known-crash skip (fuzz/engine/skip_known.py) "
                      f"runs few of a known fault's cases; a new fault is a finding")

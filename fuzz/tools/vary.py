@@ -3,11 +3,11 @@
 Triage asks the same questions of every finding: does it fail without GQA, at head dim 32, without the varlen call,
 in bf16? `vary` answers them in one command. Each `--set FIELD=V1,V2,...` names a Case field and the values to try
 (JSON where they parse: 8, true, null, [4, 4]; a bare word is a string); several --set flags make the cartesian
-product (`--each`: one change at a time), and the case as saved runs first. A change that breaks a rule of the case language is listed as invalid with
-the rule, not run. Each variant runs through the backend's isolated worker by default, so a fault or a hang costs
-that variant only, and `--runs N` runs each N times (a flaky bug shows as mixed labels). ENTRY is a corpus entry, or
-a JSON file holding a case (then --backend names the backend). Nothing is saved: what it shows goes into the entry's
-note, or `attnfuzz known --when`.
+product (`--each`: one change at a time), and the case as saved runs first. A change that breaks a rule of the case
+language is listed as invalid with the rule, not run. Each variant runs through the backend's isolated worker by
+default, so a fault or a hang costs that variant only, and `--runs N` runs each N times (a flaky bug shows as mixed
+labels). ENTRY is a corpus entry, or a JSON file holding a case (then --backend names the backend). Nothing is
+saved: what it shows goes into the entry's note, or `attnfuzz known --when`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
 
 For each entry: the case, and the backend's out / lse / dq / dk / dv moved to the CPU. `grade(case, materialize(case),
 Output(**saved))` on any machine then grades the same numbers the backend gave (inputs are rebuilt bit for bit from
-the case's seed), which is how a grader change is checked against a real kernel's rounding without the kernel.
+the case's seed where the case has fewer than materialize.DEVICE_DRAW_FROM input elements; a larger one is drawn by
+the GPU's own generator, and only that GPU model rebuilds it), which is how a grader change is checked against a real
+kernel's rounding without the kernel.
 """
 
 from __future__ import annotations

@@ -52,11 +52,15 @@ class Stalls:
             end, seconds = float(row["time"]), float(row.get("seconds") or 0.0)
             self.cases.append((end - seconds, end, row["lane"], crash_key(row)))
 
+    def lanes_needed(self, share: float = SHARE) -> int:
+        """How many lanes `share` of the campaign's lanes is, rounded up, two at least."""
+        lanes = {lane for _, _, lane, _ in self.cases}
+        return max(2, -(-int(round(share * 100)) * len(lanes) // 100))
+
     def spans(self, slow_s: float = SLOW_S, share: float = SHARE) -> list[tuple[float, float]]:
         """(start, end) of each span of MIN_S or more in which at least `share` of the lanes (two at least) are in a
         slow case; spans less than NEAR_S apart are one."""
-        lanes = {lane for _, _, lane, _ in self.cases}
-        need = max(2, -(-int(round(share * 100)) * len(lanes) // 100))
+        need = self.lanes_needed(share)
         events = sorted((t, step, lane) for start, end, lane, _ in self.cases if end - start > slow_s
                         for t, step in ((start, 1), (end, -1)))
         active: Counter = Counter()   # open slow cases per lane
@@ -77,8 +81,7 @@ class Stalls:
         """Whether at least `share` of the lanes (two at least) end a slow case that overlaps `span` within RELEASE_S
         of each other, as a GPU's recovery from a fault releases them."""
         a, b = span
-        lanes = {lane for _, _, lane, _ in self.cases}
-        need = max(2, -(-int(round(share * 100)) * len(lanes) // 100))
+        need = self.lanes_needed(share)
         ends = sorted((end, lane) for start, end, lane, _ in self.cases if end - start > slow_s and start <= b
                       and end >= a)
         return any(len({lane for t, lane in ends if 0 <= t - t0 <= RELEASE_S}) >= need for t0, _ in ends)

@@ -57,4 +57,5 @@ def unfold(ref, case: Case):
         row_spread=rows_heads(ref.row_spread), row_rms=rows_heads(ref.row_rms), row_grad_rms=grad_rms,
         row_d_moves=rows_heads(ref.row_d_moves), row_d_size=rows_heads(ref.row_d_size),
         key_mass=rows_heads(ref.key_mass), key_d_terms=rows_heads(ref.key_d_terms),
-        row_p_max=rows_heads(ref.row_p_max), row_v_sum=rows_heads(ref.row_v_sum), fp8_grad_terms=fp8_terms)
+        row_p_max=rows_heads(ref.row_p_max), row_v_sum=rows_heads(ref.row_v_sum),
+        row_v_lo=rows_heads(ref.row_v_lo), row_v_hi=rows_heads(ref.row_v_hi), fp8_grad_terms=fp8_terms)

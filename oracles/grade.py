@@ -21,6 +21,7 @@ from attnfuzz.oracles import probe, shift
 from attnfuzz.oracles.gradients import (d_inherited, fused_backward, gradient_check,  # noqa: F401
                                        gradient_terms, grade_grads)
 from attnfuzz.oracles.alternatives import alternatives, fail, valid_rows, wrong_shape
+from attnfuzz.oracles.hull import range_failure
 from attnfuzz.oracles import fp8
 from attnfuzz.oracles import verdict as V
 from attnfuzz.oracles.reference import Reference, reference
@@ -240,6 +241,12 @@ def _graded_out(o: Oracle, out: torch.Tensor, family: str, checks: list[Check],
             return fail(V.ALL_ZERO, f"every graded output element is 0; the oracle's largest is "
                                      f"{o.ref.out[valid_rows(o.case, out.device)].abs().max().item():.6g}", c)
         return diagnose(o, out, c, family, rows)
+    device = o.ref.out.device
+    outside = range_failure(o.case, o.ref.row_v_lo, o.ref.row_v_hi, o.tensors.v, out.to(device),
+                            valid_rows(o.case, device) & ~o.ref.empty)
+    if outside is not None:   # within its bound, yet no weighting of the keys the row sees gives it
+        checks.append(outside)
+        return diagnose(o, out, outside, family, rows)
     return probe.grade_out(o, out, checks, rows) if probe.applies(o.case) else None
 
 

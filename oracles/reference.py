@@ -17,6 +17,7 @@ from attnfuzz.oracles.grad_terms import FP8_TERMS, add_d_terms, add_fp8_terms, a
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import saturate
+from attnfuzz.oracles.hull import RANGE_LOGITS, keeps_range, value_range
 from attnfuzz.strategies.fp8_backward import saturate_grads
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
@@ -64,6 +65,10 @@ class Reference:
     #                                             the sink's included (oracles/fp8.py)
     row_v_sum: torch.Tensor | None = None       # [b, sq, h], likewise: max over channels of sum_j |V_j| over the
     #                                             keys the row sees
+    row_v_lo: torch.Tensor | None = None        # [b, sq, h, d_v]: the least value of each channel over the keys the
+    #                                             row sees, 0 included with a sink (oracles/hull.py; rows that see no
+    #                                             key or past a sequence's length hold no range)
+    row_v_hi: torch.Tensor | None = None        # [b, sq, h, d_v]: likewise the largest
     fp8_d_saturation: torch.Tensor | None = None  # [b, sq, h], an FP8 backward with an FP8 output:
     #                                             |rowsum(dO o (O clamped - O))|, what D taken from the saturated
     #                                             output is off by (oracles/fp8_grads.py)
@@ -145,8 +150,9 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     """Attention for one sequence: q [r, h, d_qk] holds query rows `rows` (ints), k/v [skv_n, hk, d] its valid
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
     see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), the scaled logits
-    (before softcap: their gradient is dS) and P, [h, r, j], and (with `dout_abs` [r, h, d_v]) P^T |dO|
-    [skv_n, hk, d_v], the terms dV sums (else None). `bounds` and `scale` override the case's band and scale (the
+    (before softcap: their gradient is dS) and P, [h, r, j], (with `dout_abs` [r, h, d_v]) P^T |dO|
+    [skv_n, hk, d_v], the terms dV sums (else None), and (with `terms`) the range of the values each row sees, (lo,
+    hi) [r, h, d_v] (oracles/hull.py; else None). `bounds` and `scale` override the case's band and scale (the
     diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before P V) and
     the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference). `rowsum`: the
     LSE's row sum is taken over P = exp(s - max) rounded to that dtype (reference); `rest_terms` (with `terms`) adds
@@ -220,8 +226,14 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
             fp8_terms = (p_top.T, _weighted_values(visible.to(vd.dtype).expand_as(pd), vd.abs(), head_map).amax(-1))
     # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
     dv_terms = _transposed_weights(pd, dout_abs, v.shape[1], head_map) if dout_abs is not None else None
+    span = None   # the range of the values each row sees, on the rows whose logits are large (oracles/hull.py)
+    if row_size is not None and keeps_range(case) and v.shape[1] == case.h:   # (a "mod" map keeps hk heads)
+        wide = (row_size > RANGE_LOGITS).T[:, :, None]                           # [r, h, 1]
+        if bool(wide.any()):
+            lo, hi = value_range(visible, v, case.h, sink is not None)
+            span = (lo.masked_fill(~wide, float("-inf")), hi.masked_fill(~wide, float("inf")))
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
-            spread, rms, (scores, pd), dv_terms, fp8_terms, rest)
+            spread, rms, (scores, pd), dv_terms, fp8_terms, rest, span)
 
 
 def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, device=None, head_map: str = "div",
@@ -267,6 +279,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
     fp8_rows = logit_terms and case.fp8_p is not None
     row_p_max = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
     row_v_sum = torch.zeros(case.b, case.sq, case.h, dtype=dtype, device=device) if fp8_rows else None
+    span = None   # the value ranges (oracles/hull.py), made when a chunk keeps one; rows of other chunks unbounded
     dv_terms = torch.zeros(case.b, case.skv, case.hk, case.d_v, dtype=dtype, device=device) if terms else None
     grad_terms = {name: torch.zeros(case.b, *((case.sq, case.h) if name == "dq" else (case.skv, case.hk)),
                                     case.d_v if name == "dv" else case.d_qk, dtype=dtype, device=device)
@@ -306,7 +319,7 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                     # before the group sum: the naive baseline must carry that rounding too.
                     k_c, v_c = (x.repeat_interleave(case.h // case.hk, dim=1) for x in (k_n, v_n))
                 d_c = t.dout[n, r0:r1].to(device, dtype) if grads else None
-                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c, rest_c = attend(
+                o_c, l_c, m_c, e_c, size_c, spread_c, rms_c, (s_c, p_c), dv_c, fp8_c, rest_c, span_c = attend(
                     case, q_c, k_c, v_c, rows, mask=m, sink=sink, alibi=alibi, sq_n=sq_n, head_map=head_map,
                     bounds=bounds, scale=scale, terms=logit_terms, rounding=rounding, rowsum=rowsum,
                     rest_terms=rest_terms, dout_abs=d_c.abs() if terms else None)
@@ -319,6 +332,10 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                 row_spread[n, r0:r1], row_rms[n, r0:r1] = spread_c, rms_c
             if fp8_c is not None:
                 row_p_max[n, r0:r1], row_v_sum[n, r0:r1] = fp8_c
+            if span_c is not None:
+                span = span or tuple(torch.full((case.b, case.sq, case.h, case.d_v), fill, dtype=dtype, device=device)
+                                     for fill in (float("-inf"), float("inf")))
+                span[0][n, r0:r1], span[1][n, r0:r1] = span_c
             out[n, r0:r1] = o_c.detach()
             maxima = torch.maximum(maxima, m_c)
             empty[n, r0:r1] = e_c
@@ -367,7 +384,8 @@ def reference(case: Case, t: Tensors, *, dtype: torch.dtype = torch.float64, dev
                      **({} if d_terms is None else dict(
                          row_d_moves=d_terms["moves"], row_d_size=d_terms["size"], key_mass=d_terms["mass"],
                          key_d_terms=d_terms["dk"].amax(-1) if case.d_qk else None)),
-                     row_p_max=row_p_max, row_v_sum=row_v_sum,
+                     row_p_max=row_p_max, row_v_sum=row_v_sum, row_v_lo=span and span[0],
+                     row_v_hi=span and span[1],
                      fp8_grad_terms=fp8_terms and {name: x.amax(-1) for name, x in fp8_terms.items()}))
 
 

@@ -14,10 +14,10 @@ import torch
 
 from attnfuzz.oracles.fold import fold, unfold
 from attnfuzz.oracles.grad_terms import FP8_TERMS, add_d_terms, add_fp8_terms, add_grad_terms, repeats_rows
+from attnfuzz.oracles.hull import RANGE_LOGITS, keeps_range, value_range
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import saturate
-from attnfuzz.oracles.hull import RANGE_LOGITS, keeps_range, value_range
 from attnfuzz.strategies.fp8_backward import saturate_grads
 from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
@@ -151,8 +151,8 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     keys. Returns out [r, h, d_v], lse [h, r] in q's dtype, the largest visible |logit| and |ALiBi bias|, which rows
     see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), the scaled logits
     (before softcap: their gradient is dS) and P, [h, r, j], (with `dout_abs` [r, h, d_v]) P^T |dO|
-    [skv_n, hk, d_v], the terms dV sums (else None), and (with `terms`) the range of the values each row sees, (lo,
-    hi) [r, h, d_v] (oracles/hull.py; else None). `bounds` and `scale` override the case's band and scale (the
+    [skv_n, hk, d_v], the terms dV sums (else None), and (with `terms`, where some row's logit size passes
+    RANGE_LOGITS) the range of the values each row sees, (lo, hi) [r, h, d_v] (oracles/hull.py; else None). `bounds` and `scale` override the case's band and scale (the
     diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before P V) and
     the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference). `rowsum`: the
     LSE's row sum is taken over P = exp(s - max) rounded to that dtype (reference); `rest_terms` (with `terms`) adds

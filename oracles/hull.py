@@ -67,6 +67,20 @@ def value_range(visible: torch.Tensor, v: torch.Tensor, h: int, sink: bool) -> t
     return lo.reshape(r, h, -1), hi.reshape(r, h, -1)
 
 
+def row_ranges(case, visible: torch.Tensor, v: torch.Tensor, row_size: torch.Tensor | None,
+               sink: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """value_range on the rows and heads whose logit size (`row_size` [h, r]) passes RANGE_LOGITS, the others
+    unbounded (-inf, inf); None where no row does, the case is over RANGE_WORK, or v keeps fewer heads than the
+    queries (a "mod" head map's alternative)."""
+    if row_size is None or not keeps_range(case) or v.shape[1] != case.h:
+        return None
+    wide = (row_size > RANGE_LOGITS).T[:, :, None]   # [r, h, 1]
+    if not bool(wide.any()):
+        return None
+    lo, hi = value_range(visible, v, case.h, sink)
+    return lo.masked_fill(~wide, float("-inf")), hi.masked_fill(~wide, float("inf"))
+
+
 def range_failure(case, lo: torch.Tensor | None, hi: torch.Tensor | None, v: torch.Tensor, out: torch.Tensor,
                   rows: torch.Tensor) -> Check | None:
     """The output [b, sq, h, d_v] against the range of the values each row sees (lo, hi from the reference), on

@@ -14,7 +14,7 @@ import torch
 
 from attnfuzz.oracles.fold import fold, unfold
 from attnfuzz.oracles.grad_terms import FP8_TERMS, add_d_terms, add_fp8_terms, add_grad_terms, repeats_rows
-from attnfuzz.oracles.hull import RANGE_LOGITS, keeps_range, value_range
+from attnfuzz.oracles.hull import row_ranges
 from attnfuzz.oracles.masks import band, diagonal_offset, distance
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.fp8 import saturate
@@ -152,8 +152,9 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
     see no key, (with `terms`) each row's logit size [h, r] and spread [r, h] (else None), the scaled logits
     (before softcap: their gradient is dS) and P, [h, r, j], (with `dout_abs` [r, h, d_v]) P^T |dO|
     [skv_n, hk, d_v], the terms dV sums (else None), and (with `terms`, where some row's logit size passes
-    RANGE_LOGITS) the range of the values each row sees, (lo, hi) [r, h, d_v] (oracles/hull.py; else None). `bounds` and `scale` override the case's band and scale (the
-    diagnoses grade against such alternatives; a bound may then be negative). `rounding` rounds P (before P V) and
+    RANGE_LOGITS) the range of the values each row sees, (lo, hi) [r, h, d_v] (oracles/hull.py; else None).
+    `bounds` and `scale` override the case's band and scale (the diagnoses grade against such alternatives; a bound
+    may then be negative). `rounding` rounds P (before P V) and
     the logits' gradient dS (before dQ, dK) to that dtype, as a fused backward pass does (reference). `rowsum`: the
     LSE's row sum is taken over P = exp(s - max) rounded to that dtype (reference); `rest_terms` (with `terms`) adds
     the weights but each row's largest, as their root sum of squares and their sum [h, r] (else None)."""
@@ -226,12 +227,7 @@ def attend(case: Case, q, k, v, rows, *, mask=None, sink=None, alibi=None, sq_n:
             fp8_terms = (p_top.T, _weighted_values(visible.to(vd.dtype).expand_as(pd), vd.abs(), head_map).amax(-1))
     # P^T |dO| straight from P: the gradient of out . |dO| with respect to v, without a backward pass for it
     dv_terms = _transposed_weights(pd, dout_abs, v.shape[1], head_map) if dout_abs is not None else None
-    span = None   # the range of the values each row sees, on the rows whose logits are large (oracles/hull.py)
-    if row_size is not None and keeps_range(case) and v.shape[1] == case.h:   # (a "mod" map keeps hk heads)
-        wide = (row_size > RANGE_LOGITS).T[:, :, None]                           # [r, h, 1]
-        if bool(wide.any()):
-            lo, hi = value_range(visible, v, case.h, sink is not None)
-            span = (lo.masked_fill(~wide, float("-inf")), hi.masked_fill(~wide, float("inf")))
+    span = row_ranges(case, visible, v, row_size, sink is not None)   # on rows with large logits: oracles/hull.py
     return (_weighted_values(p, v, head_map), lse, torch.stack([logit_size, bias_max]), ~visible.any(-1), row_size,
             spread, rms, (scores, pd), dv_terms, fp8_terms, rest, span)
 

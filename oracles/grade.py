@@ -284,7 +284,7 @@ def lse_check(o: Oracle, lse: torch.Tensor, family: str, floor_first: bool = Fal
     return check("lse", lse, ref, lambda: o.lse_baseline_of(family), rows & torch.isfinite(ref), family=family,
                  quantity="lse", dtype=o.case.dtype, logit_size=size, bias_max=o.ref.bias_max,
                  dot_terms=dominated_dot(o.case), softcap=o.case.softcap, floor_first=floor_first,
-                 quantised=rounded_p)
+                 quantised=rounded_p, keys=o.case.skv)
 
 
 def _grade_lse(o: Oracle, lse: torch.Tensor, family: str, checks: list[Check]) -> V.Verdict | None:

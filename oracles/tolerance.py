@@ -21,7 +21,8 @@ Why these k:
   allow 100x too much for bf16); k = 2 for fp16/bf16 then, 4 for fp32/fp64 where both are rounding noise. Its floor
   is what computing an LSE in fp32 can lose, per row, absolute (exp(lse + e) = exp(lse) * (1 + e)): the logits are
   fp32 sums of exact products, each off by up to eps(fp32) * L_i, and the LSE is their weighted mean plus log of a
-  sum, so 2 * eps(logits) * L_i; the final log and the add of the row maximum, 2 * eps(fp32) * max(|lse_i|, 1); and
+  sum, so 2 * eps(logits) * L_i; the final log and the add of the row maximum, 2 * eps(fp32) * max(|lse_i|, 1); the
+  row sum's adds over n keys, eps(fp32) * sqrt(n) (six standard deviations of a sequential sum); and
   for fp16 / bf16 inputs an allowance for the fast exp of reduced-precision paths, FAST_EXP below (it replaces half
   the dtype's eps, 2^-8 absolute in bf16, which was 66x what a real kernel shows).
 - Gradients go through two more matmuls and a rowsum (dS = P * (dP - rowsum(dO * O))): k = 4 (flash-attention
@@ -282,7 +283,12 @@ def check(name: str, got: torch.Tensor, ref: torch.Tensor, naive: torch.Tensor |
     if quantity == "lse":  # absolute: exp(lse + e) = exp(lse) * (1 + e); kernels keep it in fp32
         fast_exp = FAST_EXP if dtype in LOW_PRECISION else 0.0
         compute_eps = logit_eps if dtype in LOW_PRECISION else EPS[dtype]
-        floor = fast_exp + 2 * compute_eps * mag_r.clamp(min=1.0) + 2 * logit_err + 1e-7 + quantised
+        # the row sum of `keys` terms, added in the kernel's order: in a sequential sum of n similar terms each add
+        # rounds by up to eps / 2 of the running sum, uniformly, so the sum is off by eps * sqrt(n) / 6 relative at
+        # one standard deviation; eps * sqrt(n) is six of them, and blocked sums are closer (sdpa-efficient fp32 on
+        # an H100, one query over 37,632 near-uniform keys: its LSE 3.8e-6 off, 1.41x the bound without this)
+        rowsum_walk = compute_eps * keys ** 0.5
+        floor = fast_exp + 2 * compute_eps * mag_r.clamp(min=1.0) + rowsum_walk + 2 * logit_err + 1e-7 + quantised
     else:
         moved = spread.to(torch.float64) if spread is not None else mag_r
         # the fast exp's relative error moves the weights like a logit error does, an output row by at most

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.backends import get
@@ -67,4 +68,27 @@ def test_a_mask_form_and_a_module_call_are_written_out(name, case):
     ok = subprocess.run([sys.executable, "-I", "-c", source], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run([sys.executable, "-I", "-c", broken], capture_output=True, text=True)
+    assert bad.returncode == 1 and "> bound" in bad.stdout, bad.stdout + bad.stderr
+
+
+def test_a_mask_too_large_to_inline_is_rebuilt_from_the_seed(tmp_path):
+    """A dense mask over MASK_INLINE elements is not written out (sq = skv = 11,905 would be 900 MB of source): the
+    script rebuilds it from the seed, as it does the inputs of such a case, and still tells the right call from a
+    broken one."""
+    from attnfuzz.backends.sdpa.adapter import MASK_INLINE
+    from attnfuzz.backends.sdpa.spelling import dense_mask, parse, regenerated_mask
+    from attnfuzz.strategies.materialize import materialize, torch_dtype
+    case = Case(sq=1040, skv=1040, h=1, hk=1, d_qk=8, d_v=8, causal=True, alignment="bottom_right",
+                dtype="float32", spelling="bool_mask")
+    assert case.sq * case.skv > MASK_INLINE
+    source = script(corpus_io.Entry("sdpa-math", case, Verdict("FAIL", "TOLERANCE")))
+    assert len(source) < 2_000_000 and "regenerated_mask(CASE, 'bool_mask')" in source
+    want = dense_mask(case, materialize(case, "cpu"), parse(case), torch_dtype(case), "cpu")
+    assert torch.equal(regenerated_mask(case.to_dict(), "bool_mask"), want)
+    right, broken = tmp_path / "right.py", tmp_path / "broken.py"
+    right.write_text(source)
+    broken.write_text(source.replace("return out.transpose(1, 2)", "return 0.5 * out.transpose(1, 2)"))
+    ok = subprocess.run([sys.executable, str(right)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True)
     assert bad.returncode == 1 and "> bound" in bad.stdout, bad.stdout + bad.stderr

@@ -33,6 +33,7 @@ KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient
            "sdpa-cudnn": "CUDNN_ATTENTION"}
 CUDA_ONLY = ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 KEPT_MASK_ELEMENTS = 1 << 20  # a dense mask up to this size is kept for a second run on the same inputs
+MASK_INLINE = 1 << 20  # a repro script writes a dense mask up to this size as a literal (about 6 MB of source)
 
 # The aten op that returns the LSE, per (kernel, device type), and the argument names it is called with (by keyword,
 # checked against the op's schema first, so a changed signature is an error and never a silently wrong LSE).
@@ -316,14 +317,21 @@ class SdpaBackend(Backend):
         masks = {"no_mask": "None", "is_causal": "None",
                  "causal_upper_left": f"torch.nn.attention.bias.causal_upper_left({case.sq}, {case.skv})",
                  "causal_lower_right": f"torch.nn.attention.bias.causal_lower_right({case.sq}, {case.skv})"}
+        rebuilt = ""
         if spelling.dense:
-            masks[spelling.mask] = literal(dense_mask(case, t, spelling, torch_dtype(case), "cpu"))
+            mask = dense_mask(case, t, spelling, torch_dtype(case), "cpu")
+            if mask.numel() <= MASK_INLINE:
+                masks[spelling.mask] = literal(mask)
+            else:  # rebuilt from the seed, as the script's inputs then are
+                rebuilt = "from attnfuzz.backends.sdpa.spelling import regenerated_mask  # too large to inline\n"
+                masks[spelling.mask] = f"regenerated_mask(CASE, {spelling.name!r})"
         shaped = (f"    mask = {form_source(case, spelling.form).replace('MASK', 'mask')}\n"
                   if spelling.dense and spelling.form else "")  # on the device: a copy keeps no stride-0 view
         view = ("x.transpose(0, 1).contiguous().permute(1, 2, 0, 3)" if case.layout == "sbhd"  # seq-major buffers
                 else "x.transpose(1, 2)")
         bias_import = "import torch.nn.attention.bias\n\n" if spelling.mask.startswith("causal_") else ""
-        return (f"\n{bias_import}MASK = {masks[spelling.mask]}  # attn_mask: True / 0 = query i may see key j\n\n\n"
+        return (f"\n{bias_import}{rebuilt}"
+                f"MASK = {masks[spelling.mask]}  # attn_mask: True / 0 = query i may see key j\n\n\n"
                 f"def attention(q, k, v):\n"
                 f"    \"\"\"torch SDPA forced to {self.kernel}, spelled {spelling.name!r}, layout {case.layout}.\"\"\"\n"
                 "    from torch.nn.attention import SDPBackend, sdpa_kernel\n"

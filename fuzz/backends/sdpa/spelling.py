@@ -35,7 +35,7 @@ import torch
 
 from attnfuzz.backends import layout
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import Tensors, stored, torch_dtype
+from attnfuzz.strategies.materialize import Tensors, materialize, stored, torch_dtype
 
 
 DENSE = ("bool_mask", "float_mask", "float32_mask")
@@ -273,6 +273,14 @@ def dense_mask(case: Case, tensors: Tensors, spelling: Spelling, dtype, device) 
     if spelling.mask == "bool_mask":
         return layout.visibility_mask(case, tensors, device)
     return additive_mask(case, tensors, dtype, device)
+
+
+def regenerated_mask(case: dict, spelling: str) -> torch.Tensor:
+    """The dense mask a repro script of `case` (Case.to_dict) passes under the spelling named `spelling`, rebuilt on
+    the CPU from its seed: for masks too large to write into the script."""
+    drawn = Case.from_dict(case)
+    return dense_mask(drawn, materialize(drawn, "cpu"), parse(drawn.replace(spelling=spelling)), torch_dtype(drawn),
+                      "cpu")
 
 
 def aligned_bias(bias: torch.Tensor, h: int) -> torch.Tensor:

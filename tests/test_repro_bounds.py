@@ -32,3 +32,37 @@ def test_a_repro_grades_each_gradient_row_with_the_bound_the_fuzzer_graded_it_wi
     row = tuple(graded.index[:-1])
     assert bounds["dv"][row].item() == pytest.approx(graded.bound, rel=1e-9)
     assert bounds["dv"].unique().numel() > 1
+
+
+def test_a_case_too_large_to_inline_recomputes_the_same_bounds(tmp_path, monkeypatch):
+    """A script whose inputs are regenerated from the seed (over INLINE elements) recomputes the grader's bounds the
+    same way instead of holding them (a case of 131,071 keys held 64 MB of them): the bounds it takes equal those a
+    small script writes out, every tensor, and the script still tells the right call from a broken one."""
+    import subprocess
+    import sys
+
+    from attnfuzz.store import repro
+    from attnfuzz.store.repro_bounds import graded_bounds
+    case = Case(b=2, sq=4, skv=14, h=6, hk=2, d_qk=32, d_v=32, std=(4.0, 4.0, 1.0), grads=True,
+                values="far_negative", dtype="float32")
+    small = write(tmp_path / "small", "sdpa-math", case)
+    written = {}
+    for node in ast.parse(small.read_text()).body:
+        name = getattr(node.targets[0], "id", "") if isinstance(node, ast.Assign) else ""
+        if name in ("ROW_BOUNDS", "LSE_BOUNDS", "GRAD_ROW_BOUNDS"):
+            written[name] = eval(compile(ast.Expression(node.value), str(small), "eval"), {"torch": torch})
+    monkeypatch.setattr(repro, "INLINE", 0)   # every case is "large" now
+    large = write(tmp_path / "large", "sdpa-math", case)
+    text = large.read_text()
+    assert "_BOUNDS = graded_bounds(CASE, BACKEND, DEVICE)" in text and "ROW_BOUNDS = _BOUNDS['out']" in text
+    assert len(text) < len(small.read_text()) / 4
+    again = graded_bounds(case.to_dict(), "sdpa-math")
+    assert torch.equal(again["out"], written["ROW_BOUNDS"]) and torch.equal(again["lse"], written["LSE_BOUNDS"])
+    for name in ("dq", "dk", "dv"):
+        assert torch.equal(again[name], written["GRAD_ROW_BOUNDS"][name]), name
+    ok = subprocess.run([sys.executable, str(large)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    broken = large.with_name("broken.py")
+    broken.write_text(text.replace("return out.transpose(1, 2)", "return 0.5 * out.transpose(1, 2)"))
+    bad = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True)
+    assert bad.returncode == 1, bad.stdout + bad.stderr

@@ -37,11 +37,10 @@ import inspect
 import textwrap
 from pathlib import Path
 
-import torch
-
 from attnfuzz.backends.source import literal
 from attnfuzz.store.isa import ONEDNN_ISA
-from attnfuzz.oracles.grade import Oracle, check_out, gradient_check, lse_check
+from attnfuzz.store.repro_bounds import bounds_source, get_family, row_bounds
+from attnfuzz.oracles.grade import Oracle
 from attnfuzz.strategies.case import PLAIN_STORAGE, Case
 from attnfuzz.strategies.materialize import materialize, stored
 
@@ -140,9 +139,7 @@ def script(entry) -> str:
     t = materialize(case, device)
     oracle = Oracle.of(case, t)
     family = get_family(entry)
-    c = check_out(oracle, oracle.ref.out, oracle.ref.out, family)
-    lse_bounds = lse_check(oracle, oracle.ref.lse, family).row_bounds  # None: no row to grade
-    lse_bounds = torch.full_like(oracle.ref.lse, float("inf")) if lse_bounds is None else lse_bounds
+    bounds = row_bounds(oracle, family)
     small = sum(x.numel() for x in (t.q, t.k, t.v, oracle.ref.out)) <= INLINE
     if small:
         inputs, expected = _inputs(case, t), f"EXPECTED = {literal(oracle.ref.out)}"
@@ -153,11 +150,9 @@ def script(entry) -> str:
         expected = ("from attnfuzz.oracles.reference import reference\n"
                     "_ref = reference(Case.from_dict(CASE), _t)\nEXPECTED = _ref.out")
         expected_lse = "EXPECTED_LSE = _ref.lse"
-    constants = ""
     if case.grads:  # the backend saw leaves that require grad (its forward may take another path for them)
         inputs += "\nq, k, v = (x.detach().requires_grad_() for x in (q, k, v))"
-        constants, body = _expected_grads(entry, oracle, t, small)
-        expected += "\n" + body
+        expected += "\n" + _expected_grads(oracle, t, small)
     call = written_call(entry)
     if call is not None and entry.verdict.diagnosis == "LSE" and "RETURNS_LSE = True" not in call:
         call = None  # the written call returns no LSE: the adapter's does
@@ -197,10 +192,8 @@ except ImportError as e:
     sys.exit(2)  # not 1: 1 says the bug is there
 
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
-ROW_BOUNDS = {literal(c.row_bounds)}  # per output row (batch, query, head): k * naive same-dtype error + rounding floor
-BOUND = {float(c.row_bounds[torch.isfinite(c.row_bounds)].max()) if bool(torch.isfinite(c.row_bounds).any()) else 0.0!r}  # the largest, for the summary line
-LSE_BOUNDS = {literal(lse_bounds)}  # per LSE row (batch, head, query): the grader's bound (inf: not graded)
-{constants}{call.rstrip()}
+{bounds_source(bounds, small)}
+{call.rstrip()}
 
 
 def main():
@@ -334,18 +327,13 @@ def check_grads(out, q, k, v, dout, expected):
 '''
 
 
-def _expected_grads(entry, oracle: Oracle, t, small: bool) -> tuple[str, str]:
-    """Source of the constants (each dQ / dK / dV row's bound, as the fuzzer graded it; inf: a row not graded) and
-    of main()'s lines binding DOUT and EXPECTED_GRADS."""
-    bounds = {name: gradient_check(oracle, name, getattr(oracle.ref, name), get_family(entry)).row_bounds
-              for name in ("dq", "dk", "dv")}
-    constants = ("GRAD_ROW_BOUNDS = {" + ", ".join(f"{n!r}: {literal(b)}" for n, b in bounds.items())
-                 + "}  # per dQ row (batch, query, head) and dK / dV row (batch, key, KV head): the grader's bound\n")
+def _expected_grads(oracle: Oracle, t, small: bool) -> str:
+    """Source of main()'s lines binding DOUT and EXPECTED_GRADS."""
     if small:
         grads = ", ".join(f"{n!r}: {literal(getattr(oracle.ref, n))}" for n in ("dq", "dk", "dv"))
-        return constants, f"DOUT = {literal(t.dout)}\nEXPECTED_GRADS = {{{grads}}}"
-    return constants, ("DOUT = _t.dout\n_ref = reference(Case.from_dict(CASE), _t)\n"
-                       "EXPECTED_GRADS = {'dq': _ref.dq, 'dk': _ref.dk, 'dv': _ref.dv}")
+        return f"DOUT = {literal(t.dout)}\nEXPECTED_GRADS = {{{grads}}}"
+    return ("DOUT = _t.dout\n_ref = reference(Case.from_dict(CASE), _t)\n"
+            "EXPECTED_GRADS = {'dq': _ref.dq, 'dk': _ref.dk, 'dv': _ref.dv}")
 
 
 def written_call(entry) -> str | None:
@@ -362,14 +350,6 @@ def kernel_module(entry) -> str | None:
     """A bring-your-own kernel's module ('package.module' of 'package.module:function'); None for a registered
     backend. The script imports it by name, never from a folder of the machine it was written on."""
     return entry.backend.partition(":")[0] if ":" in entry.backend else None
-
-
-def get_family(entry) -> str:
-    from attnfuzz.backends import get
-    try:
-        return get(entry.backend, entry.device).family
-    except ValueError:
-        return "default"
 
 
 def write_repro(entry, path: Path) -> Path:

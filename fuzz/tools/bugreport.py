@@ -110,7 +110,7 @@ def _worst_row(entry: corpus_io.Entry, where: str, verdict: V.Verdict) -> list[s
         bound = error / ratio
     elif w.tensor in ("out", "dq", "dk", "dv"):
         from attnfuzz.oracles.grade import Oracle, check_out, gradient_check
-        from attnfuzz.store.repro import get_family
+        from attnfuzz.store.repro_bounds import get_family
         from attnfuzz.strategies.materialize import draw_on_cpu
         o, family = Oracle.of(entry.case, draw_on_cpu(entry.case)), get_family(entry)
         bound = (check_out(o, o.ref.out, o.ref.out, family) if w.tensor == "out"

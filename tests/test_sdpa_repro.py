@@ -75,7 +75,7 @@ def test_a_mask_too_large_to_inline_is_rebuilt_from_the_seed(tmp_path):
     """A dense mask over MASK_INLINE elements is not written out (sq = skv = 11,905 would be 900 MB of source): the
     script rebuilds it from the seed, as it does the inputs of such a case, and still tells the right call from a
     broken one."""
-    from attnfuzz.backends.sdpa.adapter import MASK_INLINE
+    from attnfuzz.backends.source import MASK_INLINE
     from attnfuzz.backends.sdpa.spelling import dense_mask, parse, regenerated_mask
     from attnfuzz.strategies.materialize import materialize, torch_dtype
     case = Case(sq=1040, skv=1040, h=1, hk=1, d_qk=8, d_v=8, causal=True, alignment="bottom_right",
@@ -85,10 +85,32 @@ def test_a_mask_too_large_to_inline_is_rebuilt_from_the_seed(tmp_path):
     assert len(source) < 2_000_000 and "regenerated_mask(CASE, 'bool_mask')" in source
     want = dense_mask(case, materialize(case, "cpu"), parse(case), torch_dtype(case), "cpu")
     assert torch.equal(regenerated_mask(case.to_dict(), "bool_mask"), want)
+    _tells_right_from_broken(tmp_path, source, "return out.transpose(1, 2)")
+
+
+def _tells_right_from_broken(tmp_path, source: str, returned: str) -> None:
+    """The script exits 0 as written and 1 with `returned` (its call's return line) halved."""
     right, broken = tmp_path / "right.py", tmp_path / "broken.py"
     right.write_text(source)
-    broken.write_text(source.replace("return out.transpose(1, 2)", "return 0.5 * out.transpose(1, 2)"))
+    broken.write_text(source.replace(returned, returned.replace("return ", "return 0.5 * ")))
     ok = subprocess.run([sys.executable, str(right)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True)
     assert bad.returncode == 1 and "> bound" in bad.stdout, bad.stdout + bad.stderr
+
+
+def test_a_module_call_mask_too_large_to_inline_is_rebuilt_from_the_seed(tmp_path):
+    """The same for the attn_mask handed to nn.MultiheadAttention."""
+    from attnfuzz.backends.sdpa.modules import module_masks, regenerated_module_mask
+    from attnfuzz.backends.sdpa.spelling import parse
+    from attnfuzz.strategies.materialize import materialize, torch_dtype
+    case = Case(sq=1040, skv=1040, h=1, hk=1, d_qk=8, d_v=8, causal=True, alignment="bottom_right",
+                dtype="float32", spelling="bool_mask+mha_batch_first")
+    source = script(corpus_io.Entry("sdpa-math", case, Verdict("FAIL", "TOLERANCE")))
+    assert len(source) < 2_000_000
+    assert "regenerated_module_mask(CASE, 'bool_mask+mha_batch_first', 'attn_mask')" in source
+    want = module_masks(case, materialize(case, "cpu"), parse(case), torch_dtype(case), "cpu")["attn_mask"]
+    got = regenerated_module_mask(case.to_dict(), "bool_mask+mha_batch_first", "attn_mask")
+    assert torch.equal(got, want)
+    returned = next(line.strip() for line in source.splitlines() if line.strip().startswith("return out"))
+    _tells_right_from_broken(tmp_path, source, returned)

@@ -15,6 +15,9 @@ import textwrap
 import torch
 
 WIDTH = 110
+# a repro script writes a mask up to this size as a literal (about 6 MB of source); a larger one is rebuilt from the
+# case's seed through attnfuzz, as the inputs of a large case are
+MASK_INLINE = 1 << 20
 
 
 def literal(x: torch.Tensor) -> str:

@@ -33,7 +33,6 @@ KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient
            "sdpa-cudnn": "CUDNN_ATTENTION"}
 CUDA_ONLY = ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 KEPT_MASK_ELEMENTS = 1 << 20  # a dense mask up to this size is kept for a second run on the same inputs
-MASK_INLINE = 1 << 20  # a repro script writes a dense mask up to this size as a literal (about 6 MB of source)
 
 # The aten op that returns the LSE, per (kernel, device type), and the argument names it is called with (by keyword,
 # checked against the op's schema first, so a changed signature is an error and never a silently wrong LSE).
@@ -309,7 +308,7 @@ class SdpaBackend(Backend):
         refused = self._static_refusal(case)
         if spelling is None or (refused is not None and refused != unavailable):
             return None
-        from attnfuzz.backends.source import literal
+        from attnfuzz.backends.source import MASK_INLINE, literal
         from attnfuzz.strategies.materialize import materialize, torch_dtype
         t = materialize(case, "cpu")
         if spelling.module:

@@ -31,9 +31,9 @@ import contextlib
 import torch
 
 from attnfuzz.backends import layout
-from attnfuzz.backends.sdpa.spelling import Spelling, additive_mask, formed, key_row
+from attnfuzz.backends.sdpa.spelling import Spelling, additive_mask, formed, key_row, parse
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import Tensors
+from attnfuzz.strategies.materialize import Tensors, materialize, torch_dtype
 
 
 def identity_mha(case: Case, batch_first: bool, dtype, device) -> torch.nn.MultiheadAttention:
@@ -114,20 +114,33 @@ def dispatch_only(attention):
         functional.linear, functional.scaled_dot_product_attention = saved
 
 
+def regenerated_module_mask(case: dict, spelling: str, name: str) -> torch.Tensor | None:
+    """The module call's `name` mask ("attn_mask" or "key_padding_mask") that a repro script of `case` (Case.to_dict)
+    passes under the spelling named `spelling`, rebuilt on the CPU from its seed: for masks too large to write out."""
+    drawn = Case.from_dict(case)
+    return module_masks(drawn, materialize(drawn, "cpu"), parse(drawn.replace(spelling=spelling)), torch_dtype(drawn),
+                        "cpu")[name]
+
+
 # -- the same call as source, for repro scripts ---------------------------------------------------------------------
 def repro_source(case: Case, spelling: Spelling, kernel: str, tensors: Tensors) -> str:
     """Source of `attention(q, k, v)` calling nn.MultiheadAttention with identity projections as the adapter does."""
-    from attnfuzz.backends.source import literal
-    from attnfuzz.strategies.materialize import torch_dtype
+    from attnfuzz.backends.source import MASK_INLINE, literal
     masks = module_masks(case, tensors, spelling, torch_dtype(case), "cpu")
     attn = ("torch.nn.Transformer.generate_square_subsequent_mask(q.shape[1], device=q.device)"
             if spelling.mask == "is_causal" else "ATTN_MASK.to(q.device) if ATTN_MASK is not None else None")
-    literal_or_none = {name: "None" if masks[name] is None else literal(masks[name])
-                       for name in ("attn_mask", "key_padding_mask")}
+    written, rebuilt = {}, ""
+    for name in ("attn_mask", "key_padding_mask"):
+        mask = masks[name]
+        if mask is None or mask.numel() <= MASK_INLINE:
+            written[name] = "None" if mask is None else literal(mask)
+        else:  # rebuilt from the seed, as the script's inputs then are
+            written[name] = f"regenerated_module_mask(CASE, {spelling.name!r}, {name!r})"
+            rebuilt = "from attnfuzz.backends.sdpa.modules import regenerated_module_mask  # too large to inline\n"
     batch_first = case.layout == "bshd"
-    return (f"\nATTN_MASK = {literal_or_none['attn_mask'] if spelling.mask != 'is_causal' else 'None'}"
+    return (f"\n{rebuilt}ATTN_MASK = {written['attn_mask'] if spelling.mask != 'is_causal' else 'None'}"
             "  # nn.MultiheadAttention's attn_mask: True / -inf = masked out\n"
-            f"KEY_PADDING_MASK = {literal_or_none['key_padding_mask']}  # True = padding\n\n\n"
+            f"KEY_PADDING_MASK = {written['key_padding_mask']}  # True = padding\n\n\n"
             "def attention(q, k, v):\n"
             f"    \"\"\"torch SDPA through nn.MultiheadAttention(batch_first={batch_first}) with identity projections "
             f"(pure attention), forced to {kernel}, spelled {spelling.name!r}.\"\"\"\n"

@@ -92,8 +92,9 @@ def test_an_invariant_kernel_that_declares_it_is_clean():
 
 @pytest.mark.parametrize("name, fails", [("splits_by_batch", True), ("fixed_splits", False)])
 def test_paged_cases_are_checked_with_the_sequence_on_its_own_pages(name, fails):
-    tally, findings = fuzz(kernel(name), space=PAGED, settings=RUNS)
-    assert tally.batch_checked > 0, tally.to_dict()
+    # (120 cases, as above: one stream of 80 paged cases batch-checked 4, none of a shape where the split shows)
+    tally, findings = fuzz(kernel(name), space=PAGED, settings=profile("ci", max_examples=120))
+    assert tally.batch_checked >= 10, tally.to_dict()
     if fails:
         assert [f.verdict.label for f in findings] == ["FAIL:BATCH_VARIANT"] and findings[0].case.paged, findings
     else:

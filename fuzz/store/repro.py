@@ -2,9 +2,10 @@
 bug is there, 0 once it is gone, and 2, naming the module, where what it needs cannot be imported (torch, the
 backend's library, and where the script needs them attnfuzz and a bring-your-own kernel's module).
 
-The script embeds the inputs exactly as the fuzzer drew them, in the memory format the backend saw (for cases up to
-INLINE elements; larger ones are regenerated from the seed, which needs attnfuzz importable) and the float64
-oracle's output, so it checks the backend without the oracle. The backend call is the adapter's own
+The script embeds the inputs exactly as the fuzzer drew them, in the memory format the backend saw, the float64
+oracle's output and the grader's bound of every row, so it checks the backend without the oracle. A case over INLINE
+elements is regenerated from the seed instead, with its answers and bounds (store/repro_bounds.py) and a mask over
+source.MASK_INLINE elements: that script needs attnfuzz importable. The backend call is the adapter's own
 `repro_source(case)`: source defining `attention(q, k, v)` (logical [b, s, heads, d] in, the output out) in the
 backend's API, with the masks, sinks and layouts spelled out as run() makes them. Adapters that write their call out:
   sdpa-*                          every spelling and layout SDPA takes (fuzz/backends/sdpa/adapter.py)

@@ -37,7 +37,8 @@ def test_a_repro_grades_each_gradient_row_with_the_bound_the_fuzzer_graded_it_wi
 def test_a_case_too_large_to_inline_recomputes_the_same_bounds(tmp_path, monkeypatch):
     """A script whose inputs are regenerated from the seed (over INLINE elements) recomputes the grader's bounds the
     same way instead of holding them (a case of 131,071 keys held 64 MB of them): the bounds it takes equal those a
-    small script writes out, every tensor, and the script still tells the right call from a broken one."""
+    small script writes out, every tensor, the script still tells the right call from a broken one, and it exits 2
+    where attnfuzz is missing."""
     import subprocess
     import sys
 
@@ -66,3 +67,19 @@ def test_a_case_too_large_to_inline_recomputes_the_same_bounds(tmp_path, monkeyp
     broken.write_text(text.replace("return out.transpose(1, 2)", "return 0.5 * out.transpose(1, 2)"))
     bad = subprocess.run([sys.executable, str(broken)], capture_output=True, text=True)
     assert bad.returncode == 1, bad.stdout + bad.stderr
+    alone = without_attnfuzz(large)   # where attnfuzz cannot be imported: 2, not the 1 that says the bug is there
+    assert alone.returncode == 2 and "cannot run this repro here" in alone.stderr, alone.stdout + alone.stderr
+
+
+def without_attnfuzz(path):
+    """The script run where `import attnfuzz` fails (a finder that refuses it, ahead of the installed package)."""
+    import subprocess
+    import sys
+    launcher = ("import runpy, sys\n"
+                "class NoAttnfuzz:\n"
+                "    def find_spec(self, name, path=None, target=None):\n"
+                "        if name.split('.')[0] == 'attnfuzz':\n"
+                "            raise ImportError(f'No module named {name!r}')\n"
+                "sys.meta_path.insert(0, NoAttnfuzz())\n"
+                f"runpy.run_path({str(path)!r}, run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True)

@@ -14,6 +14,7 @@ from attnfuzz.backends.sdpa.spelling import all_spellings
 from attnfuzz.store.repro import script
 from attnfuzz.oracles.verdict import Verdict
 from attnfuzz.strategies.case import Case
+from tests.test_repro_bounds import without_attnfuzz
 
 CASES = [Case(sq=3, skv=5, h=2, hk=1, d_qk=8, d_v=8, causal=True, alignment="bottom_right", layout="sbhd", grads=True),
          Case(sq=4, skv=4, h=2, hk=2, d_qk=8, d_v=8, alibi_slopes=(0.5, 0.25), dtype="float32"),
@@ -86,6 +87,8 @@ def test_a_mask_too_large_to_inline_is_rebuilt_from_the_seed(tmp_path):
     want = dense_mask(case, materialize(case, "cpu"), parse(case), torch_dtype(case), "cpu")
     assert torch.equal(regenerated_mask(case.to_dict(), "bool_mask"), want)
     _tells_right_from_broken(tmp_path, source, "return out.transpose(1, 2)")
+    alone = without_attnfuzz(tmp_path / "right.py")   # where attnfuzz cannot be imported: 2, not 1 (the bug is there)
+    assert alone.returncode == 2 and "cannot run this repro here" in alone.stderr, alone.stdout + alone.stderr
 
 
 def _tells_right_from_broken(tmp_path, source: str, returned: str) -> None:

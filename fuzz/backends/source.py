@@ -20,6 +20,14 @@ WIDTH = 110
 MASK_INLINE = 1 << 20
 
 
+def guarded_import(statement: str, why: str) -> str:
+    """Source of a module-level import for a repro script that exits 2 (not 1, which says the bug is there) where it
+    fails: the script's own ImportError answer, which main()'s imports get from its caller."""
+    return (f"try:\n    {statement}  # {why}\nexcept ImportError as e:\n"
+            "    print(f\"{BACKEND}: cannot run this repro here: {e}; install it or run the script where it is\", "
+            "file=sys.stderr)\n    sys.exit(2)\n")
+
+
 def literal(x: torch.Tensor) -> str:
     """A tensor as source: its exact values (float64 holds every fp16 / bf16 / fp32 value), dtype and shape."""
     if x.dtype == torch.bool:

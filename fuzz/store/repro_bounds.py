@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from attnfuzz.backends.source import literal
+from attnfuzz.backends.source import guarded_import, literal
 from attnfuzz.oracles.grade import Oracle, check_out, gradient_check, lse_check
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.materialize import materialize
@@ -54,8 +54,9 @@ def bounds_source(bounds: dict[str, torch.Tensor], small: bool) -> str:
     else:
         row, lse = "_BOUNDS['out']", "_BOUNDS['lse']"
         grad = "{" + ", ".join(f"{n!r}: _BOUNDS[{n!r}]" for n in grads) + "}"
-        text = ("from attnfuzz.store.repro_bounds import graded_bounds  # too many to write out: recomputed\n"
-                "_BOUNDS = graded_bounds(CASE, BACKEND, DEVICE)\n")
+        text = (guarded_import("from attnfuzz.store.repro_bounds import graded_bounds",
+                               "too many bounds to write out: recomputed")
+                + "_BOUNDS = graded_bounds(CASE, BACKEND, DEVICE)\n")
     text += (f"ROW_BOUNDS = {row}  # per output row (batch, query, head): k * naive same-dtype error + rounding floor\n"
              f"BOUND = {largest!r}  # the largest, for the summary line\n"
              f"LSE_BOUNDS = {lse}  # per LSE row (batch, head, query): the grader's bound (inf: not graded)")

@@ -308,7 +308,7 @@ class SdpaBackend(Backend):
         refused = self._static_refusal(case)
         if spelling is None or (refused is not None and refused != unavailable):
             return None
-        from attnfuzz.backends.source import MASK_INLINE, literal
+        from attnfuzz.backends.source import MASK_INLINE, guarded_import, literal
         from attnfuzz.strategies.materialize import materialize, torch_dtype
         t = materialize(case, "cpu")
         if spelling.module:
@@ -322,7 +322,8 @@ class SdpaBackend(Backend):
             if mask.numel() <= MASK_INLINE:
                 masks[spelling.mask] = literal(mask)
             else:  # rebuilt from the seed, as the script's inputs then are
-                rebuilt = "from attnfuzz.backends.sdpa.spelling import regenerated_mask  # too large to inline\n"
+                rebuilt = guarded_import("from attnfuzz.backends.sdpa.spelling import regenerated_mask",
+                                         "the mask is too large to write out")
                 masks[spelling.mask] = f"regenerated_mask(CASE, {spelling.name!r})"
         shaped = (f"    mask = {form_source(case, spelling.form).replace('MASK', 'mask')}\n"
                   if spelling.dense and spelling.form else "")  # on the device: a copy keeps no stride-0 view

@@ -125,7 +125,7 @@ def regenerated_module_mask(case: dict, spelling: str, name: str) -> torch.Tenso
 # -- the same call as source, for repro scripts ---------------------------------------------------------------------
 def repro_source(case: Case, spelling: Spelling, kernel: str, tensors: Tensors) -> str:
     """Source of `attention(q, k, v)` calling nn.MultiheadAttention with identity projections as the adapter does."""
-    from attnfuzz.backends.source import MASK_INLINE, literal
+    from attnfuzz.backends.source import MASK_INLINE, guarded_import, literal
     masks = module_masks(case, tensors, spelling, torch_dtype(case), "cpu")
     attn = ("torch.nn.Transformer.generate_square_subsequent_mask(q.shape[1], device=q.device)"
             if spelling.mask == "is_causal" else "ATTN_MASK.to(q.device) if ATTN_MASK is not None else None")
@@ -136,7 +136,8 @@ def repro_source(case: Case, spelling: Spelling, kernel: str, tensors: Tensors) 
             written[name] = "None" if mask is None else literal(mask)
         else:  # rebuilt from the seed, as the script's inputs then are
             written[name] = f"regenerated_module_mask(CASE, {spelling.name!r}, {name!r})"
-            rebuilt = "from attnfuzz.backends.sdpa.modules import regenerated_module_mask  # too large to inline\n"
+            rebuilt = guarded_import("from attnfuzz.backends.sdpa.modules import regenerated_module_mask",
+                                     "the mask is too large to write out")
     batch_first = case.layout == "bshd"
     return (f"\n{rebuilt}ATTN_MASK = {written['attn_mask'] if spelling.mask != 'is_causal' else 'None'}"
             "  # nn.MultiheadAttention's attn_mask: True / -inf = masked out\n"

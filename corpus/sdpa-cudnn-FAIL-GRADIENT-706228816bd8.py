@@ -17,14 +17,22 @@ except ImportError as e:
     sys.exit(2)  # not 1: 1 says the bug is there
 
 VALID_ROWS = [11905]  # graded query rows per sequence (rows past them are padding)
-from attnfuzz.store.repro_bounds import graded_bounds  # too many to write out: recomputed
+try:
+    from attnfuzz.store.repro_bounds import graded_bounds  # too many bounds to write out: recomputed
+except ImportError as e:
+    print(f"{BACKEND}: cannot run this repro here: {e}; install it or run the script where it is", file=sys.stderr)
+    sys.exit(2)
 _BOUNDS = graded_bounds(CASE, BACKEND, DEVICE)
 ROW_BOUNDS = _BOUNDS['out']  # per output row (batch, query, head): k * naive same-dtype error + rounding floor
 BOUND = 2618.698388993561  # the largest, for the summary line
 LSE_BOUNDS = _BOUNDS['lse']  # per LSE row (batch, head, query): the grader's bound (inf: not graded)
 GRAD_ROW_BOUNDS = {'dq': _BOUNDS['dq'], 'dk': _BOUNDS['dk'], 'dv': _BOUNDS['dv']}  # per dQ row (batch, query, head) and dK / dV row (batch, key, KV head): the grader's bound
 
-from attnfuzz.backends.sdpa.spelling import regenerated_mask  # too large to inline
+try:
+    from attnfuzz.backends.sdpa.spelling import regenerated_mask  # the mask is too large to write out
+except ImportError as e:
+    print(f"{BACKEND}: cannot run this repro here: {e}; install it or run the script where it is", file=sys.stderr)
+    sys.exit(2)
 MASK = regenerated_mask(CASE, 'bool_mask')  # attn_mask: True / 0 = query i may see key j
 
 

@@ -17,7 +17,11 @@ except ImportError as e:
     sys.exit(2)  # not 1: 1 says the bug is there
 
 VALID_ROWS = [641, 641, 641]  # graded query rows per sequence (rows past them are padding)
-from attnfuzz.store.repro_bounds import graded_bounds  # too many to write out: recomputed
+try:
+    from attnfuzz.store.repro_bounds import graded_bounds  # too many bounds to write out: recomputed
+except ImportError as e:
+    print(f"{BACKEND}: cannot run this repro here: {e}; install it or run the script where it is", file=sys.stderr)
+    sys.exit(2)
 _BOUNDS = graded_bounds(CASE, BACKEND, DEVICE)
 ROW_BOUNDS = _BOUNDS['out']  # per output row (batch, query, head): k * naive same-dtype error + rounding floor
 BOUND = 0.6200613840912071  # the largest, for the summary line

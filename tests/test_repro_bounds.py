@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -39,9 +41,6 @@ def test_a_case_too_large_to_inline_recomputes_the_same_bounds(tmp_path, monkeyp
     same way instead of holding them (a case of 131,071 keys held 64 MB of them): the bounds it takes equal those a
     small script writes out, every tensor, the script still tells the right call from a broken one, and it exits 2
     where attnfuzz is missing."""
-    import subprocess
-    import sys
-
     from attnfuzz.store import repro
     from attnfuzz.store.repro_bounds import graded_bounds
     case = Case(b=2, sq=4, skv=14, h=6, hk=2, d_qk=32, d_v=32, std=(4.0, 4.0, 1.0), grads=True,
@@ -73,8 +72,6 @@ def test_a_case_too_large_to_inline_recomputes_the_same_bounds(tmp_path, monkeyp
 
 def without_attnfuzz(path):
     """The script run where `import attnfuzz` fails (a finder that refuses it, ahead of the installed package)."""
-    import subprocess
-    import sys
     launcher = ("import runpy, sys\n"
                 "class NoAttnfuzz:\n"
                 "    def find_spec(self, name, path=None, target=None):\n"

@@ -38,7 +38,7 @@ import inspect
 import textwrap
 from pathlib import Path
 
-from attnfuzz.backends.source import literal
+from attnfuzz.backends.source import guarded_import, literal
 from attnfuzz.store.isa import ONEDNN_ISA
 from attnfuzz.store.repro_bounds import bounds_source, get_family, row_bounds
 from attnfuzz.oracles.grade import Oracle
@@ -186,12 +186,7 @@ BACKEND = {entry.backend!r}
 DEVICE = {entry.device!r}
 CASE = {case.to_dict()!r}
 
-try:
-    import torch
-except ImportError as e:
-    print(f"{{BACKEND}}: cannot run this repro here: {{e}}; install it or run the script where it is", file=sys.stderr)
-    sys.exit(2)  # not 1: 1 says the bug is there
-
+{guarded_import("import torch", "exits 2 without it: 1 says the bug is there")}
 VALID_ROWS = {rows_list!r}  # graded query rows per sequence (rows past them are padding)
 {bounds_source(bounds, small)}
 {call.rstrip()}
@@ -333,7 +328,7 @@ def _expected_grads(oracle: Oracle, t, small: bool) -> str:
     if small:
         grads = ", ".join(f"{n!r}: {literal(getattr(oracle.ref, n))}" for n in ("dq", "dk", "dv"))
         return f"DOUT = {literal(t.dout)}\nEXPECTED_GRADS = {{{grads}}}"
-    return ("DOUT = _t.dout\n_ref = reference(Case.from_dict(CASE), _t)\n"
+    return ("DOUT = _t.dout\n"   # _ref: the reference the expected output was taken from, gradients and all
             "EXPECTED_GRADS = {'dq': _ref.dq, 'dk': _ref.dk, 'dv': _ref.dv}")
 
 

@@ -308,7 +308,7 @@ class SdpaBackend(Backend):
         refused = self._static_refusal(case)
         if spelling is None or (refused is not None and refused != unavailable):
             return None
-        from attnfuzz.backends.source import MASK_INLINE, guarded_import, literal
+        from attnfuzz.backends.source import written_mask
         from attnfuzz.strategies.materialize import materialize, torch_dtype
         t = materialize(case, "cpu")
         if spelling.module:
@@ -317,14 +317,10 @@ class SdpaBackend(Backend):
                  "causal_upper_left": f"torch.nn.attention.bias.causal_upper_left({case.sq}, {case.skv})",
                  "causal_lower_right": f"torch.nn.attention.bias.causal_lower_right({case.sq}, {case.skv})"}
         rebuilt = ""
-        if spelling.dense:
-            mask = dense_mask(case, t, spelling, torch_dtype(case), "cpu")
-            if mask.numel() <= MASK_INLINE:
-                masks[spelling.mask] = literal(mask)
-            else:  # rebuilt from the seed, as the script's inputs then are
-                rebuilt = guarded_import("from attnfuzz.backends.sdpa.spelling import regenerated_mask",
-                                         "the mask is too large to write out")
-                masks[spelling.mask] = f"regenerated_mask(CASE, {spelling.name!r})"
+        if spelling.dense:   # a mask too large to write out is rebuilt from the seed, as such a case's inputs are
+            masks[spelling.mask], rebuilt = written_mask(dense_mask(case, t, spelling, torch_dtype(case), "cpu"),
+                                                         "attnfuzz.backends.sdpa.spelling",
+                                                         f"regenerated_mask(CASE, {spelling.name!r})")
         shaped = (f"    mask = {form_source(case, spelling.form).replace('MASK', 'mask')}\n"
                   if spelling.dense and spelling.form else "")  # on the device: a copy keeps no stride-0 view
         view = ("x.transpose(0, 1).contiguous().permute(1, 2, 0, 3)" if case.layout == "sbhd"  # seq-major buffers

@@ -31,9 +31,9 @@ import contextlib
 import torch
 
 from attnfuzz.backends import layout
-from attnfuzz.backends.sdpa.spelling import Spelling, additive_mask, formed, key_row, parse
+from attnfuzz.backends.sdpa.spelling import Spelling, additive_mask, formed, key_row, redrawn
 from attnfuzz.strategies.case import Case
-from attnfuzz.strategies.materialize import Tensors, materialize, torch_dtype
+from attnfuzz.strategies.materialize import Tensors, torch_dtype
 
 
 def identity_mha(case: Case, batch_first: bool, dtype, device) -> torch.nn.MultiheadAttention:
@@ -117,27 +117,22 @@ def dispatch_only(attention):
 def regenerated_module_mask(case: dict, spelling: str, name: str) -> torch.Tensor | None:
     """The module call's `name` mask ("attn_mask" or "key_padding_mask") that a repro script of `case` (Case.to_dict)
     passes under the spelling named `spelling`, rebuilt on the CPU from its seed: for masks too large to write out."""
-    drawn = Case.from_dict(case)
-    return module_masks(drawn, materialize(drawn, "cpu"), parse(drawn.replace(spelling=spelling)), torch_dtype(drawn),
-                        "cpu")[name]
+    drawn, tensors, spelled = redrawn(case, spelling)
+    return module_masks(drawn, tensors, spelled, torch_dtype(drawn), "cpu")[name]
 
 
 # -- the same call as source, for repro scripts ---------------------------------------------------------------------
 def repro_source(case: Case, spelling: Spelling, kernel: str, tensors: Tensors) -> str:
     """Source of `attention(q, k, v)` calling nn.MultiheadAttention with identity projections as the adapter does."""
-    from attnfuzz.backends.source import MASK_INLINE, guarded_import, literal
+    from attnfuzz.backends.source import written_mask
     masks = module_masks(case, tensors, spelling, torch_dtype(case), "cpu")
     attn = ("torch.nn.Transformer.generate_square_subsequent_mask(q.shape[1], device=q.device)"
             if spelling.mask == "is_causal" else "ATTN_MASK.to(q.device) if ATTN_MASK is not None else None")
-    written, rebuilt = {}, ""
+    written, imports = {}, {}
     for name in ("attn_mask", "key_padding_mask"):
-        mask = masks[name]
-        if mask is None or mask.numel() <= MASK_INLINE:
-            written[name] = "None" if mask is None else literal(mask)
-        else:  # rebuilt from the seed, as the script's inputs then are
-            written[name] = f"regenerated_module_mask(CASE, {spelling.name!r}, {name!r})"
-            rebuilt = guarded_import("from attnfuzz.backends.sdpa.modules import regenerated_module_mask",
-                                     "the mask is too large to write out")
+        written[name], imports[name] = written_mask(masks[name], "attnfuzz.backends.sdpa.modules",
+                                                    f"regenerated_module_mask(CASE, {spelling.name!r}, {name!r})")
+    rebuilt = imports["attn_mask"] or imports["key_padding_mask"]
     batch_first = case.layout == "bshd"
     return (f"\n{rebuilt}ATTN_MASK = {written['attn_mask'] if spelling.mask != 'is_causal' else 'None'}"
             "  # nn.MultiheadAttention's attn_mask: True / -inf = masked out\n"

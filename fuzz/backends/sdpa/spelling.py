@@ -275,12 +275,17 @@ def dense_mask(case: Case, tensors: Tensors, spelling: Spelling, dtype, device) 
     return additive_mask(case, tensors, dtype, device)
 
 
-def regenerated_mask(case: dict, spelling: str) -> torch.Tensor:
-    """The dense mask a repro script of `case` (Case.to_dict) passes under the spelling named `spelling`, rebuilt on
-    the CPU from its seed: for masks too large to write into the script."""
+def redrawn(case: dict, spelling: str) -> tuple[Case, Tensors, Spelling]:
+    """A repro script's case (Case.to_dict), its tensors drawn again on the CPU from its seed, and the spelling named
+    `spelling`: what a mask too large to write into the script is rebuilt from."""
     drawn = Case.from_dict(case)
-    return dense_mask(drawn, materialize(drawn, "cpu"), parse(drawn.replace(spelling=spelling)), torch_dtype(drawn),
-                      "cpu")
+    return drawn, materialize(drawn, "cpu"), parse(drawn.replace(spelling=spelling))
+
+
+def regenerated_mask(case: dict, spelling: str) -> torch.Tensor:
+    """The dense mask a repro script of `case` passes under the spelling named `spelling`, rebuilt (redrawn)."""
+    drawn, tensors, spelled = redrawn(case, spelling)
+    return dense_mask(drawn, tensors, spelled, torch_dtype(drawn), "cpu")
 
 
 def aligned_bias(bias: torch.Tensor, h: int) -> torch.Tensor:

@@ -19,11 +19,19 @@ compile fields of the configuration it settles in; the greedy shrink (engine/res
 compile a step, where Hypothesis's shrink crossed a configuration at nearly every step that changed one. Its choices
 name a configuration of this process, so the case it settles on is what is saved (corpus entries are Cases, replayed
 as such), and a database entry replayed in another process redraws a different case there.
+
+With a time share (Space.compile_time_share, a campaign's), the coin follows the cost: fresh draws, which may compile,
+get about that share of the search's time (TimeBalance), never more often than the fixed share would draw them.
+A compile of seconds against cases of milliseconds then comes one draw in tens or hundreds, where the fixed share
+spent nine tenths of a JIT backend's time compiling. The coin is then a uniform choice whose threshold moves, fixed
+for each value at its first use, so a replayed choice sequence still means one case.
 """
 
 from __future__ import annotations
 
+import time
 import zlib
+from collections import OrderedDict
 from typing import Callable
 
 from hypothesis import strategies as st
@@ -34,6 +42,62 @@ from attnfuzz.strategies.choices import _uniform_from
 from attnfuzz.strategies.lengths import work
 
 INDEXES = 2**16  # the range of the index choice (two base-256 digits): CompiledConfigs.named maps it to one
+COIN = 2**16     # the range of a time-balanced coin: a value below odds * COIN draws fresh
+LEAST_FRESH = 1 / 500   # the fewest fresh draws a time-balanced search makes, whatever a compile costs
+MEASURED = 3     # draws of each kind timed before the balance moves the odds from the fixed share's
+SMOOTHING = 0.1  # weight of the newest interval in each kind's moving average of seconds a draw
+DECIDED = 4096   # coin values whose decision is remembered (replays and shrinks are of recent draws)
+
+
+class TimeBalance:
+    """The odds of a fresh draw that give fresh draws about `share` of the search's time: with t_f and t_p the
+    moving averages of the seconds from a fresh and from a pinned draw to the next draw (the case run, graded and
+    what Hypothesis does between), fresh draws take share s of the time at odds s t_p / (s t_p + (1 - s) t_f), held
+    within [LEAST_FRESH, most] (most: the fixed share's 1 - compiled_share). Each coin value keeps the decision of its
+    first use. `clock` is time.perf_counter, or a test's."""
+
+    def __init__(self, share: float, most: float, clock: Callable[[], float] = time.perf_counter):
+        self.share, self.most, self.clock = share, most, clock
+        self.mean = {True: 0.0, False: 0.0}   # fresh? -> moving average of a draw's seconds
+        self.timed = {True: 0, False: 0}
+        self.fresh_seconds = self.pinned_seconds = 0.0   # every timed interval, for reports and tests
+        self._last: tuple[bool, float] | None = None
+        self._decided: OrderedDict[int, bool] = OrderedDict()
+
+    def odds(self) -> float:
+        """The probability of a fresh draw now."""
+        if min(self.timed.values()) < MEASURED:
+            return self.most
+        s, t_f, t_p = self.share, self.mean[True], self.mean[False]
+        balanced = s * t_p / (s * t_p + (1 - s) * t_f) if t_f > 0 else self.most
+        return min(self.most, max(LEAST_FRESH, balanced))
+
+    def fresh(self, coin: int) -> bool:
+        """Whether the coin value `coin` (0 .. COIN - 1; 0 is fresh) draws fresh: decided at its first use."""
+        if coin not in self._decided:
+            self._decided[coin] = coin < max(1, round(self.odds() * COIN))
+            if len(self._decided) > DECIDED:
+                self._decided.popitem(last=False)
+        return self._decided[coin]
+
+    def drawn(self, fresh: bool) -> None:
+        """A draw of this kind now: the time since the last draw is the last draw's."""
+        now = self.clock()
+        if self._last is not None:
+            kind, then = self._last
+            seconds = now - then
+            self.mean[kind] = seconds if not self.timed[kind] else self.mean[kind] + SMOOTHING * (
+                seconds - self.mean[kind])
+            self.timed[kind] += 1
+            if kind:
+                self.fresh_seconds += seconds
+            else:
+                self.pinned_seconds += seconds
+        self._last = (fresh, now)
+
+    def pause(self) -> None:
+        """Time nothing until the next draw (a search ends, or shrinks a failure: its steps are not the search's)."""
+        self._last = None
 
 
 class CompiledConfigs:
@@ -46,6 +110,14 @@ class CompiledConfigs:
         self._index: dict[tuple, int] = {}
         self._named: dict[int, int | None] = {}
         self.closed = False
+        self.balance: TimeBalance | None = None   # kept across the searches of a process, as the keys are
+
+    def balanced(self, share: float, most: float) -> TimeBalance:
+        """This process's TimeBalance for a time share `share` (made at the first search that asks for one)."""
+        if self.balance is None or self.balance.share != share:
+            self.balance = TimeBalance(share, most)
+        self.balance.most = most
+        return self.balance
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -121,10 +193,12 @@ def pin(pinned: Case, drawn: Case, key: tuple, fits: Callable[[Case, tuple], boo
 
 
 class _CompileAware(st.SearchStrategy[Case]):
-    def __init__(self, drawn, configs: CompiledConfigs, key_of, takes, share: float, max_work: int):
+    def __init__(self, drawn, configs: CompiledConfigs, key_of, takes, share: float, max_work: int,
+                 time_share: float | None = None):
         super().__init__()
         self.drawn, self.configs, self.key_of, self.takes, self.share = drawn, configs, key_of, takes, share
         self.max_work = max_work
+        self.balance = None if time_share is None else configs.balanced(time_share, 1 - share)
 
     def fits(self, case: Case, key: tuple) -> bool:
         return self.takes(case) and self.key_of(case) == key
@@ -132,8 +206,14 @@ class _CompileAware(st.SearchStrategy[Case]):
     def do_draw(self, data) -> Case:
         # the coin, the index and the case are drawn with the same bounds whatever was compiled: Hypothesis requires
         # one layout of choices for one prefix
-        choice = _uniform_from(data, 0, INDEXES - 1) if data.draw_boolean(self.share) else None
+        if self.balance is None:
+            choice = _uniform_from(data, 0, INDEXES - 1) if data.draw_boolean(self.share) else None
+        else:   # the coin's meaning moves with the balance, so the index is drawn either way
+            coin, choice = _uniform_from(data, 0, COIN - 1), _uniform_from(data, 0, INDEXES - 1)
+            choice = None if self.balance.fresh(coin) else choice
         index = None if choice is None else self.configs.named(choice)
+        if self.balance is not None:
+            self.balance.pause() if self.configs.closed else self.balance.drawn(fresh=index is None)
         case = data.draw(self.drawn)
         if index is not None:  # the salt: every choice of the draw, the ones pinning overrides too (see runtime_groups)
             salt = choice ^ zlib.crc32(case.replace(seed=0).to_json().encode())
@@ -148,12 +228,14 @@ class _CompileAware(st.SearchStrategy[Case]):
 
 
 def compile_aware(drawn: st.SearchStrategy[Case], configs: CompiledConfigs, key_of: Callable[[Case], tuple | None],
-                  takes: Callable[[Case], bool], share: float, max_work: int) -> st.SearchStrategy[Case]:
+                  takes: Callable[[Case], bool], share: float, max_work: int,
+                  time_share: float | None = None) -> st.SearchStrategy[Case]:
     """`drawn`, with a share `share` of its draws pinned to configurations in `configs` (filled as fresh draws meet new
     keys). `key_of` is the backend's compile key, `takes` says whether the backend takes a case (no refusal, within
-    the space's work bound)."""
+    the space's work bound). With `time_share`, fresh draws get about that share of the time instead (TimeBalance),
+    and at most 1 - `share` of the draws."""
     if not 0.0 <= share < 1.0:
         raise ValueError(f"compile_aware: invalid share={share!r}: a probability in [0, 1) (1 would never draw a "
                          f"fresh configuration)")
 
-    return _CompileAware(drawn, configs, key_of, takes, share, max_work)
+    return _CompileAware(drawn, configs, key_of, takes, share, max_work, time_share)

@@ -76,6 +76,9 @@ class Space:
     page_sizes: tuple[int, ...] = PAGE_SIZES
     compiled_share: float = 0.8      # for a backend that declares a compile key: the share of cases drawn inside
                                      # kernel configurations it compiled already (strategies/compiled.py); 0: off
+    compile_time_share: float | None = None  # instead, the share of the search's time fresh draws (which compile)
+                                     # get, at most 1 - compiled_share of the draws (TimeBalance: a campaign's);
+                                     # None: the fixed share, as derandomized streams need
     storages: tuple[str, ...] = STORAGES  # per-tensor buffer layouts (Case.storage); ("plain",) turns them off
     single_key: bool = True          # skv = 1 (off for a kernel that refuses one key: cuDNN's SDPA); drawn as 2
     top_left_shift: bool = True      # top-left bands that move to the bottom-right diagonal only with a negative bound
@@ -116,6 +119,10 @@ class Space:
         if not isinstance(self.compiled_share, (int, float)) or not 0 <= self.compiled_share < 1:
             raise ValueError(f"Space: invalid compiled_share={self.compiled_share!r}: a share in [0, 1) (0: draw every "
                              f"case fresh)")
+        if self.compile_time_share is not None and not (isinstance(self.compile_time_share, (int, float))
+                                                        and 0 < self.compile_time_share < 1):
+            raise ValueError(f"Space: invalid compile_time_share={self.compile_time_share!r}: a share in (0, 1), or "
+                             f"None for the fixed compiled_share")
         _subset("storages", self.storages, STORAGES)
         if self.storages[0] != "plain":
             raise ValueError(f"Space: invalid storages={self.storages!r}: the first is 'plain' (cases shrink to it)")

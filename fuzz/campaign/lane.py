@@ -41,6 +41,7 @@ from attnfuzz.strategies.space import Space
 
 
 CLIMB_EVERY = 4   # Hypothesis's target phase in one round in 4 per backend (campaign.json "climb_every"; 0 never)
+COMPILE_TIME_SHARE = 0.5   # of a compiling backend's time, for its fresh draws (campaign.json; 0: the fixed share)
 
 
 def round_phases(r: int, climb_every: int) -> tuple[Phase, ...]:
@@ -216,8 +217,11 @@ class Lane:
         self.deadline = self.started + self.config["hours"] * 3600 - self.state["elapsed"]
 
     def space(self) -> Space:
-        """The device's default space, within the campaign's --max-len and the lane's share of its GPU."""
-        return Space.for_device(self.device, self.config.get("max_len")).replace(max_bytes=memshare.share_bytes())
+        """The device's default space, within the campaign's --max-len and the lane's share of its GPU, its compiling
+        backends' fresh draws held to the campaign's share of the time (strategies/compiled.py's TimeBalance)."""
+        share = self.config.get("compile_time_share", COMPILE_TIME_SHARE) or None   # 0: the fixed share
+        return Space.for_device(self.device, self.config.get("max_len")).replace(max_bytes=memshare.share_bytes(),
+                                                                                 compile_time_share=share)
 
     def save_state(self) -> None:
         self.state["elapsed"] += time.perf_counter() - self.started

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from attnfuzz.campaign import lanes as lanes_mod
-from attnfuzz.campaign.lane import CLIMB_EVERY
+from attnfuzz.campaign.lane import CLIMB_EVERY, COMPILE_TIME_SHARE
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import paths
 from attnfuzz.store.parallel_replay import shared_cache_env
@@ -55,6 +55,9 @@ def add_parser(sub) -> None:
     p.add_argument("--climb-every", type=options.whole, help="Hypothesis's target phase (hill-climbing the case "
                    f"with the worst error / bound) in one round in N per backend (default {CLIMB_EVERY}; 1 every "
                    "round, 0 never): a climb takes half its round, on one case")
+    p.add_argument("--compile-time-share", type=options.fraction, help="for a backend that compiles kernels (FA4, "
+                   "FlashInfer, compiled flex, cuDNN's graphs): the share of the time its fresh draws, which may "
+                   f"compile, get (default {COMPILE_TIME_SHARE}; 0: a fixed share of fresh draws, as runs have)")
     p.add_argument("--round-seconds", type=options.positive, help="seconds per backend per round, shrinking included "
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "
@@ -121,6 +124,7 @@ def new_config(args) -> dict:
             "db": args.db or "db", "round_examples": args.round_examples or 200,
             "round_seconds": args.round_seconds or 900.0, "isolate": not args.no_isolate,
             "climb_every": CLIMB_EVERY if args.climb_every is None else args.climb_every,
+            "compile_time_share": COMPILE_TIME_SHARE if args.compile_time_share is None else args.compile_time_share,
             "case_timeout": args.case_timeout or 120.0, "max_len": args.max_len, "replay_only": args.replay_only,
             "poison_memory": args.poison_memory,
             "known": str(corpus_io.findings_dir(args.known).resolve()), "versions": versions,
@@ -145,8 +149,8 @@ def _positive(option: str, value: str) -> int:
 
 
 def resumed_config(args, stored: dict) -> dict:
-    """The stored campaign, with --hours and --climb-every changed if given; any other option that differs is an
-    error."""
+    """The stored campaign, with --hours, --climb-every and --compile-time-share changed if given; any other option
+    that differs is an error."""
     given = {"backends": args.backends and [b for b in args.backends.split(",") if b], "device": args.device,
              "db": args.db, "round_examples": args.round_examples, "round_seconds": args.round_seconds,
              "case_timeout": args.case_timeout, "max_len": args.max_len}
@@ -159,6 +163,8 @@ def resumed_config(args, stored: dict) -> dict:
         stored["hours"] = args.hours
     if args.climb_every is not None:   # how often it climbs from here on; a campaign saved before had every round
         stored["climb_every"] = args.climb_every
+    if args.compile_time_share is not None:
+        stored["compile_time_share"] = args.compile_time_share
     if args.replay_only != stored["replay_only"]:
         stored["replay_only"] = args.replay_only
     return stored

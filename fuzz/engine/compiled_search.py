@@ -54,7 +54,7 @@ def compile_aware_cases(backend: Backend, cases: st.SearchStrategy[Case], space:
         return backend.unsupported(case) is None and (space.max_bytes is None or device_bytes(case) <= space.max_bytes)
 
     return compile_aware(cases, compiled_configs(backend), backend.compile_key, takes, space.compiled_share,
-                         space.max_work)
+                         space.max_work, space.compile_time_share)
 
 
 @contextlib.contextmanager
@@ -63,13 +63,17 @@ def open_after(configs: CompiledConfigs | None):
     it starts and after it ends. The search closes them at its first failure (CompiledConfigs.closed): from then on
     Hypothesis shrinks that failure, and goes on searching, inside the configurations compiled already, where a step
     costs milliseconds and not a compile; finish_shrinking walks the compile fields afterwards, one compile a step."""
-    if configs is not None:
-        configs.closed = False
+    def reopen():
+        if configs is not None:
+            configs.closed = False
+            if configs.balance is not None:   # the time between two searches is neither kind of draw's
+                configs.balance.pause()
+
+    reopen()
     try:
         yield
     finally:
-        if configs is not None:
-            configs.closed = False
+        reopen()
 
 
 def finish_shrinking(finding, run: Callable[[Case], V.Verdict], backend: Backend, known=None):

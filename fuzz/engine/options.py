@@ -51,6 +51,18 @@ def positive(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share from 0 up to but not including 1 (0: off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a share from 0 up to 1, such as 0.5") \
+            from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give a share from 0 up to 1 (0: off), such as 0.5")
+    return value
+
+
 def device(text: str) -> str:
     """cpu, cuda or cuda:N; whether the device exists here is checked when a command uses it."""
     if not re.fullmatch(r"cpu|cuda(:\d+)?", text):

@@ -2,6 +2,7 @@
 
     python3 bench/campaign_ab.py A=DIR B=DIR --backends sdpa-math,sdpa-flash [--seconds 90] [--rounds 2]
                                  [--device cuda] [--workers N] [--side-by-side] [--keep OUT]
+                                 [--options 'B=--compile-time-share 0'] [--cold]
 
 Each DIR holds an installed attnfuzz (`pip install --no-deps --no-build-isolation --target DIR CHECKOUT`). Each round
 runs one `attnfuzz campaign` per build, every one in a fresh directory for `--seconds` of lane time (the
@@ -10,6 +11,9 @@ corpus is known. The builds take turns, starting from a rotating position; `--si
 instead (on a CPU: one per core, the load falls on both alike). Per build and round it prints, per backend, the
 graded cases (logged, run and not refused) per second of lane time, the distinct (sq, skv) shapes, the share of the most
 drawn shape, and the files in the campaign's example database; then each build's summed rate against the first's.
+`--options NAME=ARGS` gives one build's campaigns more arguments, so one DIR under two names compares two settings of
+one build. `--cold` gives each campaign compile caches of its own (FA4's, FlashInfer's, inductor's, Triton's), empty:
+without it a later campaign loads the kernels an earlier one compiled.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -24,14 +29,21 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 
-def campaign(site: Path, directory: Path, args) -> subprocess.Popen:
+COMPILE_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "TRITON_CACHE_DIR",
+                  "FLASHINFER_WORKSPACE_BASE")
+
+
+def campaign(site: Path, directory: Path, args, extra: list[str]) -> subprocess.Popen:
     path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))  # a GPU stack may be on it
     env = {**os.environ, "PYTHONPATH": path, "PYTHONNOUSERSITE": "1",
            "ATTNFUZZ_CORPUS": str(directory / "findings")}
+    if args.cold:
+        env.update({name: str(directory / "cache" / name.lower()) for name in COMPILE_CACHES})
     command = [sys.executable, "-m", "attnfuzz", "campaign", "--dir", str(directory / "camp"), "--backends",
                args.backends, "--device", args.device, "--hours", str(args.seconds / 3600)]
     if args.workers:
         command += ["--workers", str(args.workers)]
+    command += extra
     return subprocess.Popen(command, env=env, cwd=site, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -63,17 +75,26 @@ def main() -> None:
     p.add_argument("--workers", type=int)
     p.add_argument("--side-by-side", action="store_true")
     p.add_argument("--keep", type=Path, help="keep every campaign directory under this folder")
+    p.add_argument("--options", action="append", default=[], metavar="NAME=ARGS",
+                   help="more campaign arguments for one build, e.g. 'fixed=--compile-time-share 0'")
+    p.add_argument("--cold", action="store_true", help="empty compile caches of its own for each campaign")
     args = p.parse_args()
     builds = [(b.split("=", 1)[0], Path(b.split("=", 1)[1]).resolve()) for b in args.builds if "=" in b]
-    if len(builds) < 2 or len(builds) != len(args.builds):
-        p.error("give two or more builds as NAME=DIR")
+    if len(builds) < 2 or len(builds) != len(args.builds) or len({name for name, _ in builds}) != len(builds):
+        p.error("give two or more builds as NAME=DIR, each NAME once")
+    extra = {name: [] for name, _ in builds}
+    for option in args.options:
+        name, _, text = option.partition("=")
+        if name not in extra:
+            p.error(f"--options {option!r}: {name!r} is not one of the builds ({', '.join(extra)})")
+        extra[name] += shlex.split(text)
     root = args.keep or Path(tempfile.mkdtemp(prefix="campaign-ab-"))
     totals = defaultdict(float)
     for r in range(args.rounds):
         order = builds[r % len(builds):] + builds[:r % len(builds)]
         waves = [order] if args.side_by_side else [[b] for b in order]
         for wave in waves:
-            started = {name: campaign(site, root / f"{name}-{r}", args) for name, site in wave}
+            started = {name: campaign(site, root / f"{name}-{r}", args, extra[name]) for name, site in wave}
             for name, proc in started.items():
                 err = proc.communicate()[1]
                 if proc.returncode not in (0, 1):

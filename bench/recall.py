@@ -125,7 +125,7 @@ def plan(corpus: str, device: str, patterns: list[str], profile_name: str = "qui
 
 def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: list[str], device: str,
            profile_name: str, max_examples: int | None, seed: int, budget_s: float, budget_cases: int | None,
-           case_timeout: float, started: float) -> dict:
+           case_timeout: float, started: float, compile_time_share: float | None = None) -> dict:
     """One seed: fuzz the backend (a bring-your-own kernel imported from `kernel_path`, the folder its entry
     records), the held-out entries unknown, printing each failure (FAILED) for the parent to judge, until the budget
     runs out or the parent, having matched every entry this seed searches for, kills the process. `started`: the
@@ -184,6 +184,8 @@ def search(corpus: str, backend_name: str, kernel_path: str | None, held_out: li
     space, share = Space.for_device(device), share_bytes()
     if share is not None:
         space = space.replace(max_bytes=share)   # --jobs on a GPU: its share
+    if compile_time_share and hasattr(space, "compile_time_share"):   # (an older build keeps its fixed share)
+        space = space.replace(compile_time_share=compile_time_share)
     cases, rounds, statuses, unrun = 0, 0, Counter(), 0
     print(MARK + json.dumps({"module": attnfuzz.__file__}), flush=True)   # which attnfuzz, before any failure
 
@@ -321,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=3, help="replays of each entry's case before it is searched for: "
                    "an entry none fails is not run (default 3; 0: search for every entry)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
+    p.add_argument("--compile-time-share", type=float, help="a compiling backend's fresh draws held to this share of "
+                   "the time, as a campaign's are (default: the fixed share of draws, as `attnfuzz run`'s)")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         fail(f"--device {args.device!r}: use cpu or cuda")
@@ -362,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         seen = gather({entry: judge[entry] for entry in group})
         end = child(site, "search", str(args.corpus.resolve()), what["backend"], what.get("kernel_path"), held_out,
                     args.device, args.profile, args.max_examples, seed, args.budget_s, args.budget_cases,
-                    args.case_timeout, time.time(), timeout=args.budget_s + GRACE_S, isa=what.get("isa"), judge=seen)
+                    args.case_timeout, time.time(), args.compile_time_share, timeout=args.budget_s + GRACE_S,
+                    isa=what.get("isa"), judge=seen)
         searched = {k: v for k, v in end.items() if k in ("error", "rounds", "cases_run", "statuses", "unrun")}
         rows = []
         for entry in group:

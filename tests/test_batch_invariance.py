@@ -20,6 +20,7 @@ from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.strategies.case import Case
 from attnfuzz.strategies.space import Space
+from bench.jit_fake import FakeJit
 
 REPO = Path(__file__).resolve().parents[1]
 SPACE = Space(max_len=24, max_heads=2, max_head_dim=16)
@@ -119,3 +120,26 @@ def test_a_run_prints_the_observed_property_and_the_report_has_a_column_for_it(t
     markdown = build_report(log).with_name("report.md").read_text()
     line = next(line for line in markdown.splitlines() if line.startswith(f"| {spec} "))
     assert line.rstrip(" |").endswith(f"{tally['invariant']}/{tally['checked']}"), line
+
+
+class _PerBatchJit(FakeJit):
+    """A stand-in JIT whose kernels are built per batch size (as compiled flex's graphs are)."""
+
+    def compile_key(self, case: Case) -> tuple:
+        return (*super().compile_key(case), case.b)
+
+
+def test_a_compiling_backend_that_claims_nothing_pays_no_compile_for_the_observation():
+    case = Case(b=2, sq=6, skv=9, d_qk=8, d_v=8, dtype="bfloat16")
+    assert batch.checked(case)
+    per_batch = _PerBatchJit(compile_seconds=0)
+    verdict = run_case(per_batch, case)
+    assert verdict.label == "PASS" and verdict.batch_invariant is None, verdict
+    assert any("would build another kernel configuration" in line for line in verdict.checks), verdict.checks
+    assert per_batch.runs == 1   # the case alone ran: no composition built a kernel of its own
+    # controls: a backend that claims invariance is checked whatever it compiles; a key the compositions share too
+    claimed = _PerBatchJit(compile_seconds=0)
+    claimed.batch_invariant = True
+    assert run_case(claimed, case).batch_invariant is True and claimed.runs == 3
+    same_key = FakeJit(compile_seconds=0)
+    assert run_case(same_key, case).batch_invariant is True and same_key.runs == 3

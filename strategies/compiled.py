@@ -212,8 +212,10 @@ class _CompileAware(st.SearchStrategy[Case]):
             coin, choice = _uniform_from(data, 0, COIN - 1), _uniform_from(data, 0, INDEXES - 1)
             choice = None if self.balance.fresh(coin) else choice
         index = None if choice is None else self.configs.named(choice)
-        if self.balance is not None:
-            self.balance.pause() if self.configs.closed else self.balance.drawn(fresh=index is None)
+        if self.balance is not None and self.configs.closed:   # a shrink's steps are not the search's
+            self.balance.pause()
+        elif self.balance is not None:
+            self.balance.drawn(fresh=index is None)
         case = data.draw(self.drawn)
         if index is not None:  # the salt: every choice of the draw, the ones pinning overrides too (see runtime_groups)
             salt = choice ^ zlib.crc32(case.replace(seed=0).to_json().encode())

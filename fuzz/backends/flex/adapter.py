@@ -22,13 +22,12 @@ adapter passes it through and the grader checks it.
 Compiled: torch.compile(fullgraph=True) of one call; dynamo keeps a graph per structural variant (dtype, heads, head
 dims, which mods, spelling) with dynamic lengths (a length of 1 apart: dynamo specializes on it), except explicit-mask
 and thd variants, compiled with dynamic=False (a graph per shape) because inductor's CPU flex template emits C++ that
-does not compile for them once sizes are symbolic (see _pin_static). The recompile limit is raised for the call (hitting it is Unsupported, never a silent
-eager fallback), and `ran` says whether the graph really ran compiled and whether it was new. On CPU flex has no
-backward (eager or compiled), and compiled flex has no LSE and no float64; inductor lowers it on CPU only with AVX2
-or better (ATEN_CPU_CAPABILITY=default or an older CPU: flex-compiled is not available there). Its kernels are
-vectorised C++ for the ISA torch runs (ATEN_CPU_CAPABILITY), so a finding on one ISA may pass on another: corpus
-entries record the ISA and are replayed under it (attnfuzz.store.replay.replay_under_isa).
-"""
+does not compile for them once sizes are symbolic (see _pin_static). The recompile limit is raised for the call (hitting
+it is Unsupported, never a silent eager fallback), and `ran` says whether the graph really ran compiled and whether it
+was new. On CPU flex has no backward (eager or compiled), and compiled flex has no LSE and no float64; inductor lowers
+it on CPU only with AVX2 or better (ATEN_CPU_CAPABILITY=default or an older CPU: flex-compiled is not available there).
+Its kernels are vectorised C++ for the ISA torch runs (ATEN_CPU_CAPABILITY), so a finding on one ISA may pass on
+another: corpus entries record the ISA and are replayed under it (attnfuzz.store.replay.replay_under_isa). """
 
 from __future__ import annotations
 

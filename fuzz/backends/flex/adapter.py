@@ -27,7 +27,8 @@ it is Unsupported, never a silent eager fallback), and `ran` says whether the gr
 was new. On CPU flex has no backward (eager or compiled), and compiled flex has no LSE and no float64; inductor lowers
 it on CPU only with AVX2 or better (ATEN_CPU_CAPABILITY=default or an older CPU: flex-compiled is not available there).
 Its kernels are vectorised C++ for the ISA torch runs (ATEN_CPU_CAPABILITY), so a finding on one ISA may pass on
-another: corpus entries record the ISA and are replayed under it (attnfuzz.store.replay.replay_under_isa). """
+another: corpus entries record the ISA and are replayed under it (attnfuzz.store.replay.replay_under_isa).
+"""
 
 from __future__ import annotations
 

@@ -23,3 +23,21 @@ def test_refused_and_skipped_cases_are_not_graded(tmp_path):
     (tmp_path / "camp" / "cases" / "lane0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     m = campaign_ab.measured(tmp_path, seconds=2.0)
     assert m["b"]["rate"] == 1.0 and m["b"]["shapes"] == 2 and m["db_files"] == 0
+
+
+def test_a_build_s_options_and_cold_caches_reach_its_campaign(tmp_path, monkeypatch):
+    seen = {}
+
+    class Popen:
+        def __init__(self, command, env, **kwargs):
+            seen["command"], seen["env"] = command, env
+
+    monkeypatch.setattr(campaign_ab.subprocess, "Popen", Popen)
+    args = campaign_ab.argparse.Namespace(backends="fa4", device="cuda", seconds=36.0, workers=None, cold=True)
+    campaign_ab.campaign(tmp_path / "site", tmp_path / "fixed-0", args, ["--compile-time-share", "0"])
+    assert seen["command"][-2:] == ["--compile-time-share", "0"] and "--hours" in seen["command"]
+    for name in campaign_ab.COMPILE_CACHES:   # each campaign compiles into empty caches of its own
+        assert seen["env"][name].startswith(str(tmp_path / "fixed-0" / "cache")), name
+    args.cold = False
+    campaign_ab.campaign(tmp_path / "site", tmp_path / "fixed-0", args, [])
+    assert not any(seen["env"].get(name, "").startswith(str(tmp_path)) for name in campaign_ab.COMPILE_CACHES)

@@ -182,9 +182,14 @@ def test_a_resumed_campaign_takes_a_new_climb_every_and_an_old_one_gets_it():
     stored = {"backends": ["sdpa-math"], "skipped": {}, "device": "cpu", "db": "db", "round_examples": 200,
               "round_seconds": 900.0, "case_timeout": 120.0, "max_len": None, "hours": 1.0, "replay_only": False}
     args = SimpleNamespace(backends=None, device=None, db=None, round_examples=None, round_seconds=None,
-                           case_timeout=None, max_len=None, hours=None, replay_only=False, climb_every=0)
+                           case_timeout=None, max_len=None, hours=None, replay_only=False, climb_every=0,
+                           compile_time_share=None)
     assert resumed_config(args, dict(stored))["climb_every"] == 0
     assert "climb_every" not in resumed_config(SimpleNamespace(**{**vars(args), "climb_every": None}), dict(stored))
+    # the compile time share likewise: a new one from here on, else the stored one (or, stored before it, the default)
+    assert resumed_config(SimpleNamespace(**{**vars(args), "compile_time_share": 0.0}),
+                          dict(stored))["compile_time_share"] == 0.0
+    assert "compile_time_share" not in resumed_config(args, dict(stored))
 
 
 def test_a_campaign_in_a_ci_environment_is_not_derandomized():

@@ -1,7 +1,8 @@
 """Recall: does a fuzz run find each known bug of the corpus when it is not told about it, and how soon?
 
     python3 bench/recall.py [--device cpu] [--entries GLOB] [--corpus DIR] [--seeds 5] [--budget-s 600]
-                            [--budget-cases N] [--profile quick] [--max-examples N] [--jobs N] [--json] [NAME=DIR ...]
+                            [--budget-cases N] [--profile quick] [--max-examples N] [--jobs N] [--json]
+                            [--compile-time-share S] [NAME=DIR ...]
 
 For each corpus entry with a known_bug record (selected by --entries, a glob on the file name; default all) whose
 backend is available on --device and which was found on that kind of device, the entry and its duplicates are held

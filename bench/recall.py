@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         fail("--seeds, --budget-s, --budget-cases, --max-examples and --jobs must be above 0")
     if args.replays < 0:
         fail(f"--replays {args.replays}: give 0 or more")
+    if args.compile_time_share is not None and not 0 <= args.compile_time_share < 1:
+        fail(f"--compile-time-share {args.compile_time_share}: give a share from 0 up to 1 (0: the fixed share)")
     builds = []
     for spec in args.builds:
         name, sep, folder = spec.partition("=")

@@ -324,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=3, help="replays of each entry's case before it is searched for: "
                    "an entry none fails is not run (default 3; 0: search for every entry)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of tables")
-    p.add_argument("--compile-time-share", type=float, help="a compiling backend's fresh draws held to this share of "
-                   "the time, as a campaign's are (default: the fixed share of draws, as `attnfuzz run`'s)")
+    p.add_argument("--compile-time-share", type=float, help="search as a campaign: fresh draws get this share of time")
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("cpu", "cuda"):
         fail(f"--device {args.device!r}: use cpu or cuda")

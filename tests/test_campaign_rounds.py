@@ -15,7 +15,8 @@ from hypothesis import Phase, given, settings, strategies as st
 from hypothesis.database import InMemoryExampleDatabase
 
 from attnfuzz.campaign import lane as lane_mod
-from attnfuzz.campaign.lane import CLIMB_EVERY, KeepFailures, Lane, Resumable, TimeUp, round_phases
+from attnfuzz.campaign.database import KeepFailures
+from attnfuzz.campaign.lane import CLIMB_EVERY, Lane, Resumable, TimeUp, round_phases
 from attnfuzz.engine.harness import Tally
 
 

@@ -28,13 +28,14 @@ def guarded_import(statement: str, why: str) -> str:
             "file=sys.stderr)\n    sys.exit(2)\n")
 
 
-def written_mask(mask: torch.Tensor | None, module: str, rebuild: str) -> tuple[str, str]:
+def written_mask(mask: torch.Tensor | None, module: str, function: str, args: str) -> tuple[str, str]:
     """A mask as repro-script source and the import that source needs: None, its literal up to MASK_INLINE elements,
-    else the call `rebuild` (a function of `module` that rebuilds it from CASE's seed) behind a guarded import."""
+    else the call `function(args)` (a function of `module` that rebuilds it from CASE's seed) behind a guarded
+    import."""
     if mask is None or mask.numel() <= MASK_INLINE:
         return ("None" if mask is None else literal(mask)), ""
-    function = rebuild.split("(")[0]
-    return rebuild, guarded_import(f"from {module} import {function}", "the mask is too large to write out")
+    rebuilt = guarded_import(f"from {module} import {function}", "the mask is too large to write out")
+    return f"{function}({args})", rebuilt
 
 
 def literal(x: torch.Tensor) -> str:

@@ -319,8 +319,8 @@ class SdpaBackend(Backend):
         rebuilt = ""
         if spelling.dense:   # a mask too large to write out is rebuilt from the seed, as such a case's inputs are
             masks[spelling.mask], rebuilt = written_mask(dense_mask(case, t, spelling, torch_dtype(case), "cpu"),
-                                                         "attnfuzz.backends.sdpa.spelling",
-                                                         f"regenerated_mask(CASE, {spelling.name!r})")
+                                                         "attnfuzz.backends.sdpa.spelling", "regenerated_mask",
+                                                         f"CASE, {spelling.name!r}")
         shaped = (f"    mask = {form_source(case, spelling.form).replace('MASK', 'mask')}\n"
                   if spelling.dense and spelling.form else "")  # on the device: a copy keeps no stride-0 view
         view = ("x.transpose(0, 1).contiguous().permute(1, 2, 0, 3)" if case.layout == "sbhd"  # seq-major buffers

@@ -131,7 +131,7 @@ def repro_source(case: Case, spelling: Spelling, kernel: str, tensors: Tensors) 
     written, imports = {}, {}
     for name in ("attn_mask", "key_padding_mask"):
         written[name], imports[name] = written_mask(masks[name], "attnfuzz.backends.sdpa.modules",
-                                                    f"regenerated_module_mask(CASE, {spelling.name!r}, {name!r})")
+                                                    "regenerated_module_mask", f"CASE, {spelling.name!r}, {name!r}")
     rebuilt = imports["attn_mask"] or imports["key_padding_mask"]
     batch_first = case.layout == "bshd"
     return (f"\n{rebuilt}ATTN_MASK = {written['attn_mask'] if spelling.mask != 'is_causal' else 'None'}"

@@ -337,3 +337,12 @@ def test_build_failures_are_answered_only_while_a_failure_is_shrunk():
     assert answer.label == "CRASH:CompilerDiagnosticError" and FROM_BUILD_FAILURE in answer.checks
     assert backend.failed_builds == 2 and builds.answered == 1, "closed: answered without building"
     assert builds.run(case.replace(causal=False)).status == V.PASS, "another key builds"
+
+
+def test_compiled_flex_keys_a_length_of_1_apart():
+    """dynamo specializes a length of 1: a graph traced at sq = 1 is traced again at sq = 64, so the two are two keys
+    (else pinned draws counted a retrace as a compiled case); other lengths share one."""
+    flex = FlexBackend("cpu", compiled=True)
+    key = flex.compile_key(BASE)
+    assert flex.compile_key(BASE.replace(sq=17, skv=130)) == key
+    assert flex.compile_key(BASE.replace(sq=1)) != key and flex.compile_key(BASE.replace(skv=1)) != key

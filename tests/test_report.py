@@ -152,7 +152,7 @@ def test_progress_and_settings_are_shown(campaign):
     progress = table_rows(markdown, "Progress (state/)")
     for name, labels in expected.items():
         cases = sum(labels.values())
-        assert progress[name][1:] == ["1", "1", str(cases), str(cases + 7), "2"], progress
+        assert progress[name][1:] == ["1", "1", str(cases), str(cases + 7), "2", "-", "-"], progress
     assert "- **skipped**: fa4: needs CUDA" in markdown
 
 

@@ -30,6 +30,7 @@ from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import mark_known
 from attnfuzz.backends import get
+from attnfuzz.engine.compiled_search import compiled_configs, declares_compile_key
 from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_name
 from attnfuzz.engine.isolate import isolated
@@ -42,6 +43,7 @@ from attnfuzz.strategies.space import Space
 
 CLIMB_EVERY = 4   # Hypothesis's target phase in one round in 4 per backend (campaign.json "climb_every"; 0 never)
 COMPILE_TIME_SHARE = 0.5   # of a compiling backend's time, for its fresh draws (campaign.json; 0: the fixed share)
+COMPILE_TALLY = ("configurations", "fresh_seconds", "pinned_seconds")   # a compiling backend's state (_compile_tally)
 
 
 def round_phases(r: int, climb_every: int) -> tuple[Phase, ...]:
@@ -152,6 +154,17 @@ def lane_backends(backends: list[str], lanes: int, index: int) -> list[str]:
     return backends[index::lanes] if len(backends) >= lanes else [backends[index % len(backends)]]
 
 
+def _compile_tally(backend) -> tuple:
+    """What this process's compile-aware search of `backend` has met so far: its compile keys, and the seconds its
+    fresh and its pinned draws took (None where the backend declares no key, or the search keeps a fixed share)."""
+    if not declares_compile_key(backend):
+        return None, None, None
+    configs = compiled_configs(backend)
+    balance = configs.balance
+    return (len(configs), None if balance is None else balance.fresh_seconds,
+            None if balance is None else balance.pinned_seconds)
+
+
 class Lane:
     def __init__(self, campaign: Path, index: int):
         self.dir, self.index = campaign, index
@@ -248,7 +261,7 @@ class Lane:
         if isinstance(database, KeepFailures):
             database.climbing = Phase.target in phases
         runner.known = either(corpus_io.known_bugs(corpus_io.shipped_dir(), self.known_dir), seen_in(self.corpus))
-        ran_before = runner.ran
+        ran_before, compiles_before = runner.ran, _compile_tally(backend)
         try:
             tally, findings = fuzz(backend, device=self.device, space=space, settings=settings, worker=runner,
                                    database_key=backend.name)  # no seed: Hypothesis ignores the database if seeded
@@ -267,6 +280,9 @@ class Lane:
         entry["rounds"] = r + 1
         entry["examples"] += tally.examples
         entry["seconds"] = round(entry["seconds"] + tally.seconds, 3)
+        for key, now, before in zip(COMPILE_TALLY, _compile_tally(backend), compiles_before):
+            if now is not None:
+                entry[key] = round(entry.get(key, 0) + now - (before or 0), 3)
         self.save_state()
 
     def _join_saved(self, backend, findings: list, probe) -> list:
@@ -353,3 +369,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -141,6 +141,9 @@ def _add_state(state: dict[str, dict], stem: str, data: dict) -> None:
             into[key] += progress.get(key) or 0
         into["cases"] = None if into["cases"] is None or "cases" not in progress else into["cases"] + progress["cases"]
         into["lanes"] += 1
+        for key in ("configurations", "fresh_seconds", "pinned_seconds"):   # a compiling backend's lanes count them
+            if key in progress:
+                into[key] = into.get(key, 0) + progress[key]
 
 
 def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
@@ -255,12 +258,22 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
 
 def state_table(c: Campaign) -> Table:
     rows = [[name, str(s["lanes"]), str(s["rounds"]), "-" if s["cases"] is None else str(s["cases"]),
-             str(s["examples"]), f"{s['seconds']:.0f}"] for name, s in sorted(c.state.items())]
-    return Table("Progress (state/)", ["backend", "lanes", "rounds", "cases", "examples", "seconds"], rows,
+             str(s["examples"]), f"{s['seconds']:.0f}", str(s.get("configurations", "-")), _fresh_share(s)]
+            for name, s in sorted(c.state.items())]
+    return Table("Progress (state/)", ["backend", "lanes", "rounds", "cases", "examples", "seconds",
+                                       "configurations met", "fresh draws' time"], rows,
                  "rounds finished, summed over lanes: the cases they ran, as the totals above count them (a round cut "
                  "short by the deadline is not counted here, its cases are in the totals), and the examples Hypothesis "
                  "ran in them, which also count each case drawn again (a repeat, a shrink step, a replay from the "
-                 "example database), answered from the log")
+                 "example database), answered from the log; for a backend with a compile-aware search, the kernel "
+                 "configurations its lanes met (a configuration met in two lanes, or again after a lane's restart, "
+                 "counts twice) and, where the search balances time (--compile-time-share), the share of its draws' "
+                 "time that went to fresh draws, which may compile: the rest went to cases inside configurations met")
+
+
+def _fresh_share(progress: dict) -> str:
+    fresh, pinned = progress.get("fresh_seconds"), progress.get("pinned_seconds")
+    return f"{fresh / (fresh + pinned):.0%}" if fresh is not None and pinned is not None and fresh + pinned > 0 else "-"
 
 
 def marginal_tables(c: Campaign) -> list[Table]:

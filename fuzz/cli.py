@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="fuzz backends; exit 1 when a failure is found")
     options.add(run, "backend", "max-examples", "seed", "device", "corpus", "profile", "max-len", "threads",
                 "first-bug", "isolate", "no-isolate", "case-timeout", "poison-memory", "skip-unavailable",
+                "compile-time-share",
                 backend={"help": "registry name or package.module:function (repeatable; default: "
                                  f"{', '.join(DEFAULT_BACKENDS)})"})
     run.add_argument("--log", type=Path, help="append one JSON line per case run (case, whole verdict, seconds) here")
@@ -116,6 +117,14 @@ def cmd_run(args) -> int:
                                           report_multiple_bugs=not args.first_bug))
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space.for_device(args.device, args.max_len)
+    if args.compile_time_share:
+        if settings.derandomize or args.seed is not None:
+            raise UsageError(f"--compile-time-share {args.compile_time_share:g} with "
+                             f"{'--seed' if args.seed is not None else f'a derandomized profile ({args.profile})'}: "
+                             "the time share follows this machine's timing, so the run would not draw its cases again; "
+                             "drop --compile-time-share, or run without --seed and with --profile quick or campaign "
+                             "(quick is derandomized where Hypothesis sees CI=true; campaign never is)")
+        space = space.replace(compile_time_share=args.compile_time_share)
     backends, first_worker, unavailable = runnable(args, names)
     known = corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus)  # an unreadable corpus file stops it here
     summary, found = {}, 0

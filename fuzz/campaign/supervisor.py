@@ -55,9 +55,9 @@ def add_parser(sub) -> None:
     p.add_argument("--climb-every", type=options.whole, help="Hypothesis's target phase (hill-climbing the case "
                    f"with the worst error / bound) in one round in N per backend (default {CLIMB_EVERY}; 1 every "
                    "round, 0 never): a climb takes half its round, on one case")
-    p.add_argument("--compile-time-share", type=options.fraction, help="for a backend that compiles kernels (FA4, "
-                   "FlashInfer, compiled flex, cuDNN's graphs): the share of the time its fresh draws, which may "
-                   f"compile, get (default {COMPILE_TIME_SHARE}; 0: a fixed share of fresh draws, as runs have)")
+    options.add(p, "compile-time-share", compile_time_share={"help": "for a backend that compiles kernels (FA4, "
+                "FlashInfer, compiled flex, TE, cuDNN's graphs): the share of the time its fresh draws, which may "
+                f"compile, get (default {COMPILE_TIME_SHARE}; 0: a fixed share of fresh draws, as runs have)"})
     p.add_argument("--round-seconds", type=options.positive, help="seconds per backend per round, shrinking included "
                    "(default 900): a slow or hanging backend cannot starve the others")
     p.add_argument("--no-isolate", action="store_true", help="run backends inside the lane (a crash costs a lane "

@@ -144,6 +144,10 @@ OPTIONS = {o.name: o for o in (
     Option("backend-limit", "seconds one backend may take in a bug report's cross-check, its spellings together "
            "(default {default:g}); a library's import, which serves every backend of its family, counts against "
            "--budget only", type=positive, default=10.0, metavar="SECONDS"),
+    Option("compile-time-share", "for a backend that compiles kernels (FA4, FlashInfer, compiled flex, TE, cuDNN's "
+           "graphs): the share of the time its fresh draws, which may compile, get; the rest goes to cases inside "
+           "the kernel configurations it compiled already (default: a fixed share of fresh draws, which keeps a "
+           "seeded or derandomized run's cases the same on every machine)", type=fraction, metavar="S"),
     Option("corpus", "folder where findings are saved (default: $ATTNFUZZ_CORPUS, else "
            "~/.local/share/attnfuzz/corpus); known bugs are read from it and from the corpus shipped with attnfuzz",
            type=Path, metavar="DIR"),

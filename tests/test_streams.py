@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.own_streams   # these tests set up seed_only_streams themselves
+
 REPO = Path(__file__).resolve().parents[1]
 RUN = """
 import contextlib, importlib, json, pathlib, sys

@@ -13,7 +13,7 @@ from pathlib import Path
 from attnfuzz import exits
 from attnfuzz.progress import CaseLog, Progress
 from attnfuzz.exits import UsageError
-from attnfuzz.tools import bugreport, shrink, vary, versiondiff
+from attnfuzz.tools import bugreport, known, shrink, vary, versiondiff
 from attnfuzz.campaign import supervisor as campaign
 from attnfuzz.report import catalog, build as report, triage
 from attnfuzz.report.combos import Combos, describe, feasible_of
@@ -21,11 +21,10 @@ from attnfuzz.engine import interrupt, options, poison
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store import examples, paths
-from attnfuzz.store.known import TRAITS, known_bugs_of, predates, record_problem, when_fields
+from attnfuzz.store.known import TRAITS, predates
 from attnfuzz.store import replay as replay_io
 from attnfuzz.backends import factories, get
 from attnfuzz.engine.harness import fuzz
-from attnfuzz.engine.rootcause import by_twin
 from attnfuzz.engine.isolate import Workers, isolated
 from attnfuzz.engine.profiles import for_backend, profile
 from attnfuzz.oracles import verdict as V
@@ -117,13 +116,10 @@ def cmd_run(args) -> int:
                                           report_multiple_bugs=not args.first_bug))
     names = args.backend or [n for n in DEFAULT_BACKENDS if n in factories()]
     space = Space.for_device(args.device, args.max_len)
+    conflict = options.time_share_conflict(args.compile_time_share, args.seed, settings.derandomize, args.profile)
+    if conflict:
+        raise UsageError(conflict)
     if args.compile_time_share:
-        if settings.derandomize or args.seed is not None:
-            raise UsageError(f"--compile-time-share {args.compile_time_share:g} with "
-                             f"{'--seed' if args.seed is not None else f'a derandomized profile ({args.profile})'}: "
-                             "the time share follows this machine's timing, so the run would not draw its cases again; "
-                             "drop --compile-time-share, or run without --seed and with --profile quick or campaign "
-                             "(quick is derandomized where Hypothesis sees CI=true; campaign never is)")
         space = space.replace(compile_time_share=args.compile_time_share)
     backends, first_worker, unavailable = runnable(args, names)
     known = corpus_io.known_bugs(corpus_io.shipped_dir(), args.corpus)  # an unreadable corpus file stops it here
@@ -312,52 +308,6 @@ def cmd_replay(args) -> int:
     return 1 if bad else 2 if errors else 0
 
 
-def cmd_known(args) -> int:
-    try:
-        entry = corpus_io.load(args.entry)
-    except corpus_io.CorpusError as e:
-        raise UsageError(str(e)) from None
-    when = {}
-    for item in args.when:
-        field, _, value = item.partition("=")
-        try:
-            when[field] = json.loads(value)
-        except json.JSONDecodeError:
-            raise UsageError(f"--when {item!r}: give FIELD=JSON, e.g. dtype='\"float64\"' or causal=true") from None
-        if field not in when_fields(entry.case):
-            raise UsageError(f"--when {item!r}: {field!r} is neither a Case field nor a trait "
-                             f"({', '.join(TRAITS)})")
-    bad = [label for label in args.label if label.split(":")[0] not in V.FAILED]
-    if bad:
-        raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
-    entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
-    problem = record_problem(entry.known_bug, entry.case)
-    if problem:
-        raise UsageError(f"--when: {problem}")
-    # the labels the run attached to this finding are the same root cause: the record takes them too, but for those
-    # its probe twin joined (TOLERANCE, say): a run takes them by their twins (rootcause.twin_known), not by label
-    labels = set(args.label) | {v.label for _, v in entry.attached if not by_twin(entry.verdict, v)}
-    if labels - {entry.verdict.label}:
-        entry.known_bug["labels"] = sorted(labels - {entry.verdict.label})
-    missed = unanswered(args.entry, entry)
-    if missed:
-        raise UsageError(f"the record would not take {', '.join(missed)} of this finding's own failures: widen or "
-                         f"drop --when / --match")
-    data = json.loads(args.entry.read_text())
-    data["known_bug"] = entry.known_bug
-    args.entry.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    print(f"{args.entry}: marked as known bug {args.link}")
-    return 0
-
-
-def unanswered(path: Path, entry: corpus_io.Entry) -> list[str]:
-    """The failures of a finding (its own, then each attached one but those its probe twin joined, which a run takes
-    by their twins) that its known_bug record would not take: a `when` or `match` narrower than the bug found."""
-    known = known_bugs_of([(path, entry)])
-    failures = [(entry.case, entry.verdict), *((c, v) for c, v in entry.attached if not by_twin(entry.verdict, v))]
-    return [f"{v.label} on {c!r}" for c, v in failures if known(entry.backend, c, v) is None]
-
-
 def cmd_backends(args) -> int:
     rows = []
     for name, factory in factories().items():
@@ -386,7 +336,7 @@ def _main(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad usage, 0 on --help
         return int(e.code or 0)
-    commands = {"run": cmd_run, "replay": cmd_replay, "known": cmd_known, "backends": cmd_backends,
+    commands = {"run": cmd_run, "replay": cmd_replay, "known": known.cmd_known, "backends": cmd_backends,
                 "campaign": campaign.cmd_campaign, "report": report.cmd_report, "snapshot": versiondiff.cmd_snapshot,
                 "diff": versiondiff.cmd_diff, "triage": triage.cmd_triage,
                 "shrink": shrink.cmd_shrink, "vary": vary.cmd_vary, "catalog": catalog.cmd_catalog,

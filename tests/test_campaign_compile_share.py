@@ -18,7 +18,8 @@ from attnfuzz.campaign.lane import COMPILE_TIME_SHARE, Lane, Resumable
 from attnfuzz.engine.compiled_search import compiled_configs, declares_compile_key
 from attnfuzz.engine.harness import Tally
 from attnfuzz.engine.options import fraction
-from attnfuzz.report.build import read_campaign, state_table
+from attnfuzz.report.build import read_campaign
+from attnfuzz.report.state import state_table
 from attnfuzz.strategies.case import Case
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def test_the_campaign_report_shows_what_a_compiling_backend_s_rounds_met(tmp_pat
     assert (state["flex-compiled"]["configurations"], state["flex-compiled"]["fresh_seconds"],
             state["flex-compiled"]["pinned_seconds"]) == (3, 4.0, 4.0)
     assert "configurations" not in state["sdpa-math"]
-    table = state_table(read_campaign(tmp_path))
+    table = state_table(read_campaign(tmp_path).state)
     rows = {row[0]: row for row in table.rows}
     assert rows["flex-compiled"][-2:] == ["3", "50%"]
     assert rows["sdpa-math"][-2:] == ["-", "-"]

@@ -160,6 +160,16 @@ def isolating(device: str, isolate: bool, no_isolate: bool = False) -> bool:
     return isolate or (str(device).startswith("cuda") and not no_isolate)
 
 
+def time_share_conflict(share: float | None, seed: int | None, derandomized: bool, profile_name: str) -> str | None:
+    """Why a run may not take --compile-time-share, or None: the time share follows the machine's timing, so a run
+    that promises the same cases again (a seed, a derandomized profile) must keep the fixed share."""
+    if not share or (seed is None and not derandomized):
+        return None
+    given = "--seed" if seed is not None else f"a derandomized profile ({profile_name})"
+    return (f"--compile-time-share {share:g} with {given}: the time share follows this machine's timing, so the run "
+            "would not draw its cases again; drop --compile-time-share, or run without --seed and with --profile "
+            "quick or campaign (quick is derandomized where Hypothesis sees CI=true; campaign never is)")
+
 def add(parser, *names: str, **overrides) -> None:
     """Add the named options to an argparse parser as --NAME; `overrides` maps an option's dest to keyword changes,
     e.g. case_timeout={"default": 120.0}, and "shown_default" to the default the help names when `default` is None

@@ -28,6 +28,7 @@ from attnfuzz.report.coverage import AXES, SHAPE_CLASSES, SPACE_SIZE, Coverage
 from attnfuzz.report.combos import Combos, campaign_reports, combos_table
 from attnfuzz.engine.skip_known import answered_unrun
 from attnfuzz.report.rate import UNRUN, Timeline, rate_table
+from attnfuzz.report.state import add_state, state_table
 from attnfuzz.strategies.case import Case
 
 GRADED = ("PASS", "FAIL", "KNOWN")      # statuses whose ratio is an error over the bound
@@ -130,22 +131,6 @@ def _read_lines(campaign: Campaign, path: Path) -> None:
                 campaign.unreadable.append(f"{path}:{number}: {type(e).__name__}: {str(e)[:160]}")
 
 
-def _add_state(state: dict[str, dict], stem: str, data: dict) -> None:
-    """Sum a progress file into per-backend rounds / cases / examples / seconds / lanes: a lane's file holds
-    {"backends": {name: progress}}, a backend's own file (state/<backend>.json) the progress itself. Cases are None
-    where a file does not count them (written before lanes did)."""
-    per_backend = data["backends"] if "backends" in data else {stem: data}
-    for name, progress in per_backend.items():
-        into = state.setdefault(name, {"rounds": 0, "cases": 0, "examples": 0, "seconds": 0.0, "lanes": 0})
-        for key in ("rounds", "examples", "seconds"):
-            into[key] += progress.get(key) or 0
-        into["cases"] = None if into["cases"] is None or "cases" not in progress else into["cases"] + progress["cases"]
-        into["lanes"] += 1
-        for key in ("configurations", "fresh_seconds", "pinned_seconds"):   # a compiling backend's lanes count them
-            if key in progress:
-                into[key] = into.get(key, 0) + progress[key]
-
-
 def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
     """A campaign directory (campaign.json, cases/*.jsonl, state/*.json, corpus/), a folder of *.jsonl logs, or one
     log file. `corpus` overrides where findings are read from (default: the campaign's corpus/)."""
@@ -163,7 +148,7 @@ def read_campaign(source: Path, corpus: Path | None = None) -> Campaign:
                 campaign.unreadable.append(f"{meta}: {type(e).__name__}: {e}")
         for path in sorted((source / "state").glob("*.json")):
             try:
-                _add_state(campaign.state, path.stem, json.loads(path.read_text()))
+                add_state(campaign.state, path.stem, json.loads(path.read_text()))
             except (TypeError, ValueError, AttributeError, KeyError) as e:
                 campaign.unreadable.append(f"{path}: {type(e).__name__}: {e}")
         corpus = corpus or source / "corpus"
@@ -256,26 +241,6 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
                  rows, "" if rows else "no corpus entries")
 
 
-def state_table(c: Campaign) -> Table:
-    rows = [[name, str(s["lanes"]), str(s["rounds"]), "-" if s["cases"] is None else str(s["cases"]),
-             str(s["examples"]), f"{s['seconds']:.0f}", str(s.get("configurations", "-")), _fresh_share(s)]
-            for name, s in sorted(c.state.items())]
-    return Table("Progress (state/)", ["backend", "lanes", "rounds", "cases", "examples", "seconds",
-                                       "configurations met", "fresh draws' time"], rows,
-                 "rounds finished, summed over lanes: the cases they ran, as the totals above count them (a round cut "
-                 "short by the deadline is not counted here, its cases are in the totals), and the examples Hypothesis "
-                 "ran in them, which also count each case drawn again (a repeat, a shrink step, a replay from the "
-                 "example database), answered from the log; for a backend with a compile-aware search, the kernel "
-                 "configurations its lanes met (a configuration met in two lanes, or again after a lane's restart, "
-                 "counts twice) and, where the search balances time (--compile-time-share), the share of its draws' "
-                 "time that went to fresh draws, which may compile: the rest went to cases inside configurations met")
-
-
-def _fresh_share(progress: dict) -> str:
-    fresh, pinned = progress.get("fresh_seconds"), progress.get("pinned_seconds")
-    return f"{fresh / (fresh + pinned):.0%}" if fresh is not None and pinned is not None and fresh + pinned > 0 else "-"
-
-
 def marginal_tables(c: Campaign) -> list[Table]:
     names = c.coverage.backends()
     margins = {name: c.coverage.marginals(name) for name in names}
@@ -359,7 +324,7 @@ def build_report(campaign_dir: Path, out_dir: Path | None = None, corpus: Path |
     tables = [totals_table(c), rate_table(c.timelines, c.span)] + ([stalls] if stalls else []) + \
         [labels_table(c), refusals_table(c), combos, findings_table(c, out_dir)]
     if c.state:
-        tables.append(state_table(c))
+        tables.append(state_table(c.state))
     if c.meta.get("known") and campaign_dir.is_dir():
         known = known_table(campaign_dir, Path(c.meta["known"]))
         if known is not None:

@@ -4,37 +4,46 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from attnfuzz.engine.rootcause import by_twin
-from attnfuzz.exits import UsageError
 from attnfuzz.oracles import verdict as V
 from attnfuzz.store import corpus as corpus_io
 from attnfuzz.store.known import TRAITS, known_bugs_of, record_problem, when_fields
 
 
+class BadRecord(Exception):
+    """A record the options would write wrong: the message names the option and the fix (exit 2)."""
+
+
 def cmd_known(args) -> int:
     try:
-        entry = corpus_io.load(args.entry)
-    except corpus_io.CorpusError as e:
-        raise UsageError(str(e)) from None
+        return _mark(args)
+    except (corpus_io.CorpusError, BadRecord) as e:   # bad usage: the message names the option and the fix
+        print(f"attnfuzz known: {e}", file=sys.stderr)
+        return 2
+
+
+def _mark(args) -> int:
+    entry = corpus_io.load(args.entry)
     when = {}
     for item in args.when:
         field, _, value = item.partition("=")
         try:
             when[field] = json.loads(value)
         except json.JSONDecodeError:
-            raise UsageError(f"--when {item!r}: give FIELD=JSON, e.g. dtype='\"float64\"' or causal=true") from None
+            raise BadRecord(f"--when {item!r}: give FIELD=JSON, e.g. dtype='\"float64\"' or causal=true") from None
         if field not in when_fields(entry.case):
-            raise UsageError(f"--when {item!r}: {field!r} is neither a Case field nor a trait "
+            raise BadRecord(f"--when {item!r}: {field!r} is neither a Case field nor a trait "
                              f"({', '.join(TRAITS)})")
     bad = [label for label in args.label if label.split(":")[0] not in V.FAILED]
     if bad:
-        raise UsageError(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
+        raise BadRecord(f"--label {bad[0]!r}: give a failing verdict label, e.g. FAIL:NONFINITE or CRASH:SIGSEGV")
     entry.known_bug = {"link": args.link, "note": args.note, "match": args.match, "when": when}
     problem = record_problem(entry.known_bug, entry.case)
     if problem:
-        raise UsageError(f"--when: {problem}")
+        raise BadRecord(f"--when: {problem}")
     # the labels the run attached to this finding are the same root cause: the record takes them too, but for those
     # its probe twin joined (TOLERANCE, say): a run takes them by their twins (rootcause.twin_known), not by label
     labels = set(args.label) | {v.label for _, v in entry.attached if not by_twin(entry.verdict, v)}
@@ -42,7 +51,7 @@ def cmd_known(args) -> int:
         entry.known_bug["labels"] = sorted(labels - {entry.verdict.label})
     missed = unanswered(args.entry, entry)
     if missed:
-        raise UsageError(f"the record would not take {', '.join(missed)} of this finding's own failures: widen or "
+        raise BadRecord(f"the record would not take {', '.join(missed)} of this finding's own failures: widen or "
                          f"drop --when / --match")
     data = json.loads(args.entry.read_text())
     data["known_bug"] = entry.known_bug

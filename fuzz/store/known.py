@@ -56,6 +56,13 @@ def _right_bound_past_keys(c: Case) -> bool:
     return right is not None and c.skv <= right < c.sq - 1
 
 
+def _flex_first_tile_unseen(c: Case) -> bool:
+    if "rows_safe" not in c.spelling.split("+"):
+        return False
+    from attnfuzz.backends.flex.first_tile import first_tile_unseen   # here: the store needs no backend elsewhere
+    return first_tile_unseen(c)
+
+
 def _call_kv_len(c: Case) -> int:
     """The key length one kernel call runs over: thd's packed total, else skv."""
     return sum(c.lens_kv) if c.layout == "thd" else c.skv
@@ -127,6 +134,9 @@ TRAITS = {
     "max_seqlen_tensor": lambda c: "max_seqlen_tensor" in c.spelling.split("+"),
     # flex_attention's kernel option PRESCALE_QK in the spelling (fuzz/backends/flex/knobs.py)
     "flex_prescale": lambda c: "prescale" in c.spelling.split("+"),
+    # flex's ROWS_GUARANTEED_SAFE spelling on a case where a row sees no key at the start of the first key block the
+    # compiled kernel runs for it (backends/flex/first_tile.py): what the option really asks of a mask
+    "flex_rows_safe_first_tile_unseen": _flex_first_tile_unseen,
     # SDPA given its additive mask in float32 on a half-precision query (fuzz/backends/sdpa/spelling.py), spelled so
     # or reached through nn.MultiheadAttention (fuzz/backends/sdpa/modules.py)
     "float32_mask": lambda c: _float32_mask(c),

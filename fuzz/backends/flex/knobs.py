@@ -138,10 +138,7 @@ def _empty_rows(case: Case) -> int:
             empty += case.sq - sq_n      # padding rows: the padding mask hides every key from them
         if sq_n == 0:
             continue
-        i = torch.arange(sq_n)
-        off = skv_n - sq_n if case.alignment == "bottom_right" else 0
-        lo = (i + off - case.left).clamp(min=0) if case.left is not None else torch.zeros_like(i)
-        hi = (i + off + case.right).clamp(max=skv_n - 1) if case.right is not None else torch.full_like(i, skv_n - 1)
+        lo, hi = band_ranges(case, sq_n, skv_n)
         if mask is None:
             seen = hi >= lo
         else:
@@ -149,3 +146,14 @@ def _empty_rows(case: Case) -> int:
             seen = (mask[n, 0, :sq_n, :skv_n] & (j >= lo[:, None]) & (j <= hi[:, None])).any(1)
         empty += int((~seen).sum())
     return empty
+
+
+def band_ranges(case: Case, sq_n: int, skv_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys lo[i]..hi[i] that row i of a sequence of sq_n queries and skv_n keys sees by the band and alignment
+    (no key where hi < lo)."""
+    i = torch.arange(sq_n)
+    off = skv_n - sq_n if case.alignment == "bottom_right" else 0
+    lo = (i + off - case.left).clamp(min=0) if case.left is not None else torch.zeros_like(i)
+    hi = (i + off + case.right).clamp(max=skv_n - 1) if case.right is not None else torch.full_like(i, skv_n - 1)
+    return lo, hi
+

@@ -44,7 +44,8 @@ from attnfuzz.strategies.lengths import work
 INDEXES = 2**16  # the range of the index choice (two base-256 digits): CompiledConfigs.named maps it to one
 COIN = 2**16     # the range of a time-balanced coin: a value below odds * COIN draws fresh
 LEAST_FRESH = 1 / 500   # the fewest fresh draws a time-balanced search makes, whatever a compile costs
-MEASURED = 3     # draws of each kind timed before the balance moves the odds from the fixed share's
+MEASURED = 3     # pinned draws timed before the balance moves the odds from the fixed share's (a case's cost varies)
+MEASURED_FRESH = 1   # ... and fresh ones: a compile's seconds show in one, and each costs a compile
 SMOOTHING = 0.1  # weight of the newest interval in each kind's moving average of seconds a draw
 DECIDED = 4096   # coin values whose decision is remembered (replays and shrinks are of recent draws)
 
@@ -66,7 +67,7 @@ class TimeBalance:
 
     def odds(self) -> float:
         """The probability of a fresh draw now."""
-        if min(self.timed.values()) < MEASURED:
+        if self.timed[True] < MEASURED_FRESH or self.timed[False] < MEASURED:
             return self.most
         s, t_f, t_p = self.share, self.mean[True], self.mean[False]
         balanced = s * t_p / (s * t_p + (1 - s) * t_f) if t_f > 0 else self.most

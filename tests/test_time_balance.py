@@ -11,7 +11,7 @@ from attnfuzz.engine.compiled_search import compiled_configs
 from attnfuzz.engine.harness import fuzz
 from attnfuzz.engine.profiles import profile
 from attnfuzz.oracles import verdict as V
-from attnfuzz.strategies.compiled import COIN, LEAST_FRESH, MEASURED, TimeBalance
+from attnfuzz.strategies.compiled import COIN, LEAST_FRESH, MEASURED, MEASURED_FRESH, TimeBalance
 from attnfuzz.strategies.space import Space
 from bench.jit_fake import FakeJit, Verdicts
 from tests.test_compiled import MINIMAL
@@ -46,6 +46,17 @@ def test_odds_give_fresh_draws_the_share_of_the_time():
     assert balance.fresh_seconds == pytest.approx(2.0 * MEASURED)
     assert balance.pinned_seconds == pytest.approx(0.02 * MEASURED)
 
+
+def test_one_timed_compile_is_enough_to_move_the_odds():
+    """A fresh draw costs a compile: the balance moves once one is timed (and MEASURED pinned draws, whose cost varies
+    with the case), not after three compiles at the fixed share's odds."""
+    clock = Clock()
+    balance = TimeBalance(0.5, MOST, clock=clock)
+    _timed(balance, clock, False, 0.02, MEASURED + 1)
+    assert balance.odds() == MOST   # no compile timed yet
+    _timed(balance, clock, True, 2.0, MEASURED_FRESH)
+    balance.drawn(False)
+    assert balance.odds() == pytest.approx(0.02 / 2.02)
 
 def test_odds_stay_between_the_least_and_the_fixed_share():
     clock = Clock()

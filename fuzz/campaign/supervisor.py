@@ -45,7 +45,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("campaign", help="a long, resumable, multi-GPU fuzzing campaign with a report at the end")
     p.add_argument("--dir", type=Path, default=Path("campaign"), help="campaign directory; an existing one resumes")
     p.add_argument("--backends", help="comma-separated backend names or package.module:function specs")
-    p.add_argument("--hours", type=options.positive, help="time budget in hours, over all resumes (default 1)")
+    p.add_argument("--hours", type=options.positive, help="time budget in hours, over all resumes (default 1); each "
+                   "lane counts it from its own start, after the JIT backends' warm-ups (up to a tenth of it, "
+                   "within 60-600 s)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default cpu")
     p.add_argument("--gpus", help="cuda: 'all' (default) or N: one lane per GPU")
     p.add_argument("--workers", type=options.count, help="cpu: lanes to run (default 1); cuda: lanes per GPU (default: "

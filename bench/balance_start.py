@@ -1,7 +1,7 @@
 """How many cases a time-balanced lane grades in its first seconds, by how many compiles the balance times before it
-moves the odds (strategies/compiled.py's MEASURED_FRESH): each value in turn, on the same seeds, against
-bench/jit_fake.py's FakeJit on a stand-in clock (its compile seconds plus a fixed time a case), so every figure is
-exact and the same each run.
+moves the odds (TimeBalance.fresh_measured; strategies/compiled.py's MEASURED_FRESH by default): each value in turn,
+on the same seeds, against bench/jit_fake.py's FakeJit on a stand-in clock (its compile seconds plus a fixed time a
+case), so every figure is exact and the same each run.
 
     python3 bench/balance_start.py [--compile-seconds 19] [--case-seconds 0.18] [--lane-seconds 63 300]
                                    [--fresh-measured 3 1] [--seeds 8] [--examples 3000]
@@ -27,20 +27,17 @@ def graded_by(seconds: list[float], compile_s: float, case_s: float, fresh_measu
     from attnfuzz.engine.harness import fuzz
     from attnfuzz.engine.profiles import profile
     from attnfuzz.oracles import verdict as V
-    from attnfuzz.strategies import compiled
+    from attnfuzz.strategies.compiled import TimeBalance
     from attnfuzz.strategies.space import Space
     from bench.jit_fake import FakeJit, Verdicts
-    before, compiled.MEASURED_FRESH = compiled.MEASURED_FRESH, fresh_measured
-    try:
-        backend = FakeJit(compile_seconds=compile_s)
-        clock = lambda: backend.compile_spent + case_s * backend.runs   # noqa: E731
-        compiled_configs(backend).balance = compiled.TimeBalance(0.5, 1 - Space().compiled_share, clock=clock)
-        at = []
-        fuzz(backend, space=Space(max_len=160, compile_time_share=0.5), seed=seed, worker=Verdicts(backend),
-             reruns=0, settings=profile("quick", max_examples=examples, database=None),
-             on_case=lambda case, verdict, tally: at.append((clock(), verdict.status != V.UNSUPPORTED)))
-    finally:
-        compiled.MEASURED_FRESH = before
+    backend = FakeJit(compile_seconds=compile_s)
+    clock = lambda: backend.compile_spent + case_s * backend.runs   # noqa: E731
+    balance = compiled_configs(backend).balance = TimeBalance(0.5, 1 - Space().compiled_share, clock=clock)
+    balance.fresh_measured = fresh_measured
+    at = []
+    fuzz(backend, space=Space(max_len=160, compile_time_share=0.5), seed=seed, worker=Verdicts(backend), reruns=0,
+         settings=profile("quick", max_examples=examples, database=None),
+         on_case=lambda case, verdict, tally: at.append((clock(), verdict.status != V.UNSUPPORTED)))
     return [sum(graded for t, graded in at if t <= limit) for limit in seconds]
 
 
@@ -58,8 +55,8 @@ def main() -> None:
                 for seed in range(args.seeds)]
         for i, limit in enumerate(args.lane_seconds):
             per_seed = [run[i] for run in runs]
-            print(f"compiles timed first {measured}: graded within {limit:g} s: median {statistics.median(per_seed):g}, "
-                  f"per seed {per_seed}")
+            median = statistics.median(per_seed)
+            print(f"compiles timed first {measured}: graded within {limit:g} s: median {median:g}, per seed {per_seed}")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class TimeBalance:
 
     def __init__(self, share: float, most: float, clock: Callable[[], float] = time.perf_counter):
         self.share, self.most, self.clock = share, most, clock
+        self.fresh_measured = MEASURED_FRESH   # fresh draws timed before the odds move
         self.mean = {True: 0.0, False: 0.0}   # fresh? -> moving average of a draw's seconds
         self.timed = {True: 0, False: 0}
         self.fresh_seconds = self.pinned_seconds = 0.0   # every timed interval, for reports and tests
@@ -67,7 +68,7 @@ class TimeBalance:
 
     def odds(self) -> float:
         """The probability of a fresh draw now."""
-        if self.timed[True] < MEASURED_FRESH or self.timed[False] < MEASURED:
+        if self.timed[True] < self.fresh_measured or self.timed[False] < MEASURED:
             return self.most
         s, t_f, t_p = self.share, self.mean[True], self.mean[False]
         balanced = s * t_p / (s * t_p + (1 - s) * t_f) if t_f > 0 else self.most

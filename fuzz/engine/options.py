@@ -170,6 +170,7 @@ def time_share_conflict(share: float | None, seed: int | None, derandomized: boo
             "would not draw its cases again; drop --compile-time-share, or run without --seed and with --profile "
             "quick or campaign (quick is derandomized where Hypothesis sees CI=true; campaign never is)")
 
+
 def add(parser, *names: str, **overrides) -> None:
     """Add the named options to an argparse parser as --NAME; `overrides` maps an option's dest to keyword changes,
     e.g. case_timeout={"default": 120.0}, and "shown_default" to the default the help names when `default` is None

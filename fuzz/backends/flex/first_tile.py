@@ -20,7 +20,6 @@ from attnfuzz.backends.flex.knobs import band_ranges
 from attnfuzz.strategies.case import Case
 
 SPARSE_BLOCK = 128   # create_block_mask's default block, the adapter's
-_EMPTY = (0, -1)     # a row that sees no key: lo > hi
 
 
 def first_tile_unseen(case: Case) -> bool:
@@ -45,9 +44,7 @@ def _calls(case: Case):
         return
     for sq_n, skv_n in zip(case.lens_q, case.lens_kv):
         lo, hi = band_ranges(case, sq_n, skv_n)
-        pad = case.sq - sq_n   # padding rows: the padding mask hides every key from them
-        yield (torch.cat([lo, torch.full((pad,), _EMPTY[0])]), torch.cat([hi, torch.full((pad,), _EMPTY[1])]),
-               case.skv)
+        yield (*_with_empty_rows(lo, hi, case.sq - sq_n), case.skv)   # padding rows: the padding mask hides every key
 
 
 def _unseen(lo: torch.Tensor, hi: torch.Tensor, kv_len: int, from_key_0: bool) -> bool:
@@ -57,12 +54,16 @@ def _unseen(lo: torch.Tensor, hi: torch.Tensor, kv_len: int, from_key_0: bool) -
     if from_key_0:
         return bool(((lo > 0) | (hi < 0)).any())
     blocks_q, blocks_kv = -(-rows // SPARSE_BLOCK), max(1, -(-kv_len // SPARSE_BLOCK))
-    pad = blocks_q * SPARSE_BLOCK - rows   # rows past the call: the block mask pads them as masked
-    lo = torch.cat([lo, torch.full((pad,), _EMPTY[0])]).view(blocks_q, SPARSE_BLOCK, 1)
-    hi = torch.cat([hi, torch.full((pad,), _EMPTY[1])]).view(blocks_q, SPARSE_BLOCK, 1)
+    lo, hi = _with_empty_rows(lo, hi, blocks_q * SPARSE_BLOCK - rows)   # rows past the call: padded as masked
+    lo, hi = lo.view(blocks_q, SPARSE_BLOCK, 1), hi.view(blocks_q, SPARSE_BLOCK, 1)
     starts = torch.arange(blocks_kv) * SPARSE_BLOCK
     seen = (torch.minimum(hi, starts + SPARSE_BLOCK - 1) - torch.maximum(lo, starts) + 1).clamp(min=0).sum(1)
     partial = (seen > 0) & (seen < SPARSE_BLOCK * SPARSE_BLOCK)       # [blocks_q, blocks_kv]
     first = partial.int().argmax(1) * SPARSE_BLOCK                    # each query block's first partial key block
     sees_start = ((lo <= first.view(-1, 1, 1)) & (hi >= first.view(-1, 1, 1))).view(-1)[:rows]   # the call's rows
     return bool((partial.any(1).repeat_interleave(SPARSE_BLOCK)[:rows] & ~sees_start).any())
+
+
+def _with_empty_rows(lo: torch.Tensor, hi: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """lo and hi with `count` rows after them that see no key (lo 0 > hi -1)."""
+    return torch.cat([lo, torch.zeros(count, dtype=lo.dtype)]), torch.cat([hi, torch.full((count,), -1, dtype=hi.dtype)])

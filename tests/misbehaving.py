@@ -135,6 +135,15 @@ def zero_when_causal(q, k, v, *, causal, window, bottom_right, scale):
 zero_when_causal.supports = segfault_when_causal.supports
 
 
+def zero_slowly(q, k, v, *, causal, window, bottom_right, scale):
+    """All zeros, half a second a call: a short campaign's time runs out while it shrinks its first finding."""
+    time.sleep(0.5)
+    return _plain(q, k, v, scale) * 0
+
+
+zero_slowly.supports = segfault_when_causal.supports
+
+
 def nan_when_long(q, k, v, *, causal, window, bottom_right, scale):
     """NaN in every row once a sequence is longer than 4 queries: a second, independent silent bug."""
     out = _plain(q, k, v, scale)

@@ -60,6 +60,18 @@ def test_the_campaign_survives_four_misbehaving_kernels_and_saves_each(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_campaign_out_of_time_mid_shrink_confirms_what_it_saves(tmp_path):
+    result = run_campaign(tmp_path / "c", "--backends", "tests.misbehaving:zero_slowly", "--hours", "0.002")
+    assert result.returncode == 1, result.stderr
+    [path] = (tmp_path / "c" / "corpus").glob("*.json")
+    entry = json.loads(path.read_text())
+    assert "confirmed" not in entry and entry["verdict"]["diagnosis"] == "ALL_ZERO", entry
+    lane_log = (tmp_path / "c" / "state" / "lane0.stderr").read_text()
+    assert "saved unshrunk (time ran out)" in lane_log and "attnfuzz shrink" in lane_log, lane_log
+    assert "UNCONFIRMED" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
 def test_kill_9_then_resume_loses_no_finding_and_repeats_no_case(tmp_path):
     directory = tmp_path / "c"
     options = ["--backends", "sdpa-math,tests.misbehaving:zero_when_causal", "--round-examples", "400"]

@@ -108,12 +108,58 @@ def test_replay_says_what_it_made_of_an_unconfirmed_entry(tmp_path, capsys):
     assert "reproduced, now confirmed" in out and f"not reproduced, moved to {UNREPRODUCED_DIR}/" in out, out
 
 
-def test_a_campaign_out_of_time_saves_what_its_log_holds_unconfirmed(tmp_path):
+def _save_unsaved(tmp_path, reruns=None) -> corpus_io.Entry:
+    """What a lane whose time is up saves of the log {CAUSAL: ALL_ZERO}, given `reruns`."""
     from types import SimpleNamespace
 
     from attnfuzz.campaign.lane import Lane, case_key
-    lane = SimpleNamespace(corpus=tmp_path, device="cpu")
+    lane = SimpleNamespace(corpus=tmp_path, device="cpu", index=0)
     lane.save_finding = lambda *args, **kwargs: Lane.save_finding(lane, *args, **kwargs)
-    Lane._save_unsaved(lane, [get(ZERO)], {case_key(ZERO, CAUSAL): ALL_ZERO})
-    [path] = corpus_io.entry_paths(tmp_path)
+    try:
+        Lane._save_unsaved(lane, [get(ZERO)], {case_key(ZERO, CAUSAL): ALL_ZERO}, reruns)
+    finally:
+        [path] = corpus_io.entry_paths(tmp_path)   # saved, even when the reruns were interrupted
+    return corpus_io.load(path)
+
+
+def test_a_campaign_out_of_time_saves_what_its_log_holds_unconfirmed(tmp_path):
+    assert _save_unsaved(tmp_path).unconfirmed == corpus_io.OUT_OF_TIME_UNCONFIRMED
+
+
+def test_a_campaign_out_of_time_reruns_what_it_saves_unshrunk(tmp_path, capsys):
+    ran = []
+    entry = _save_unsaved(tmp_path, {ZERO: lambda case: ran.append(case) or ALL_ZERO})
+    assert ran == [CAUSAL] * 3 and entry.unconfirmed is None, (ran, entry.unconfirmed)
+    assert entry.verdict.status == V.FAIL and "attnfuzz shrink" in capsys.readouterr().err
+
+
+def test_a_rerun_that_passes_makes_it_flaky_not_confirmed(tmp_path):
+    answers = iter([ALL_ZERO, V.Verdict(V.PASS, "PASS", ""), ALL_ZERO])
+    entry = _save_unsaved(tmp_path, {ZERO: lambda case: next(answers)})
+    assert entry.verdict.status == V.FLAKY and "3 of 4" in entry.verdict.message, entry.verdict
+    assert entry.unconfirmed is None
+
+
+def test_reruns_stop_at_the_time_limit_and_on_an_interrupt(tmp_path, monkeypatch):
+    from attnfuzz.campaign import lane as lane_mod
+    monkeypatch.setattr(lane_mod, "END_RERUN_S", 0.0)
+    ran = []
+    entry = _save_unsaved(tmp_path / "late", {ZERO: lambda case: ran.append(case) or ALL_ZERO})
+    assert ran == [] and entry.unconfirmed == corpus_io.OUT_OF_TIME_UNCONFIRMED
+    monkeypatch.setattr(lane_mod, "END_RERUN_S", 60.0)
+
+    def stopped(case):
+        raise interrupt.Interrupted(2)
+    with pytest.raises(interrupt.Interrupted):
+        _save_unsaved(tmp_path / "stopped", {ZERO: stopped})
+    [path] = corpus_io.entry_paths(tmp_path / "stopped")
     assert corpus_io.load(path).unconfirmed == corpus_io.OUT_OF_TIME_UNCONFIRMED
+
+
+def test_the_campaigns_closing_list_marks_an_unconfirmed_finding(tmp_path):
+    from attnfuzz.campaign.supervisor import _unconfirmed
+    unconfirmed = corpus_io.save(tmp_path, _entry(CAUSAL, corpus_io.OUT_OF_TIME_UNCONFIRMED), repro=False)
+    confirmed = corpus_io.save(tmp_path, _entry(CAUSAL.replace(sq=3), unconfirmed=None), repro=False)
+    said = _unconfirmed(unconfirmed)
+    assert corpus_io.OUT_OF_TIME_UNCONFIRMED in said and f"attnfuzz replay {unconfirmed}" in said, said
+    assert _unconfirmed(confirmed) == ""

@@ -31,7 +31,7 @@ from attnfuzz.store import inflight as inflight_io
 from attnfuzz.store.known import mark_known
 from attnfuzz.backends import get
 from attnfuzz.engine.compiled_search import compiled_configs, declares_compile_key
-from attnfuzz.engine.harness import Finding, Tally, fuzz, run_case
+from attnfuzz.engine.harness import CONFIRM_RERUNS, Finding, Tally, confirm, fuzz, run_case
 from attnfuzz.engine.rootcause import Evidence, merge_root_causes, twin_name
 from attnfuzz.engine.isolate import isolated
 from attnfuzz.engine.skip_known import skipping
@@ -54,6 +54,9 @@ def round_phases(r: int, climb_every: int) -> tuple[Phase, ...]:
     if climb_every and r % climb_every == climb_every - 1:
         return tuple(Phase)
     return tuple(p for p in Phase if p != Phase.target)
+
+
+END_RERUN_S = 60.0     # when time is up, how long a lane may rerun the failures it saves unshrunk, to confirm them
 
 
 class TimeUp(BaseException):
@@ -224,6 +227,7 @@ class Lane:
                 worker = skipping(workers[b.name], b.name, crashes, b.build_errors)
                 inner = worker.run if worker else (lambda c, b=b: run_case(b, c, device=self.device))
                 runners[b.name] = Resumable(b.name, inner, log, self.inflight, done, self.deadline, self.index)
+            reruns = None   # set when the campaign's time is up: the log's failures are then rerun before saving
             try:
                 self._recover_inflight(backends, runners)
                 rounds = 1 if cfg.get("replay_only") else None
@@ -233,13 +237,15 @@ class Lane:
                         if self._rounds(b) == r:
                             self._round(b, r, runners[b.name], database, space)
             except TimeUp:
-                pass
+                reruns = {name: runner.rerun for name, runner in runners.items()}
             finally:
-                for w in workers.values():
-                    if w is not None:
-                        w.close()
-                self._save_unsaved(backends, done)
-                self.save_state()
+                try:
+                    self._save_unsaved(backends, done, reruns)   # with the workers still open for the reruns
+                finally:
+                    for w in workers.values():
+                        if w is not None:
+                            w.close()
+                    self.save_state()
         return 0
 
     def _rounds(self, backend) -> int:
@@ -269,7 +275,7 @@ class Lane:
             if time.perf_counter() > self.deadline:
                 raise
             tally, findings = Tally(examples=0), []  # the round's time is up; what it found is in the log
-            self._save_unsaved([backend], runner.done)
+            self._save_unsaved([backend], runner.done, {backend.name: runner.rerun})
         for f in self._join_saved(backend, findings, runner.rerun):
             path = self.save_finding(backend, f.case, f.verdict, f.attached)
             print(f"[lane {self.index}] {backend.name}: {f.verdict.label} saved as {path}", file=sys.stderr)
@@ -331,10 +337,12 @@ class Lane:
             self.save_finding(backend, case, verdict)
         inflight.unlink(missing_ok=True)
 
-    def _save_unsaved(self, backends, done: dict) -> None:
+    def _save_unsaved(self, backends, done: dict, reruns: dict | None = None) -> None:
         """Failures in the log whose backend and label have no corpus entry yet, nor one whose diagnosis explains
         them (time ran out mid-shrink): the smallest one per label is saved as found, merged by root cause as a
-        round's findings are, so nothing the campaign saw is lost."""
+        round's findings are, so nothing the campaign saw is lost. With `reruns` (backend name -> a run past the
+        log), each is first rerun as a run confirms its findings, for up to END_RERUN_S in all: saved confirmed or
+        FLAKY, though unshrunk; without (or past that time, or interrupted), saved unconfirmed."""
         saved = saved_labels(self.corpus)
         by_name = {b.name: b for b in backends}
         smallest, evidence = {}, {name: Evidence() for name in by_name}
@@ -348,10 +356,25 @@ class Lane:
             size = case.b * (case.sq + case.skv) * case.h
             if (name, verdict.label) not in smallest or size < smallest[name, verdict.label][0]:
                 smallest[name, verdict.label] = (size, case, verdict)
+        stop, interrupted = time.perf_counter() + END_RERUN_S, None
         for name in by_name:
-            found = [Finding(name, case, verdict) for (n, _), (_, case, verdict) in smallest.items() if n == name]
+            rerun, found, confirmed = (reruns or {}).get(name), [], set()
+            for f in [Finding(name, case, verdict) for (n, _), (_, case, verdict) in smallest.items() if n == name]:
+                if rerun is not None and interrupted is None and time.perf_counter() < stop:
+                    try:   # as the harness does, before merging by root cause
+                        f = confirm(f, rerun, CONFIRM_RERUNS)
+                        confirmed.add(id(f))
+                    except interrupt.Interrupted as e:   # stopped: this one and the rest are saved unconfirmed
+                        interrupted = e
+                found.append(f)
             for f in merge_root_causes(found, evidence[name]):
-                self.save_finding(by_name[name], f.case, f.verdict, f.attached, corpus_io.OUT_OF_TIME_UNCONFIRMED)
+                why = None if id(f) in confirmed else corpus_io.OUT_OF_TIME_UNCONFIRMED
+                path = self.save_finding(by_name[name], f.case, f.verdict, f.attached, why)
+                if why is None:
+                    print(f"[lane {self.index}] {name}: {f.verdict.label} saved unshrunk (time ran out) as {path}; "
+                          f"`attnfuzz shrink {path} --isolate` shrinks it", file=sys.stderr)
+        if interrupted is not None:
+            raise interrupted
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -371,12 +371,21 @@ def run_campaign(args) -> int:
     print(("\n" if tty else "") + watch.line(), file=sys.stderr)
     found = corpus_io.entry_paths(campaign / "corpus")
     for path in found:
-        print(f"  finding{'' if path.name in before else ' (new)'}: {path}", file=sys.stderr)
+        print(f"  finding{'' if path.name in before else ' (new)'}: {path}{_unconfirmed(path)}", file=sys.stderr)
     try:
         print(f"report: {build_report(campaign)}", file=sys.stderr)
     except ImportError as e:
         print(f"no report: {e}; pip install matplotlib, then `attnfuzz report {campaign}`", file=sys.stderr)
     return 1 if found else 0
+
+
+def _unconfirmed(path: Path) -> str:
+    """What the end of a campaign adds to a finding saved without a rerun that reproduced it."""
+    try:
+        why = corpus_io.load(path).unconfirmed
+    except corpus_io.CorpusError:
+        return ""
+    return f"  (UNCONFIRMED: {why}; `attnfuzz replay {path}` confirms or drops it)" if why else ""
 
 
 def cmd_campaign(args) -> int:

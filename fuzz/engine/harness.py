@@ -70,6 +70,7 @@ def finding_type(label: str) -> type[Finding]:
 # copy back from the device. (A case drawn on the device, strategies/materialize.py's draw_device, has no CPU draw:
 # its oracle runs on the device.)
 ORACLE_ON_CPU_UP_TO = 1 << 16
+CONFIRM_RERUNS = 3   # the more times a finding's case is run: a failure that does not come back every time is FLAKY
 
 
 def oracle_inputs(case: Case, drawn: Tensors, tensors: Tensors, device: str) -> tuple[Tensors, str]:
@@ -282,7 +283,7 @@ def confirm(finding: Finding, run: Callable[[Case], V.Verdict], reruns: int) -> 
 def fuzz(backend: Backend, *, device: str = "cpu", space: Space = Space(), settings: hypothesis.settings | None = None,
          seed: int | None = None, inflight: Path | None = None,
          on_case: Callable[[Case, V.Verdict, Tally], None] | None = None,
-         known: KnownBugs | None = None, worker=None, reruns: int = 3,
+         known: KnownBugs | None = None, worker=None, reruns: int = CONFIRM_RERUNS,
          database_key: str | None = None) -> tuple[Tally, list[Finding]]:
     """Fuzz one backend under `settings` (the active profile when None). Returns what it saw and the shrunk
     findings, one per distinct verdict label, merged where one explains another (merge_root_causes, which runs a few

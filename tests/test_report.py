@@ -198,6 +198,22 @@ def test_markdown_escapes_pipes_and_lists_findings(campaign):
     assert row[6].startswith("[broken-zero-causal-FAIL-ALL_ZERO-")
 
 
+def test_findings_saved_unconfirmed_are_marked_with_how_to_settle_them(tmp_path):
+    fail = Verdict("FAIL", "ALL_ZERO", "every graded output element is 0")
+    corpus = tmp_path / "corpus"
+    corpus_io.save(corpus, corpus_io.Entry(backend="b", case=Case(causal=True), verdict=fail,
+                                           unconfirmed=corpus_io.OUT_OF_TIME_UNCONFIRMED), repro=False)
+    corpus_io.save(corpus, corpus_io.Entry(backend="b", case=Case(causal=True, sq=3), verdict=fail), repro=False)
+    corpus_io.save(corpus, corpus_io.Entry(backend="c", case=Case(causal=True), verdict=fail), repro=False)
+    log = tmp_path / "run.jsonl"
+    log.write_text(caselog.record("b", Case(causal=True), fail, 0.01, verdict=fail.to_dict()))
+    markdown = build_report(log, corpus=corpus).with_name("report.md").read_text()
+    rows = table_rows(markdown, "Findings (corpus)")
+    assert rows["b"][2] == "2 (1 unconfirmed)" and rows["c"][2] == "1", rows
+    section = markdown.split("## Findings (corpus)\n", 1)[1].split("\n## ", 1)[0]
+    assert "unconfirmed: 1 saved without a rerun" in section and "attnfuzz replay" in section, section
+
+
 def test_known_bugs_this_campaign_found_itself_are_counted_apart(tmp_path):
     """A campaign counts a failure KNOWN when a corpus known bug matches it, or when it saved that bug earlier
     itself (fuzz/campaign/lane.py, seen_in): the report says how many of the KNOWN were the latter."""

@@ -229,16 +229,23 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
     groups: dict[tuple[str, str], list[tuple[Path, corpus_io.Entry]]] = {}
     for path, entry in c.findings:
         groups.setdefault((entry.backend, entry.verdict.label), []).append((path, entry))
-    rows = []
+    rows, unconfirmed = [], 0
     for (backend, label), items in sorted(groups.items()):
         path, entry = min(items, key=lambda pe: (pe[1].case.size, pe[0].name))
         links = sorted({e.known_bug["link"] for _, e in items if e.known_bug})
         repro = path.with_suffix(".py")
-        rows.append([backend, label, str(len(items)), str(sum(e.seen for _, e in items)), _shape(entry.case),
+        unsure = sum(1 for _, e in items if e.unconfirmed)
+        unconfirmed += unsure
+        rows.append([backend, label, f"{len(items)}" + (f" ({unsure} unconfirmed)" if unsure else ""),
+                     str(sum(e.seen for _, e in items)), _shape(entry.case),
                      [(_short_link(link), link) for link in links] or "new",
                      (repro.name, os.path.relpath(repro, out_dir)) if repro.exists() else "-"])
+    note = "" if rows else "no corpus entries"
+    if unconfirmed:
+        note = (f"unconfirmed: {unconfirmed} saved without a rerun that reproduced it (the campaign stopped, or ran out "
+                f"of time first); `attnfuzz replay` of the campaign's corpus confirms or drops each")
     return Table("Findings (corpus)", ["backend", "label", "entries", "seen", "smallest case", "known bug", "repro"],
-                 rows, "" if rows else "no corpus entries")
+                 rows, note)
 
 
 def marginal_tables(c: Campaign) -> list[Table]:

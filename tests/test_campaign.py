@@ -61,7 +61,9 @@ def test_the_campaign_survives_four_misbehaving_kernels_and_saves_each(tmp_path)
 
 @pytest.mark.slow
 def test_a_campaign_out_of_time_mid_shrink_confirms_what_it_saves(tmp_path):
-    result = run_campaign(tmp_path / "c", "--backends", "tests.misbehaving:zero_slowly", "--hours", "0.002")
+    # 14.4 s: the first case comes about 5 s after the lane starts (the worker's imports); the shrink that follows
+    # needs far more than the ~17 steps of half a second that fit
+    result = run_campaign(tmp_path / "c", "--backends", "tests.misbehaving:zero_slowly", "--hours", "0.004")
     assert result.returncode == 1, result.stderr
     [path] = (tmp_path / "c" / "corpus").glob("*.json")
     entry = json.loads(path.read_text())

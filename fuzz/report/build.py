@@ -242,8 +242,8 @@ def findings_table(c: Campaign, out_dir: Path) -> Table:
                      (repro.name, os.path.relpath(repro, out_dir)) if repro.exists() else "-"])
     note = "" if rows else "no corpus entries"
     if unconfirmed:
-        note = (f"unconfirmed: {unconfirmed} saved without a rerun that reproduced it (the campaign stopped, or ran out "
-                f"of time first); `attnfuzz replay` of the campaign's corpus confirms or drops each")
+        note = (f"unconfirmed: {unconfirmed} saved without a rerun that reproduced it (the campaign stopped, or ran "
+                f"out of time first); `attnfuzz replay` of the campaign's corpus confirms or drops each")
     return Table("Findings (corpus)", ["backend", "label", "entries", "seen", "smallest case", "known bug", "repro"],
                  rows, note)
 

@@ -66,4 +66,5 @@ def _unseen(lo: torch.Tensor, hi: torch.Tensor, kv_len: int, from_key_0: bool) -
 
 def _with_empty_rows(lo: torch.Tensor, hi: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """lo and hi with `count` rows after them that see no key (lo 0 > hi -1)."""
-    return torch.cat([lo, torch.zeros(count, dtype=lo.dtype)]), torch.cat([hi, torch.full((count,), -1, dtype=hi.dtype)])
+    return (torch.cat([lo, torch.zeros(count, dtype=lo.dtype)]),
+            torch.cat([hi, torch.full((count,), -1, dtype=hi.dtype)]))
